@@ -1,0 +1,123 @@
+//! rdma-rpc: protobuf RPC over RDMA, with the same stubs over TCP.
+//!
+//! Generated stubs (see `rpc-codegen`) take a [`Channel`]; this crate makes one from a URL
+//! and serves a [`Server`] on a URL. The URL's scheme picks the transport: `tcp://host:port`
+//! runs anywhere, `rdma://host:port` uses RC queue pairs.
+//!
+//! ```no_run
+//! use rdma_rpc::prelude::*;
+//! # async fn demo() -> Result<(), rdma_rpc::Error> {
+//! let channel = rdma_rpc::connect("tcp://127.0.0.1:50051").await?;
+//! // let client = echo_client::EchoClient::new(channel);
+//! # let _ = channel; Ok(()) }
+//! ```
+
+mod endpoint;
+mod error;
+mod serve;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use endpoint::{Endpoint, TransportKind};
+pub use error::Error;
+pub use rpc_core::*;
+pub use serve::{ServeExt, ServerHandle};
+
+/// What most applications import.
+pub mod prelude {
+    pub use crate::ServeExt;
+    pub use rpc_core::{Channel, Code, IntoRequest, Request, Response, Server, Status};
+}
+
+/// Connection settings; [`ClientBuilder::connect`] opens a [`Channel`].
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), rdma_rpc::Error> {
+/// let channel = rdma_rpc::client()
+///     .max_message_size(64 << 20)
+///     .timeout(std::time::Duration::from_secs(2))
+///     .connect("tcp://127.0.0.1:50051")
+///     .await?;
+/// # let _ = channel; Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ClientBuilder {
+    channel: ChannelConfig,
+    connect_timeout: Option<Duration>,
+}
+
+/// A [`ClientBuilder`] with default settings.
+pub fn client() -> ClientBuilder {
+    ClientBuilder::default()
+}
+
+/// Connects to `url` with default settings.
+pub async fn connect(url: &str) -> Result<Channel, Error> {
+    client().connect(url).await
+}
+
+/// Blocking form of [`connect`].
+pub fn connect_blocking(url: &str) -> Result<Channel, Error> {
+    client().connect_blocking(url)
+}
+
+impl ClientBuilder {
+    /// Largest encoded request sent and response accepted (default 4 MiB).
+    pub fn max_message_size(mut self, bytes: usize) -> Self {
+        self.channel.max_message_size = bytes;
+        self
+    }
+
+    /// Time budget of calls that set none themselves.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.channel.default_timeout = Some(timeout);
+        self
+    }
+
+    /// How long establishing the connection may take (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// Connects without blocking the calling task: the handshake runs on a helper thread,
+    /// so this works on any executor.
+    pub async fn connect(self, url: &str) -> Result<Channel, Error> {
+        let url = url.to_owned();
+        let (tx, rx) = futures::channel::oneshot::channel();
+        std::thread::Builder::new()
+            .name("rpc-connect".into())
+            .spawn(move || {
+                let _ = tx.send(self.connect_blocking(&url));
+            })?;
+        rx.await
+            .unwrap_or_else(|_| Err(Error::Connect(Status::internal("connect thread died"))))
+    }
+
+    /// Connects on the calling thread.
+    pub fn connect_blocking(self, url: &str) -> Result<Channel, Error> {
+        let endpoint: Endpoint = url.parse()?;
+        let calls = Arc::new(CallTable::new());
+        let transport: Arc<dyn ClientTransport> = match endpoint.kind() {
+            TransportKind::Tcp => {
+                let mut config = rpc_transport_tcp::TcpConfig {
+                    max_message_size: self.channel.max_message_size,
+                    ..Default::default()
+                };
+                if let Some(t) = self.connect_timeout {
+                    config.connect_timeout = t;
+                }
+                rpc_transport_tcp::TcpClient::connect(&endpoint.authority(), calls.clone(), &config)?
+            }
+            TransportKind::Rdma => return Err(rdma_unavailable(&endpoint)),
+        };
+        Ok(Channel::new(calls, transport, self.channel))
+    }
+}
+
+fn rdma_unavailable(endpoint: &Endpoint) -> Error {
+    Error::TransportUnavailable(format!(
+        "{endpoint}: the rdma:// transport is not part of this build yet; use tcp://"
+    ))
+}

@@ -1,0 +1,97 @@
+//! Serving a [`ServerBuilder`] on a URL.
+
+use std::future::Future;
+use std::time::Duration;
+
+use rpc_core::ServerBuilder;
+use rpc_transport_tcp::TcpServer;
+
+use crate::endpoint::{Endpoint, TransportKind};
+use crate::error::Error;
+
+/// Grace period handlers get when a server shuts down without an explicit one.
+const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+
+/// Serving methods for [`rpc_core::ServerBuilder`].
+///
+/// ```no_run
+/// use rdma_rpc::prelude::*;
+/// # fn demo(echo: impl rdma_rpc::server::Service) -> Result<(), rdma_rpc::Error> {
+/// let server = Server::builder().add_service(echo).start("tcp://0.0.0.0:50051")?;
+/// println!("listening on {}", server.local_url());
+/// server.shutdown(std::time::Duration::from_secs(1));
+/// # Ok(()) }
+/// ```
+pub trait ServeExt {
+    /// Starts serving on `url` in the background and returns a handle.
+    fn start(self, url: &str) -> Result<ServerHandle, Error>;
+
+    /// Serves on `url` until `signal` resolves, then shuts down gracefully.
+    fn serve_with_shutdown<F>(self, url: &str, signal: F) -> impl Future<Output = Result<(), Error>>
+    where
+        F: Future<Output = ()>;
+
+    /// Serves on `url` until the process ends.
+    fn serve(self, url: &str) -> impl Future<Output = Result<(), Error>>
+    where
+        Self: Sized,
+    {
+        self.serve_with_shutdown(url, std::future::pending())
+    }
+}
+
+impl ServeExt for ServerBuilder {
+    fn start(self, url: &str) -> Result<ServerHandle, Error> {
+        let endpoint: Endpoint = url.parse()?;
+        let dispatcher = self.build()?;
+        match endpoint.kind() {
+            TransportKind::Tcp => {
+                let server = TcpServer::bind(&endpoint.authority(), dispatcher)?;
+                let local_url = format!("tcp://{}", server.local_addr());
+                Ok(ServerHandle {
+                    local_url,
+                    inner: Inner::Tcp(server),
+                })
+            }
+            TransportKind::Rdma => Err(crate::rdma_unavailable(&endpoint)),
+        }
+    }
+
+    async fn serve_with_shutdown<F>(self, url: &str, signal: F) -> Result<(), Error>
+    where
+        F: Future<Output = ()>,
+    {
+        let handle = self.start(url)?;
+        tracing::info!(url = handle.local_url(), "serving");
+        signal.await;
+        handle.shutdown(DEFAULT_GRACE);
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+enum Inner {
+    Tcp(TcpServer),
+}
+
+/// A running server. Dropping it shuts it down gracefully.
+#[derive(Debug)]
+pub struct ServerHandle {
+    local_url: String,
+    inner: Inner,
+}
+
+impl ServerHandle {
+    /// The URL clients reach the server at (with the real port when started on port 0).
+    pub fn local_url(&self) -> &str {
+        &self.local_url
+    }
+
+    /// Stops accepting connections and new calls, gives running handlers up to `grace` to
+    /// answer, then closes every connection. Blocks until done.
+    pub fn shutdown(self, grace: Duration) {
+        match self.inner {
+            Inner::Tcp(mut server) => server.shutdown(grace),
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! The client's table of calls in flight on one connection.
+//!
+//! Call ids are never reused on a connection, so a late response for a call that was
+//! cancelled or timed out finds no entry and is dropped.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::thread::Thread;
+
+use parking_lot::Mutex;
+
+use crate::frame::InboundFrame;
+use crate::status::Status;
+
+type CallResult = Result<InboundFrame, Status>;
+
+enum Waiter {
+    None,
+    Task(Waker),
+    Thread(Thread),
+}
+
+struct Slot {
+    result: Option<CallResult>,
+    waiter: Waiter,
+}
+
+struct Inner {
+    calls: HashMap<u64, Slot>,
+    closed: Option<Status>,
+}
+
+/// Calls in flight on one client connection, completed by the transport's receive path.
+pub struct CallTable {
+    next_id: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for CallTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallTable")
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}
+
+impl Default for CallTable {
+    fn default() -> Self {
+        CallTable::new()
+    }
+}
+
+impl CallTable {
+    /// An empty, open table.
+    pub fn new() -> Self {
+        CallTable {
+            next_id: AtomicU64::new(1),
+            inner: Mutex::new(Inner {
+                calls: HashMap::new(),
+                closed: None,
+            }),
+        }
+    }
+
+    /// Registers a new call and returns its id, or the status that closed the connection.
+    pub fn register(&self) -> Result<u64, Status> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut inner = self.inner.lock();
+        if let Some(status) = &inner.closed {
+            return Err(status.clone());
+        }
+        inner.calls.insert(
+            id,
+            Slot {
+                result: None,
+                waiter: Waiter::None,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Completes call `id`. Returns false if the call is unknown (cancelled, timed out, or a
+    /// peer answering a call never made) or already complete.
+    pub fn complete(&self, id: u64, result: CallResult) -> bool {
+        let waiter = {
+            let mut inner = self.inner.lock();
+            let Some(slot) = inner.calls.get_mut(&id) else {
+                return false;
+            };
+            if slot.result.is_some() {
+                return false;
+            }
+            slot.result = Some(result);
+            std::mem::replace(&mut slot.waiter, Waiter::None)
+        };
+        wake(waiter);
+        true
+    }
+
+    /// Polls call `id` from an async task.
+    pub fn poll_call(&self, id: u64, cx: &mut Context<'_>) -> Poll<CallResult> {
+        let mut inner = self.inner.lock();
+        let Some(slot) = inner.calls.get_mut(&id) else {
+            return Poll::Ready(Err(Status::internal(format!("call {id} is not registered"))));
+        };
+        if let Some(result) = slot.result.take() {
+            inner.calls.remove(&id);
+            return Poll::Ready(result);
+        }
+        match &slot.waiter {
+            Waiter::Task(w) if w.will_wake(cx.waker()) => {}
+            _ => slot.waiter = Waiter::Task(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    /// Takes the result of call `id` if it is complete; otherwise records `thread` to be
+    /// unparked on completion.
+    pub fn take_or_park_on(&self, id: u64, thread: &Thread) -> Option<CallResult> {
+        let mut inner = self.inner.lock();
+        let slot = inner.calls.get_mut(&id)?;
+        if let Some(result) = slot.result.take() {
+            inner.calls.remove(&id);
+            return Some(result);
+        }
+        if !matches!(slot.waiter, Waiter::Thread(_)) {
+            slot.waiter = Waiter::Thread(thread.clone());
+        }
+        None
+    }
+
+    /// Whether call `id` has a result waiting.
+    pub fn is_complete(&self, id: u64) -> bool {
+        self.inner
+            .lock()
+            .calls
+            .get(&id)
+            .is_none_or(|slot| slot.result.is_some())
+    }
+
+    /// Forgets call `id`. Returns true if it was still waiting for its response, i.e. the
+    /// peer may still be working on it and deserves a cancel.
+    pub fn remove(&self, id: u64) -> bool {
+        self.inner
+            .lock()
+            .calls
+            .remove(&id)
+            .is_some_and(|slot| slot.result.is_none())
+    }
+
+    /// Fails every pending call with `status` and refuses new ones: the connection is gone.
+    pub fn close(&self, status: Status) {
+        let waiters: Vec<Waiter> = {
+            let mut inner = self.inner.lock();
+            if inner.closed.is_none() {
+                inner.closed = Some(status.clone());
+            }
+            inner
+                .calls
+                .values_mut()
+                .filter(|slot| slot.result.is_none())
+                .map(|slot| {
+                    slot.result = Some(Err(status.clone()));
+                    std::mem::replace(&mut slot.waiter, Waiter::None)
+                })
+                .collect()
+        };
+        waiters.into_iter().for_each(wake);
+    }
+
+    /// The status the table was closed with, if it was.
+    pub fn closed_status(&self) -> Option<Status> {
+        self.inner.lock().closed.clone()
+    }
+
+    /// Number of calls registered and not yet collected.
+    pub fn in_flight(&self) -> usize {
+        self.inner.lock().calls.len()
+    }
+}
+
+fn wake(waiter: Waiter) {
+    match waiter {
+        Waiter::None => {}
+        Waiter::Task(waker) => waker.wake(),
+        Waiter::Thread(thread) => thread.unpark(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::header::{FrameKind, Header};
+    use bytes::Bytes;
+    use std::sync::Arc;
+
+    fn frame(id: u64) -> InboundFrame {
+        InboundFrame {
+            header: Header::new(FrameKind::Response, id),
+            metadata: Bytes::new(),
+            payload: Bytes::from(id.to_le_bytes().to_vec()),
+        }
+    }
+
+    #[test]
+    fn completes_each_call_once_and_drops_late_answers() {
+        let table = CallTable::new();
+        let a = table.register().unwrap();
+        let b = table.register().unwrap();
+        assert_ne!(a, b);
+        assert!(table.complete(b, Ok(frame(b))));
+        assert!(!table.complete(b, Ok(frame(b))), "second completion ignored");
+        let me = std::thread::current();
+        assert!(table.take_or_park_on(a, &me).is_none());
+        let got = table.take_or_park_on(b, &me).unwrap().unwrap();
+        assert_eq!(got.header.call_id, b);
+        assert!(table.remove(a), "a was pending");
+        assert!(!table.complete(a, Ok(frame(a))), "late response dropped");
+        assert_eq!(table.in_flight(), 0);
+    }
+
+    #[test]
+    fn close_fails_pending_and_refuses_new_calls() {
+        let table = Arc::new(CallTable::new());
+        let id = table.register().unwrap();
+        let waiter = {
+            let table = table.clone();
+            std::thread::spawn(move || loop {
+                if let Some(r) = table.take_or_park_on(id, &std::thread::current()) {
+                    return r;
+                }
+                std::thread::park();
+            })
+        };
+        table.close(Status::unavailable("peer went away"));
+        let err = waiter.join().unwrap().unwrap_err();
+        assert_eq!(err.code(), crate::Code::Unavailable);
+        assert_eq!(table.register().unwrap_err().message(), "peer went away");
+    }
+}

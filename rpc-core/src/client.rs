@@ -1,0 +1,304 @@
+//! The client side: a [`Channel`] over any transport, and the unary call machinery that
+//! generated stubs use.
+
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use prost::Message;
+
+use crate::call_table::CallTable;
+use crate::frame::{InboundFrame, OutgoingFrame};
+use crate::header::{FrameKind, Header};
+use crate::message::{Request, Response};
+use crate::metadata::MetadataMap;
+use crate::status::{Code, Status};
+use crate::timer::{DeadlineTimer, TimerKey};
+
+/// Default limit on encoded request and response sizes (the gRPC default).
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
+
+/// What a transport provides to the client side of a connection.
+///
+/// The transport delivers every response frame it receives to the [`CallTable`] it was
+/// given at connect time ([`CallTable::complete`]) and closes the table when the connection
+/// dies ([`CallTable::close`]).
+pub trait ClientTransport: Send + Sync + 'static {
+    /// Writes `frame` into the transport's own memory and sends it. The transport may set
+    /// transport-owned header fields (credits) first.
+    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status>;
+
+    /// Resolves when the transport can accept another frame without exceeding its queue
+    /// bound (back-pressure). The default is always ready.
+    fn poll_ready(&self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// Lets a blocked caller make progress on its own thread (run-to-completion): poll the
+    /// transport's completions once. Returns true if anything happened. The default does
+    /// nothing and the caller parks until the receive path unparks it.
+    fn poll_progress(&self) -> bool {
+        false
+    }
+
+    /// Where the connection goes, for messages.
+    fn peer(&self) -> &str;
+
+    /// Closes the connection; pending calls fail with `Unavailable`.
+    fn close(&self);
+}
+
+/// Client settings shared by every call on a channel.
+#[derive(Debug, Clone)]
+pub struct ChannelConfig {
+    /// Largest encoded request sent and response accepted.
+    pub max_message_size: usize,
+    /// Time budget for calls that set none.
+    pub default_timeout: Option<Duration>,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        ChannelConfig {
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            default_timeout: None,
+        }
+    }
+}
+
+struct ChannelInner {
+    calls: Arc<CallTable>,
+    transport: Arc<dyn ClientTransport>,
+    config: ChannelConfig,
+}
+
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        self.transport.close();
+    }
+}
+
+/// A connection to a server, shared by any number of stubs, threads and tasks.
+///
+/// `Channel` is cheap to clone, `Send + Sync`, and keeps many calls in flight at once.
+/// It is created by a transport (for example `rdma_rpc::connect("tcp://host:port")`).
+#[derive(Clone)]
+pub struct Channel {
+    inner: Arc<ChannelInner>,
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel")
+            .field("peer", &self.inner.transport.peer())
+            .field("in_flight", &self.inner.calls.in_flight())
+            .finish()
+    }
+}
+
+impl Channel {
+    /// Wraps a connected transport that completes calls in `calls`.
+    pub fn new(
+        calls: Arc<CallTable>,
+        transport: Arc<dyn ClientTransport>,
+        config: ChannelConfig,
+    ) -> Channel {
+        Channel {
+            inner: Arc::new(ChannelInner {
+                calls,
+                transport,
+                config,
+            }),
+        }
+    }
+
+    /// The channel's settings.
+    pub fn config(&self) -> &ChannelConfig {
+        &self.inner.config
+    }
+
+    /// Calls still in flight.
+    pub fn in_flight(&self) -> usize {
+        self.inner.calls.in_flight()
+    }
+
+    /// Calls `method_id` (see [`crate::method_id`]) with `request` and awaits the response.
+    ///
+    /// The future works on any executor. Dropping it before it completes cancels the call at
+    /// the server.
+    pub fn unary<Req, Resp>(
+        &self,
+        method_id: u32,
+        request: Request<Req>,
+    ) -> impl Future<Output = Result<Response<Resp>, Status>> + Send + 'static
+    where
+        Req: Message + Send + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
+        let channel = self.clone();
+        async move {
+            poll_fn(|cx| channel.inner.transport.poll_ready(cx)).await?;
+            let call = channel.start_call(method_id, &request, true)?;
+            decode_response(call.await?)
+        }
+    }
+
+    /// The blocking form of [`Channel::unary`], for synchronous code. The calling thread
+    /// waits on its own call (and may drive the transport itself while it does).
+    pub fn unary_blocking<Req, Resp>(
+        &self,
+        method_id: u32,
+        request: Request<Req>,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Req: Message,
+        Resp: Message + Default,
+    {
+        futures::executor::block_on(poll_fn(|cx| self.inner.transport.poll_ready(cx)))?;
+        let call = self.start_call(method_id, &request, false)?;
+        decode_response(call.wait_blocking()?)
+    }
+
+    fn start_call<Req: Message>(
+        &self,
+        method_id: u32,
+        request: &Request<Req>,
+        async_deadline: bool,
+    ) -> Result<PendingCall, Status> {
+        let limit = self.inner.config.max_message_size;
+        let size = Message::encoded_len(request.get_ref());
+        if size > limit {
+            return Err(Status::message_too_large("request", size as u64, limit as u64));
+        }
+        request
+            .metadata()
+            .checked_encoded_len()
+            .map_err(Status::from)?;
+        let timeout = request.timeout().or(self.inner.config.default_timeout);
+        let deadline = timeout.map(|t| Instant::now() + t);
+
+        let id = self.inner.calls.register()?;
+        let mut call = PendingCall {
+            channel: self.clone(),
+            id,
+            deadline,
+            timer: None,
+            finished: false,
+        };
+        let mut header = Header::new(FrameKind::Request, id);
+        header.method_id = method_id;
+        header.timeout_us = timeout.map_or(0, |t| t.as_micros().clamp(1, u64::MAX as u128) as u64);
+        let metadata: &MetadataMap = request.metadata();
+        let mut frame = OutgoingFrame::new(header, metadata, request.get_ref())
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        self.inner.transport.send(&mut frame)?;
+        if let (Some(at), true) = (deadline, async_deadline) {
+            call.timer = Some(DeadlineTimer::global().schedule(at, &self.inner.calls, id));
+        }
+        Ok(call)
+    }
+}
+
+fn decode_response<Resp: Message + Default>(frame: InboundFrame) -> Result<Response<Resp>, Status> {
+    let status = frame.header.status;
+    if status != Code::Ok {
+        return Err(Status::new(
+            status,
+            String::from_utf8_lossy(&frame.payload).into_owned(),
+        ));
+    }
+    let metadata = frame
+        .decode_metadata()
+        .map_err(|e| Status::internal(format!("response {e}")))?;
+    let message = Resp::decode(frame.payload)
+        .map_err(|e| Status::internal(format!("failed to decode the response message: {e}")))?;
+    Ok(Response::from_parts(metadata, message))
+}
+
+/// A call registered in the table and sent; resolves to the response frame. Dropping it
+/// before completion cancels the call at the server.
+struct PendingCall {
+    channel: Channel,
+    id: u64,
+    deadline: Option<Instant>,
+    timer: Option<TimerKey>,
+    finished: bool,
+}
+
+impl PendingCall {
+    fn finish(&mut self, result: Result<InboundFrame, Status>) -> Result<InboundFrame, Status> {
+        self.finished = true;
+        if let Some(key) = self.timer.take() {
+            DeadlineTimer::global().cancel(key);
+        }
+        if matches!(&result, Err(s) if s.code() == Code::DeadlineExceeded) {
+            self.send_cancel();
+        }
+        result
+    }
+
+    fn send_cancel(&self) {
+        let inner = &self.channel.inner;
+        if inner.calls.closed_status().is_some() {
+            return;
+        }
+        let mut frame = OutgoingFrame::control(Header::new(FrameKind::Cancel, self.id));
+        if let Err(status) = inner.transport.send(&mut frame) {
+            tracing::debug!(call_id = self.id, %status, "could not send cancel");
+        }
+    }
+
+    fn wait_blocking(mut self) -> Result<InboundFrame, Status> {
+        let inner = self.channel.inner.clone();
+        let me = std::thread::current();
+        loop {
+            if let Some(result) = inner.calls.take_or_park_on(self.id, &me) {
+                return self.finish(result);
+            }
+            if inner.transport.poll_progress() {
+                continue;
+            }
+            match self.deadline {
+                Some(at) => {
+                    let now = Instant::now();
+                    if now >= at {
+                        inner.calls.remove(self.id);
+                        return self.finish(Err(Status::deadline_exceeded(
+                            "deadline exceeded before the response arrived",
+                        )));
+                    }
+                    std::thread::park_timeout(at - now);
+                }
+                None => std::thread::park(),
+            }
+        }
+    }
+}
+
+impl Future for PendingCall {
+    type Output = Result<InboundFrame, Status>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        match this.channel.inner.calls.poll_call(this.id, cx) {
+            Poll::Ready(result) => Poll::Ready(this.finish(result)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for PendingCall {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        if let Some(key) = self.timer.take() {
+            DeadlineTimer::global().cancel(key);
+        }
+        if self.channel.inner.calls.remove(self.id) {
+            self.send_cancel();
+        }
+    }
+}

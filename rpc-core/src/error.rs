@@ -1,0 +1,114 @@
+//! The crate's error enum: everything that can go wrong while reading peer input.
+
+use crate::header::FrameKind;
+use crate::status::Status;
+
+/// A frame header that failed validation. Every variant names the offending field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    /// Fewer than [`crate::HEADER_LEN`] bytes were available.
+    #[error("truncated header: {len} bytes, need 64")]
+    Truncated {
+        /// Bytes available.
+        len: usize,
+    },
+    /// The magic number is wrong: not an rdma-rpc peer, or a framing error.
+    #[error("bad magic 0x{0:04x} (expected 0x5252): peer is not speaking rdma-rpc")]
+    BadMagic(u16),
+    /// The peer speaks a protocol version this build does not.
+    #[error("unsupported protocol version {0} (this build speaks version 1)")]
+    UnsupportedVersion(u8),
+    /// Unknown frame kind.
+    #[error("unknown frame kind {0}")]
+    UnknownKind(u8),
+    /// Flag bits this version does not define.
+    #[error("unknown flag bits 0x{0:04x}")]
+    UnknownFlags(u16),
+    /// A status code outside the gRPC set.
+    #[error("invalid status code {0}")]
+    InvalidStatus(u16),
+    /// Only responses carry a status.
+    #[error("{kind:?} frame carries a status code")]
+    StatusOnNonResponse {
+        /// Kind of the frame.
+        kind: FrameKind,
+    },
+    /// Control frames carry no metadata or payload.
+    #[error("{kind:?} frame carries a body")]
+    UnexpectedBody {
+        /// Kind of the frame.
+        kind: FrameKind,
+    },
+    /// The kind does not allow these flags.
+    #[error("{kind:?} frame may not carry flags 0x{flags:04x}")]
+    FlagsNotAllowed {
+        /// Kind of the frame.
+        kind: FrameKind,
+        /// Flag bits.
+        flags: u16,
+    },
+    /// A large-payload descriptor on a frame that gives it no meaning.
+    #[error("{kind:?} frame carries a large-payload descriptor without a flag that uses it")]
+    StrayDescriptor {
+        /// Kind of the frame.
+        kind: FrameKind,
+    },
+    /// A payload both inline and by RDMA WRITE.
+    #[error("large-payload frame also declares {payload_len} inline payload bytes")]
+    InlinePayloadWithLarge {
+        /// Declared inline length.
+        payload_len: u32,
+    },
+    /// Credit-only frames belong to no call.
+    #[error("credit-only frame names call {0}")]
+    CallIdOnCreditOnly(u64),
+}
+
+/// Errors of `rpc-core`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A frame header failed validation.
+    #[error("malformed frame header: {0}")]
+    Header(#[from] HeaderError),
+    /// Metadata failed to decode or broke a rule.
+    #[error("malformed metadata: {0}")]
+    Metadata(String),
+    /// A frame declared more bytes than the configured limit allows.
+    #[error("{what} of {actual} bytes exceeds the limit of {limit} bytes")]
+    TooLarge {
+        /// What was too large.
+        what: &'static str,
+        /// Declared size.
+        actual: u64,
+        /// Configured limit.
+        limit: u64,
+    },
+    /// Two methods share an id, or a service was added twice.
+    #[error("method id collision: {first} and {second} both hash to {id:#010x}")]
+    MethodIdCollision {
+        /// First method path.
+        first: String,
+        /// Second method path.
+        second: String,
+        /// The shared id.
+        id: u32,
+    },
+    /// An I/O error of the underlying transport.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<Error> for Status {
+    fn from(err: Error) -> Status {
+        match err {
+            Error::TooLarge {
+                what,
+                actual,
+                limit,
+            } => Status::message_too_large(what, actual, limit),
+            Error::Io(io) => io.into(),
+            Error::MethodIdCollision { .. } => Status::internal(err.to_string()),
+            Error::Header(_) | Error::Metadata(_) => Status::internal(err.to_string()),
+        }
+    }
+}

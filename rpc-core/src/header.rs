@@ -1,0 +1,413 @@
+//! The fixed-size message header that starts every frame on every transport.
+//!
+//! Layout (64 bytes, little-endian; see `docs/PROTOCOL.md`):
+//!
+//! | offset | size | field          | meaning                                                   |
+//! |-------:|-----:|----------------|-----------------------------------------------------------|
+//! | 0      | 2    | magic          | `0x5252` ("RR")                                           |
+//! | 2      | 1    | version        | [`PROTOCOL_VERSION`]                                      |
+//! | 3      | 1    | kind           | [`FrameKind`]                                             |
+//! | 4      | 2    | flags          | [`Flags`]                                                 |
+//! | 6      | 2    | status         | gRPC status code (responses only)                         |
+//! | 8      | 8    | call_id        | chosen by the client, unique per connection               |
+//! | 16     | 4    | method_id      | [`crate::method_id`] of `/package.Service/Method`         |
+//! | 20     | 4    | metadata_len   | bytes of metadata following the header                    |
+//! | 24     | 4    | payload_len    | bytes of payload following the metadata                   |
+//! | 28     | 4    | credits        | receive slots granted to the peer (RDMA; 0 on TCP)        |
+//! | 32     | 8    | timeout_us     | caller's remaining time budget in µs, 0 = none            |
+//! | 40     | 8    | remote_addr    | large-payload descriptor: address                         |
+//! | 48     | 4    | rkey           | large-payload descriptor: remote key                      |
+//! | 52     | 4    | generation     | large-payload descriptor: grant generation                |
+//! | 56     | 8    | remote_len     | large-payload descriptor: length in bytes                 |
+
+use crate::error::HeaderError;
+use crate::status::Code;
+
+/// Size of an encoded [`Header`] in bytes.
+pub const HEADER_LEN: usize = 64;
+/// First two bytes of every frame.
+pub const MAGIC: u16 = 0x5252;
+/// Wire protocol version spoken by this crate.
+pub const PROTOCOL_VERSION: u8 = 1;
+
+/// What a frame is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// A call from client to server.
+    Request = 1,
+    /// The server's answer to a request (success or error status).
+    Response = 2,
+    /// The client gave up on a call (dropped, cancelled, deadline passed).
+    Cancel = 3,
+    /// Carries only returned credits (RDMA); no call, no payload.
+    CreditOnly = 4,
+    /// Asks the peer for a registered buffer of `remote_len` bytes (RDMA rendezvous).
+    LargeRequest = 5,
+    /// Grants a registered buffer described by the large-payload descriptor (RDMA rendezvous).
+    LargeGrant = 6,
+}
+
+impl FrameKind {
+    fn from_wire(raw: u8) -> Result<Self, HeaderError> {
+        Ok(match raw {
+            1 => Self::Request,
+            2 => Self::Response,
+            3 => Self::Cancel,
+            4 => Self::CreditOnly,
+            5 => Self::LargeRequest,
+            6 => Self::LargeGrant,
+            other => return Err(HeaderError::UnknownKind(other)),
+        })
+    }
+}
+
+/// Frame flags. Unknown bits are rejected by the decoder so that a later protocol version
+/// cannot be misread as this one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Flags(u16);
+
+impl Flags {
+    /// No flags.
+    pub const NONE: Flags = Flags(0);
+    /// The payload was placed by RDMA WRITE at the descriptor's address instead of following
+    /// the header; `payload_len` is 0 and `remote_len` holds the payload size.
+    pub const LARGE_PAYLOAD: Flags = Flags(1 << 0);
+    /// The descriptor advertises a registered buffer the peer may WRITE its response into.
+    pub const RESPONSE_BUFFER: Flags = Flags(1 << 1);
+    const KNOWN: u16 = Self::LARGE_PAYLOAD.0 | Self::RESPONSE_BUFFER.0;
+
+    /// Raw bits.
+    pub const fn bits(self) -> u16 {
+        self.0
+    }
+    /// Whether all bits of `other` are set in `self`.
+    pub const fn contains(self, other: Flags) -> bool {
+        self.0 & other.0 == other.0
+    }
+    /// `self` with the bits of `other` added.
+    #[must_use]
+    pub const fn with(self, other: Flags) -> Flags {
+        Flags(self.0 | other.0)
+    }
+    fn from_wire(raw: u16) -> Result<Self, HeaderError> {
+        if raw & !Self::KNOWN != 0 {
+            return Err(HeaderError::UnknownFlags(raw & !Self::KNOWN));
+        }
+        Ok(Flags(raw))
+    }
+}
+
+/// Where a payload too large for the inline path lives in the sender's or receiver's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RemoteBuffer {
+    /// Virtual address in the owner's registered memory.
+    pub addr: u64,
+    /// Remote key of the registration.
+    pub rkey: u32,
+    /// Generation of the grant; a stale generation identifies a late or forged access.
+    pub generation: u32,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl RemoteBuffer {
+    fn is_empty_descriptor(&self) -> bool {
+        *self == RemoteBuffer::default()
+    }
+}
+
+/// The decoded, validated form of the 64-byte frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Header {
+    /// What the frame is for.
+    pub kind: FrameKind,
+    /// Frame flags.
+    pub flags: Flags,
+    /// Status code of a response; [`Code::Ok`] for every other kind.
+    pub status: Code,
+    /// Call the frame belongs to (0 for [`FrameKind::CreditOnly`]).
+    pub call_id: u64,
+    /// Method being called (requests only; 0 elsewhere is accepted and ignored).
+    pub method_id: u32,
+    /// Length of the encoded metadata that follows the header.
+    pub metadata_len: u32,
+    /// Length of the payload that follows the metadata.
+    pub payload_len: u32,
+    /// Credits (receive slots) granted to the peer by this frame.
+    pub credits: u32,
+    /// Remaining time budget of the call in microseconds; 0 means no deadline.
+    pub timeout_us: u64,
+    /// Large-payload descriptor; all zero unless a flag or kind gives it meaning.
+    pub remote: RemoteBuffer,
+}
+
+impl Header {
+    /// A header of `kind` for `call_id` with every other field zeroed.
+    pub const fn new(kind: FrameKind, call_id: u64) -> Self {
+        Header {
+            kind,
+            flags: Flags::NONE,
+            status: Code::Ok,
+            call_id,
+            method_id: 0,
+            metadata_len: 0,
+            payload_len: 0,
+            credits: 0,
+            timeout_us: 0,
+            remote: RemoteBuffer {
+                addr: 0,
+                rkey: 0,
+                generation: 0,
+                len: 0,
+            },
+        }
+    }
+
+    /// Bytes that follow the header in the same frame (metadata plus inline payload).
+    pub fn body_len(&self) -> u64 {
+        u64::from(self.metadata_len) + u64::from(self.payload_len)
+    }
+
+    /// Writes the header into the first [`HEADER_LEN`] bytes of `dst`.
+    ///
+    /// # Panics
+    /// If `dst` is shorter than [`HEADER_LEN`]; callers size their buffers from the header.
+    pub fn encode(&self, dst: &mut [u8]) {
+        let dst: &mut [u8; HEADER_LEN] = (&mut dst[..HEADER_LEN])
+            .try_into()
+            .expect("slice of HEADER_LEN bytes");
+        dst[0..2].copy_from_slice(&MAGIC.to_le_bytes());
+        dst[2] = PROTOCOL_VERSION;
+        dst[3] = self.kind as u8;
+        dst[4..6].copy_from_slice(&self.flags.bits().to_le_bytes());
+        dst[6..8].copy_from_slice(&(self.status as u16).to_le_bytes());
+        dst[8..16].copy_from_slice(&self.call_id.to_le_bytes());
+        dst[16..20].copy_from_slice(&self.method_id.to_le_bytes());
+        dst[20..24].copy_from_slice(&self.metadata_len.to_le_bytes());
+        dst[24..28].copy_from_slice(&self.payload_len.to_le_bytes());
+        dst[28..32].copy_from_slice(&self.credits.to_le_bytes());
+        dst[32..40].copy_from_slice(&self.timeout_us.to_le_bytes());
+        dst[40..48].copy_from_slice(&self.remote.addr.to_le_bytes());
+        dst[48..52].copy_from_slice(&self.remote.rkey.to_le_bytes());
+        dst[52..56].copy_from_slice(&self.remote.generation.to_le_bytes());
+        dst[56..64].copy_from_slice(&self.remote.len.to_le_bytes());
+    }
+
+    /// The encoded header as an array.
+    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
+        let mut out = [0u8; HEADER_LEN];
+        self.encode(&mut out);
+        out
+    }
+
+    /// Decodes and validates a header from the start of `src`.
+    ///
+    /// Every field is checked; peer-controlled input can only produce an error.
+    pub fn decode(src: &[u8]) -> Result<Header, HeaderError> {
+        let src: &[u8; HEADER_LEN] = src
+            .get(..HEADER_LEN)
+            .and_then(|s| s.try_into().ok())
+            .ok_or(HeaderError::Truncated { len: src.len() })?;
+        let u16_at = |at: usize| u16::from_le_bytes([src[at], src[at + 1]]);
+        let u32_at = |at: usize| {
+            u32::from_le_bytes([src[at], src[at + 1], src[at + 2], src[at + 3]])
+        };
+        let u64_at = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&src[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
+
+        let magic = u16_at(0);
+        if magic != MAGIC {
+            return Err(HeaderError::BadMagic(magic));
+        }
+        if src[2] != PROTOCOL_VERSION {
+            return Err(HeaderError::UnsupportedVersion(src[2]));
+        }
+        let kind = FrameKind::from_wire(src[3])?;
+        let flags = Flags::from_wire(u16_at(4))?;
+        let raw_status = u16_at(6);
+        let status = Code::from_wire(raw_status).ok_or(HeaderError::InvalidStatus(raw_status))?;
+        let header = Header {
+            kind,
+            flags,
+            status,
+            call_id: u64_at(8),
+            method_id: u32_at(16),
+            metadata_len: u32_at(20),
+            payload_len: u32_at(24),
+            credits: u32_at(28),
+            timeout_us: u64_at(32),
+            remote: RemoteBuffer {
+                addr: u64_at(40),
+                rkey: u32_at(48),
+                generation: u32_at(52),
+                len: u64_at(56),
+            },
+        };
+        header.validate()?;
+        Ok(header)
+    }
+
+    /// Cross-field rules: what each kind may carry.
+    fn validate(&self) -> Result<(), HeaderError> {
+        let kind = self.kind;
+        if self.status != Code::Ok && kind != FrameKind::Response {
+            return Err(HeaderError::StatusOnNonResponse { kind });
+        }
+        let carries_body = matches!(kind, FrameKind::Request | FrameKind::Response);
+        if !carries_body && self.body_len() != 0 {
+            return Err(HeaderError::UnexpectedBody { kind });
+        }
+        let descriptor_allowed = match kind {
+            FrameKind::Request => true,
+            FrameKind::Response => !self.flags.contains(Flags::RESPONSE_BUFFER),
+            FrameKind::LargeRequest | FrameKind::LargeGrant => true,
+            FrameKind::Cancel | FrameKind::CreditOnly => false,
+        };
+        let uses_descriptor = self.flags.bits() != 0
+            || matches!(kind, FrameKind::LargeRequest | FrameKind::LargeGrant);
+        if !descriptor_allowed && self.flags.bits() != 0 {
+            return Err(HeaderError::FlagsNotAllowed {
+                kind,
+                flags: self.flags.bits(),
+            });
+        }
+        if !uses_descriptor && !self.remote.is_empty_descriptor() {
+            return Err(HeaderError::StrayDescriptor { kind });
+        }
+        if self.flags.contains(Flags::LARGE_PAYLOAD) && self.payload_len != 0 {
+            return Err(HeaderError::InlinePayloadWithLarge {
+                payload_len: self.payload_len,
+            });
+        }
+        if kind == FrameKind::CreditOnly && self.call_id != 0 {
+            return Err(HeaderError::CallIdOnCreditOnly(self.call_id));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> Header {
+        Header {
+            flags: Flags::NONE,
+            method_id: 0xDEAD_BEEF,
+            metadata_len: 12,
+            payload_len: 4096,
+            credits: 7,
+            timeout_us: 1_500_000,
+            ..Header::new(FrameKind::Request, 42)
+        }
+    }
+
+    #[test]
+    fn round_trips_every_field() {
+        let mut h = sample();
+        h.flags = Flags::RESPONSE_BUFFER;
+        h.remote = RemoteBuffer {
+            addr: 0x7fff_0000_1000,
+            rkey: 0x1234,
+            generation: 9,
+            len: 1 << 30,
+        };
+        assert_eq!(Header::decode(&h.to_bytes()), Ok(h));
+
+        let mut resp = Header::new(FrameKind::Response, u64::MAX);
+        resp.status = Code::ResourceExhausted;
+        resp.payload_len = 3;
+        assert_eq!(Header::decode(&resp.to_bytes()), Ok(resp));
+    }
+
+    #[test]
+    fn wire_layout_is_little_endian_and_fixed() {
+        let bytes = sample().to_bytes();
+        assert_eq!(&bytes[0..4], &[0x52, 0x52, PROTOCOL_VERSION, 1]);
+        assert_eq!(&bytes[8..16], &42u64.to_le_bytes());
+        assert_eq!(&bytes[16..20], &0xDEAD_BEEFu32.to_le_bytes());
+        assert_eq!(&bytes[24..28], &4096u32.to_le_bytes());
+    }
+
+    #[test]
+    fn rejects_bad_fields_with_named_errors() {
+        let good = sample().to_bytes();
+        let with = |at: usize, v: u8| {
+            let mut b = good;
+            b[at] = v;
+            Header::decode(&b)
+        };
+        assert_eq!(with(0, 0), Err(HeaderError::BadMagic(0x5200)));
+        assert_eq!(with(2, 9), Err(HeaderError::UnsupportedVersion(9)));
+        assert_eq!(with(3, 99), Err(HeaderError::UnknownKind(99)));
+        assert_eq!(with(5, 0x80), Err(HeaderError::UnknownFlags(0x8000)));
+        assert_eq!(with(6, 17), Err(HeaderError::InvalidStatus(17)));
+        assert_eq!(
+            with(6, 2),
+            Err(HeaderError::StatusOnNonResponse {
+                kind: FrameKind::Request
+            })
+        );
+        assert_eq!(
+            Header::decode(&good[..63]),
+            Err(HeaderError::Truncated { len: 63 })
+        );
+    }
+
+    #[test]
+    fn rejects_kind_specific_violations() {
+        let mut cancel = Header::new(FrameKind::Cancel, 5);
+        cancel.payload_len = 1;
+        assert_eq!(
+            Header::decode(&cancel.to_bytes()),
+            Err(HeaderError::UnexpectedBody {
+                kind: FrameKind::Cancel
+            })
+        );
+        let mut credit = Header::new(FrameKind::CreditOnly, 3);
+        credit.credits = 4;
+        assert_eq!(
+            Header::decode(&credit.to_bytes()),
+            Err(HeaderError::CallIdOnCreditOnly(3))
+        );
+        let mut stray = Header::new(FrameKind::Request, 1);
+        stray.remote.rkey = 77;
+        assert_eq!(
+            Header::decode(&stray.to_bytes()),
+            Err(HeaderError::StrayDescriptor {
+                kind: FrameKind::Request
+            })
+        );
+        let mut large = Header::new(FrameKind::Request, 1);
+        large.flags = Flags::LARGE_PAYLOAD;
+        large.payload_len = 10;
+        assert_eq!(
+            Header::decode(&large.to_bytes()),
+            Err(HeaderError::InlinePayloadWithLarge { payload_len: 10 })
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..160)) {
+            let _ = Header::decode(&bytes);
+        }
+
+        #[test]
+        fn decoding_mutated_valid_headers_never_panics(
+            at in 0usize..HEADER_LEN, value in any::<u8>()
+        ) {
+            let mut bytes = sample().to_bytes();
+            bytes[at] = value;
+            if let Ok(h) = Header::decode(&bytes) {
+                // Whatever decodes must re-encode to the same bytes.
+                prop_assert_eq!(h.to_bytes(), bytes);
+            }
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! Turns request frames into handler runs and handler results into response frames.
+//!
+//! Transports own the sockets or queue pairs; for each connection they create a
+//! [`ConnectionDispatch`] and feed it every frame they receive.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use futures::future::{AbortHandle, Abortable};
+use parking_lot::{Condvar, Mutex};
+
+use crate::body::RawBody;
+use crate::error::Error;
+use crate::frame::{InboundFrame, OutgoingFrame};
+use crate::header::{FrameKind, Header};
+use crate::metadata::MetadataMap;
+use crate::server::router::Router;
+use crate::server::service::{ServerCall, ServerReply};
+use crate::status::{Code, Status};
+
+/// Longest status message sent on the wire; longer ones are cut at a char boundary.
+const MAX_STATUS_MESSAGE: usize = 4096;
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Largest encoded request accepted and response sent.
+    pub max_message_size: usize,
+    /// Poll each handler once on the thread that received its request; a handler that
+    /// completes without waiting answers with no thread hand-off. Turn off for handlers that
+    /// do heavy synchronous work before their first `.await`.
+    pub inline_handlers: bool,
+    /// Worker threads of the runtime the server creates when it is not given one.
+    pub worker_threads: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_message_size: crate::client::DEFAULT_MAX_MESSAGE_SIZE,
+            inline_handlers: true,
+            worker_threads: 2,
+        }
+    }
+}
+
+/// Where a connection's response frames go; implemented by transports.
+pub trait ReplySink: Send + Sync + 'static {
+    /// Writes and sends one frame.
+    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status>;
+}
+
+enum RuntimeSlot {
+    Owned(Option<tokio::runtime::Runtime>),
+    Shared(tokio::runtime::Handle),
+}
+
+impl RuntimeSlot {
+    fn handle(&self) -> &tokio::runtime::Handle {
+        match self {
+            RuntimeSlot::Owned(Some(rt)) => rt.handle(),
+            RuntimeSlot::Shared(handle) => handle,
+            RuntimeSlot::Owned(None) => unreachable!("runtime taken only in drop"),
+        }
+    }
+}
+
+impl Drop for RuntimeSlot {
+    fn drop(&mut self) {
+        if let RuntimeSlot::Owned(rt) = self {
+            // Dropping a runtime inside another runtime's context panics; background
+            // shutdown never blocks.
+            if let Some(rt) = rt.take() {
+                rt.shutdown_background();
+            }
+        }
+    }
+}
+
+/// Counts handler runs so a graceful shutdown can wait for them.
+#[derive(Default)]
+struct InFlight {
+    count: Mutex<usize>,
+    idle: Condvar,
+}
+
+struct InFlightGuard(Arc<Dispatcher>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        let mut count = self.0.in_flight.count.lock();
+        *count -= 1;
+        if *count == 0 {
+            self.0.in_flight.idle.notify_all();
+        }
+    }
+}
+
+/// The transport-independent server: routing, limits, the handler runtime.
+pub struct Dispatcher {
+    router: Router,
+    config: ServerConfig,
+    runtime: RuntimeSlot,
+    in_flight: InFlight,
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("config", &self.config)
+            .field("in_flight", &*self.in_flight.count.lock())
+            .finish()
+    }
+}
+
+impl Dispatcher {
+    pub(crate) fn new(
+        router: Router,
+        config: ServerConfig,
+        runtime: Option<tokio::runtime::Handle>,
+    ) -> Result<Dispatcher, Error> {
+        let runtime = match runtime.or_else(|| tokio::runtime::Handle::try_current().ok()) {
+            Some(handle) => RuntimeSlot::Shared(handle),
+            None => RuntimeSlot::Owned(Some(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(config.worker_threads.max(1))
+                    .thread_name("rpc-handler")
+                    .enable_time()
+                    .build()?,
+            )),
+        };
+        Ok(Dispatcher {
+            router,
+            config,
+            runtime,
+            in_flight: InFlight::default(),
+        })
+    }
+
+    /// The server's settings.
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    /// Handler runs in progress.
+    pub fn in_flight(&self) -> usize {
+        *self.in_flight.count.lock()
+    }
+
+    /// Waits until no handler is running or `timeout` passes; returns whether it is idle.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        let mut count = self.in_flight.count.lock();
+        while *count > 0 {
+            if self.in_flight.idle.wait_until(&mut count, until).timed_out() {
+                return *count == 0;
+            }
+        }
+        true
+    }
+
+    fn enter(self: &Arc<Self>) -> InFlightGuard {
+        *self.in_flight.count.lock() += 1;
+        InFlightGuard(self.clone())
+    }
+}
+
+/// The server side of one connection: runs its requests and cancels them.
+pub struct ConnectionDispatch {
+    dispatcher: Arc<Dispatcher>,
+    sink: Arc<dyn ReplySink>,
+    running: Mutex<HashMap<u64, AbortHandle>>,
+}
+
+impl std::fmt::Debug for ConnectionDispatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionDispatch")
+            .field("running", &self.running.lock().len())
+            .finish()
+    }
+}
+
+impl ConnectionDispatch {
+    /// Dispatch for a new connection whose responses go to `sink`.
+    pub fn new(dispatcher: Arc<Dispatcher>, sink: Arc<dyn ReplySink>) -> Arc<Self> {
+        Arc::new(ConnectionDispatch {
+            dispatcher,
+            sink,
+            running: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The server's settings (transports read the message size limit here).
+    pub fn config(&self) -> &ServerConfig {
+        &self.dispatcher.config
+    }
+
+    /// Handles one frame from the client.
+    pub fn on_frame(self: &Arc<Self>, frame: InboundFrame) {
+        match frame.header.kind {
+            FrameKind::Request => self.on_request(frame),
+            FrameKind::Cancel => {
+                if let Some(handle) = self.running.lock().remove(&frame.header.call_id) {
+                    handle.abort();
+                }
+            }
+            kind => tracing::debug!(?kind, "ignoring a frame kind servers do not act on"),
+        }
+    }
+
+    /// Answers a request the transport refused to read because its declared size exceeds
+    /// the limit.
+    pub fn reject_oversized(&self, header: &Header, declared: u64) {
+        let limit = self.dispatcher.config.max_message_size as u64;
+        self.send_status(
+            header.call_id,
+            &Status::message_too_large("request", declared, limit),
+        );
+    }
+
+    /// The connection is gone: stop every handler still running for it.
+    pub fn close(&self) {
+        for (_, handle) in self.running.lock().drain() {
+            handle.abort();
+        }
+    }
+
+    fn on_request(self: &Arc<Self>, frame: InboundFrame) {
+        let header = frame.header;
+        let call_id = header.call_id;
+        let dispatcher = &self.dispatcher;
+        let limit = dispatcher.config.max_message_size;
+        if frame.payload.len() > limit {
+            return self.reject_oversized(&header, frame.payload.len() as u64);
+        }
+        let Some(route) = dispatcher.router.get(header.method_id) else {
+            return self.send_status(
+                call_id,
+                &Status::unimplemented(format!(
+                    "unknown method id {:#010x}: this server does not serve it",
+                    header.method_id
+                )),
+            );
+        };
+        let metadata = match frame.decode_metadata() {
+            Ok(m) => m,
+            Err(e) => {
+                return self.send_status(call_id, &Status::invalid_argument(format!("request {e}")))
+            }
+        };
+        let timeout = (header.timeout_us > 0).then(|| Duration::from_micros(header.timeout_us));
+        let call = ServerCall {
+            metadata,
+            payload: frame.payload,
+            timeout,
+        };
+        let handler = route.service.call(header.method_id, call);
+        let path = route.path;
+
+        let guard = dispatcher.enter();
+        let conn = self.clone();
+        let run = async move {
+            let result = match timeout {
+                Some(t) => tokio::time::timeout(t, handler).await.unwrap_or_else(|_| {
+                    Err(Status::deadline_exceeded(format!(
+                        "{path} did not finish within its deadline of {t:?}"
+                    )))
+                }),
+                None => handler.await,
+            };
+            conn.running.lock().remove(&call_id);
+            conn.send_reply(call_id, result);
+            drop(guard);
+        };
+        let (abort, registration) = AbortHandle::new_pair();
+        let mut task = Box::pin(Abortable::new(run, registration));
+
+        if dispatcher.config.inline_handlers {
+            let _runtime = dispatcher.runtime.handle().enter();
+            let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+            if let Poll::Ready(_) = task.as_mut().poll(&mut cx) {
+                return;
+            }
+        }
+        // Registered before spawning, so the task's own removal can never precede it.
+        self.running.lock().insert(call_id, abort);
+        dispatcher.runtime.handle().spawn(task);
+    }
+
+    fn send_reply(&self, call_id: u64, result: Result<ServerReply, Status>) {
+        let reply = match result {
+            Ok(reply) => reply,
+            Err(status) => return self.send_status(call_id, &status),
+        };
+        let limit = self.dispatcher.config.max_message_size;
+        let size = reply.body.encoded_len();
+        if size > limit {
+            return self.send_status(
+                call_id,
+                &Status::message_too_large("response", size as u64, limit as u64),
+            );
+        }
+        if let Err(e) = reply.metadata.checked_encoded_len() {
+            return self.send_status(call_id, &Status::internal(format!("response {e}")));
+        }
+        let metadata: &MetadataMap = &reply.metadata;
+        match OutgoingFrame::new(
+            Header::new(FrameKind::Response, call_id),
+            metadata,
+            &*reply.body,
+        ) {
+            Ok(mut frame) => self.send(&mut frame, call_id),
+            Err(e) => self.send_status(call_id, &Status::resource_exhausted(e.to_string())),
+        }
+    }
+
+    fn send_status(&self, call_id: u64, status: &Status) {
+        let mut header = Header::new(FrameKind::Response, call_id);
+        header.status = if status.code() == Code::Ok {
+            Code::Unknown
+        } else {
+            status.code()
+        };
+        let message = truncate_at_char(status.message(), MAX_STATUS_MESSAGE);
+        let body = RawBody(message.as_bytes());
+        let empty = MetadataMap::new();
+        match OutgoingFrame::new(header, &empty, &body) {
+            Ok(mut frame) => self.send(&mut frame, call_id),
+            Err(e) => tracing::error!(call_id, %e, "status frame does not fit"),
+        }
+    }
+
+    fn send(&self, frame: &mut OutgoingFrame<'_>, call_id: u64) {
+        if let Err(status) = self.sink.send(frame) {
+            tracing::debug!(call_id, %status, "response not sent: connection gone");
+        }
+    }
+}
+
+fn truncate_at_char(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

@@ -1,0 +1,101 @@
+//! The server side: services, routing by method id, dispatch onto a handler runtime.
+//!
+//! ```no_run
+//! # fn demo(echo: impl rpc_core::server::Service) -> Result<(), rpc_core::Error> {
+//! let dispatcher = rpc_core::Server::builder()
+//!     .max_message_size(16 << 20)
+//!     .add_service(echo)
+//!     .build()?;
+//! // A transport then serves `dispatcher` on a URL (see the `rdma-rpc` crate).
+//! # Ok(()) }
+//! ```
+
+mod dispatch;
+mod router;
+mod service;
+
+use std::sync::Arc;
+
+pub use dispatch::{ConnectionDispatch, Dispatcher, ReplySink, ServerConfig};
+pub use service::{unary, MethodDescriptor, ServerCall, ServerReply, Service};
+
+use crate::error::Error;
+use router::Router;
+
+/// Entry point of the server API.
+#[derive(Debug)]
+pub struct Server;
+
+impl Server {
+    /// A builder with default settings and no services.
+    pub fn builder() -> ServerBuilder {
+        ServerBuilder::default()
+    }
+}
+
+/// Collects services and settings; [`ServerBuilder::build`] checks them.
+#[derive(Default)]
+pub struct ServerBuilder {
+    services: Vec<Arc<dyn Service>>,
+    config: ServerConfig,
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+impl std::fmt::Debug for ServerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerBuilder")
+            .field(
+                "services",
+                &self.services.iter().map(|s| s.name()).collect::<Vec<_>>(),
+            )
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl ServerBuilder {
+    /// Hosts `service` (a generated `FooServer`).
+    pub fn add_service(mut self, service: impl Service) -> Self {
+        self.services.push(Arc::new(service));
+        self
+    }
+
+    /// Largest encoded request accepted and response sent (default 4 MiB).
+    pub fn max_message_size(mut self, bytes: usize) -> Self {
+        self.config.max_message_size = bytes;
+        self
+    }
+
+    /// Whether handlers are first polled on the receiving thread (default true).
+    pub fn inline_handlers(mut self, inline: bool) -> Self {
+        self.config.inline_handlers = inline;
+        self
+    }
+
+    /// Worker threads of the server's own runtime, when none is given or current.
+    pub fn worker_threads(mut self, threads: usize) -> Self {
+        self.config.worker_threads = threads;
+        self
+    }
+
+    /// Runs handlers on `runtime` instead of the current or an owned one.
+    pub fn runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// The settings so far.
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    /// Checks the services (no duplicate method ids) and creates the dispatcher.
+    pub fn build(self) -> Result<Arc<Dispatcher>, Error> {
+        let mut router = Router::default();
+        for service in self.services {
+            router.add(service)?;
+        }
+        tracing::debug!(methods = ?router.paths().collect::<Vec<_>>(), "server routes");
+        Ok(Arc::new(Dispatcher::new(router, self.config, self.runtime)?))
+    }
+}

@@ -1,0 +1,47 @@
+//! Method id → service lookup, checked for collisions when the server is built.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::error::Error;
+use crate::server::service::Service;
+
+pub(crate) struct Route {
+    pub(crate) service: Arc<dyn Service>,
+    pub(crate) path: &'static str,
+}
+
+#[derive(Default)]
+pub(crate) struct Router {
+    routes: HashMap<u32, Route>,
+}
+
+impl Router {
+    pub(crate) fn add(&mut self, service: Arc<dyn Service>) -> Result<(), Error> {
+        for method in service.methods() {
+            if let Some(existing) = self.routes.get(&method.id) {
+                return Err(Error::MethodIdCollision {
+                    first: existing.path.to_owned(),
+                    second: method.path.to_owned(),
+                    id: method.id,
+                });
+            }
+            self.routes.insert(
+                method.id,
+                Route {
+                    service: service.clone(),
+                    path: method.path,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    pub(crate) fn get(&self, method_id: u32) -> Option<&Route> {
+        self.routes.get(&method_id)
+    }
+
+    pub(crate) fn paths(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.routes.values().map(|r| r.path)
+    }
+}

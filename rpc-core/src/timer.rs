@@ -1,0 +1,106 @@
+//! One process-wide thread that fails async calls whose deadline passed.
+//!
+//! Async calls must time out on any executor, so the client cannot borrow a runtime's timer.
+//! Blocking calls do not use this: they park with a timeout.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::call_table::CallTable;
+use crate::status::Status;
+
+/// Identifies a scheduled deadline so it can be cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct TimerKey {
+    at: Instant,
+    seq: u64,
+}
+
+struct Entry {
+    table: Weak<CallTable>,
+    call_id: u64,
+}
+
+pub(crate) struct DeadlineTimer {
+    entries: Mutex<BTreeMap<TimerKey, Entry>>,
+    changed: Condvar,
+    seq: AtomicU64,
+}
+
+impl DeadlineTimer {
+    /// The process-wide timer, started on first use.
+    pub(crate) fn global() -> &'static Arc<DeadlineTimer> {
+        static TIMER: OnceLock<Arc<DeadlineTimer>> = OnceLock::new();
+        TIMER.get_or_init(|| {
+            let timer = Arc::new(DeadlineTimer {
+                entries: Mutex::new(BTreeMap::new()),
+                changed: Condvar::new(),
+                seq: AtomicU64::new(0),
+            });
+            let worker = timer.clone();
+            std::thread::Builder::new()
+                .name("rpc-deadlines".into())
+                .spawn(move || worker.run())
+                .expect("spawning the deadline thread");
+            timer
+        })
+    }
+
+    /// Fails `call_id` in `table` with `DeadlineExceeded` at `at` unless cancelled first.
+    pub(crate) fn schedule(&self, at: Instant, table: &Arc<CallTable>, call_id: u64) -> TimerKey {
+        let key = TimerKey {
+            at,
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+        };
+        let mut entries = self.entries.lock();
+        let is_earliest = entries.keys().next().is_none_or(|first| key < *first);
+        entries.insert(
+            key,
+            Entry {
+                table: Arc::downgrade(table),
+                call_id,
+            },
+        );
+        drop(entries);
+        if is_earliest {
+            self.changed.notify_one();
+        }
+        key
+    }
+
+    pub(crate) fn cancel(&self, key: TimerKey) {
+        self.entries.lock().remove(&key);
+    }
+
+    fn run(&self) {
+        let mut entries = self.entries.lock();
+        loop {
+            let now = Instant::now();
+            while let Some(entry) = entries.first_entry() {
+                if entry.key().at > now {
+                    break;
+                }
+                let Entry { table, call_id } = entry.remove();
+                if let Some(table) = table.upgrade() {
+                    // Completing the call may wake a task; do it without holding our lock.
+                    parking_lot::MutexGuard::unlocked(&mut entries, || {
+                        table.complete(
+                            call_id,
+                            Err(Status::deadline_exceeded("deadline exceeded before the response arrived")),
+                        );
+                    });
+                }
+            }
+            match entries.keys().next().map(|k| k.at) {
+                Some(at) => {
+                    self.changed.wait_until(&mut entries, at);
+                }
+                None => self.changed.wait(&mut entries),
+            }
+        }
+    }
+}
