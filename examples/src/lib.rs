@@ -1,1 +1,24 @@
-//! Placeholder.
+//! Services shared by the demo binaries, the integration tests and the benchmarks.
+//!
+//! * [`echo`]: generated from `proto/echo.proto`; [`EchoService`] implements it.
+//! * [`testing`] (package `rpc.testing`): generated from `proto/testing.proto`; [`Tester`] sleeps or fails on
+//!   request and counts what happened, so tests can observe the server.
+
+pub mod echo {
+    //! Generated from `proto/echo.proto`.
+    rpc_core::include_proto!("echo");
+}
+
+pub mod rpc {
+    //! Protobuf package `rpc`.
+    pub mod testing {
+        //! Generated from `proto/testing.proto` (package `rpc.testing`).
+        rpc_core::include_proto!("rpc.testing");
+    }
+}
+
+pub use rpc::testing;
+
+mod services;
+
+pub use services::{EchoService, Tester, TesterStats};

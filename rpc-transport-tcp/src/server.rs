@@ -30,7 +30,12 @@ struct Shared {
     local_addr: SocketAddr,
     draining: AtomicBool,
     next_conn: AtomicU64,
-    connections: Mutex<HashMap<u64, TcpStream>>,
+    connections: Mutex<HashMap<u64, Connection>>,
+}
+
+struct Connection {
+    stream: TcpStream,
+    dispatch: Arc<ConnectionDispatch>,
 }
 
 /// A running TCP server. Dropping it shuts it down gracefully.
@@ -87,8 +92,8 @@ impl TcpServer {
         // The accept thread is blocked in accept(): a connection of our own wakes it.
         let _ = TcpStream::connect_timeout(&self.shared.local_addr, Duration::from_secs(1));
         let _ = acceptor.join();
-        for stream in self.shared.connections.lock().values() {
-            let _ = stream.shutdown(Shutdown::Read);
+        for conn in self.shared.connections.lock().values() {
+            let _ = conn.stream.shutdown(Shutdown::Read);
         }
         if !self.shared.dispatcher.wait_idle(grace) {
             tracing::warn!(
@@ -96,8 +101,9 @@ impl TcpServer {
                 "shutdown grace period over with handlers still running"
             );
         }
-        for (_, stream) in self.shared.connections.lock().drain() {
-            let _ = stream.shutdown(Shutdown::Both);
+        for (_, conn) in self.shared.connections.lock().drain() {
+            conn.dispatch.close();
+            let _ = conn.stream.shutdown(Shutdown::Both);
         }
     }
 }
@@ -136,15 +142,26 @@ fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -
     let sink = Arc::new(TcpReplySink {
         writer: Mutex::new(FrameWriter::new(stream.try_clone()?)),
     });
-    shared.connections.lock().insert(id, stream);
     let dispatch = ConnectionDispatch::new(shared.dispatcher.clone(), sink);
+    shared.connections.lock().insert(
+        id,
+        Connection {
+            stream,
+            dispatch: dispatch.clone(),
+        },
+    );
     let shared = shared.clone();
     std::thread::Builder::new()
         .name("rpc-tcp-conn".into())
         .spawn(move || {
-            serve_connection(reader, &dispatch, peer, &shared);
-            if let Some(stream) = shared.connections.lock().remove(&id) {
-                let _ = stream.shutdown(Shutdown::Both);
+            serve_connection(reader, &dispatch, peer);
+            // While draining, the read side was shut on purpose and running handlers still
+            // answer on the write side; `TcpServer::shutdown` closes the connection later.
+            if !shared.draining.load(Ordering::SeqCst) {
+                dispatch.close();
+                if let Some(conn) = shared.connections.lock().remove(&id) {
+                    let _ = conn.stream.shutdown(Shutdown::Both);
+                }
             }
         })?;
     Ok(())
@@ -154,7 +171,6 @@ fn serve_connection(
     mut reader: FrameReader<TcpStream>,
     dispatch: &Arc<ConnectionDispatch>,
     peer: SocketAddr,
-    shared: &Shared,
 ) {
     loop {
         match reader.read() {
@@ -162,15 +178,11 @@ fn serve_connection(
             Ok(Some(Inbound::Oversized { header, declared })) => {
                 dispatch.reject_oversized(&header, declared)
             }
-            Ok(None) => break,
+            Ok(None) => return,
             Err(e) => {
                 tracing::warn!(%peer, %e, "closing connection");
-                break;
+                return;
             }
         }
-    }
-    // While draining, the read side was shut on purpose: running handlers still answer.
-    if !shared.draining.load(Ordering::SeqCst) {
-        dispatch.close();
     }
 }

@@ -1,0 +1,3 @@
+fn main() -> std::io::Result<()> {
+    rpc_codegen::configure().compile_protos(&["../proto/echo.proto", "../proto/testing.proto"], &["../proto"])
+}

@@ -1,0 +1,35 @@
+//! Serves the echo service on a URL until Ctrl-C.
+//!
+//! ```text
+//! echo-server tcp://0.0.0.0:50051
+//! echo-server rdma://192.168.77.1:7471
+//! ```
+
+use clap::Parser;
+use rdma_rpc::prelude::*;
+use rpc_examples::echo::echo_server::EchoServer;
+use rpc_examples::EchoService;
+
+#[derive(Parser, Debug)]
+#[command(about = "Serve the echo service")]
+struct Args {
+    /// Where to listen: tcp://host:port or rdma://host:port.
+    #[arg(default_value = "tcp://127.0.0.1:50051")]
+    url: String,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), rdma_rpc::Error> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let args = Args::parse();
+    let server = Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .start(&args.url)?;
+    println!("echo-server listening on {}", server.local_url());
+    let _ = tokio::signal::ctrl_c().await;
+    println!("shutting down");
+    server.shutdown(std::time::Duration::from_secs(5));
+    Ok(())
+}

@@ -1,0 +1,100 @@
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rpc_core::{Code, Request, Response, Status};
+
+use crate::echo::{echo_server, EchoReply, EchoRequest};
+use crate::testing::{tester_server, FailRequest, SleepRequest};
+
+/// Echoes every request.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct EchoService;
+
+impl echo_server::Echo for EchoService {
+    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        self.echo_inner(request)
+    }
+}
+
+/// Counters of what the [`Tester`] service saw.
+#[derive(Debug, Default)]
+pub struct TesterStats {
+    /// Sleep handlers started.
+    pub sleeps_started: AtomicU64,
+    /// Sleep handlers that ran to the end.
+    pub sleeps_finished: AtomicU64,
+    /// Sleep handlers stopped before their end (cancelled or out of time).
+    pub sleeps_dropped: AtomicU64,
+}
+
+/// The integration tests' service: echoes, sleeps or fails as asked.
+#[derive(Debug, Default, Clone)]
+pub struct Tester {
+    /// Shared counters.
+    pub stats: Arc<TesterStats>,
+}
+
+/// Counts a sleep as dropped unless it was disarmed at the end.
+struct SleepGuard<'a> {
+    stats: &'a TesterStats,
+    finished: bool,
+}
+
+impl Drop for SleepGuard<'_> {
+    fn drop(&mut self) {
+        let counter = if self.finished {
+            &self.stats.sleeps_finished
+        } else {
+            &self.stats.sleeps_dropped
+        };
+        counter.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl tester_server::Tester for Tester {
+    /// Echoes the message and returns the request's metadata as the response's.
+    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        let metadata = request.metadata().clone();
+        let mut response = EchoService.echo_inner(request)?;
+        *response.metadata_mut() = metadata;
+        Ok(response)
+    }
+
+    async fn sleep(&self, request: Request<SleepRequest>) -> Result<Response<()>, Status> {
+        let duration = request
+            .into_inner()
+            .duration
+            .ok_or_else(|| Status::invalid_argument("duration is required"))?;
+        let duration = Duration::try_from(duration)
+            .map_err(|e| Status::invalid_argument(format!("bad duration: {e}")))?;
+        self.stats.sleeps_started.fetch_add(1, Ordering::SeqCst);
+        let mut guard = SleepGuard {
+            stats: &self.stats,
+            finished: false,
+        };
+        tokio::time::sleep(duration).await;
+        guard.finished = true;
+        Ok(Response::new(()))
+    }
+
+    async fn fail(&self, request: Request<FailRequest>) -> Result<Response<()>, Status> {
+        let FailRequest { code, message } = request.into_inner();
+        let code = u16::try_from(code)
+            .ok()
+            .and_then(Code::from_wire)
+            .ok_or_else(|| Status::invalid_argument(format!("{code} is not a status code")))?;
+        Err(Status::new(code, message))
+    }
+
+    async fn now(&self, _request: Request<()>) -> Result<Response<prost_types::Timestamp>, Status> {
+        Ok(Response::new(SystemTime::now().into()))
+    }
+}
+
+impl EchoService {
+    fn echo_inner(self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        let EchoRequest { payload, seq } = request.into_inner();
+        Ok(Response::new(EchoReply { payload, seq }))
+    }
+}

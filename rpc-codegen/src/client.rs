@@ -1,0 +1,119 @@
+//! The `foo_client` module: `FooClient` with an async and a blocking method per RPC.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+use crate::generator::{doc_attrs, doc_attrs_or, MethodModel, ServiceModel};
+
+/// The client module of `service`.
+pub(crate) fn generate(service: &ServiceModel) -> TokenStream {
+    let ServiceModel {
+        full_name,
+        core,
+        client_mod,
+        client_ident,
+        ..
+    } = service;
+    let mod_docs = doc_attrs(
+        &format!("Generated client for `{full_name}`."),
+        &service.docs,
+    );
+    let struct_docs = doc_attrs(
+        &format!(
+            "Client for `{full_name}`: one async and one blocking method per RPC. \
+             Cheap to clone; every clone shares the channel."
+        ),
+        &[],
+    );
+    let methods = service
+        .methods
+        .iter()
+        .map(|method| generate_method(service, method));
+
+    quote! {
+        #mod_docs
+        pub mod #client_mod {
+            #struct_docs
+            #[derive(Debug, Clone)]
+            pub struct #client_ident {
+                channel: #core::Channel,
+            }
+
+            impl #client_ident {
+                /// A client that calls over `channel`.
+                #[must_use]
+                pub const fn new(channel: #core::Channel) -> Self {
+                    Self { channel }
+                }
+
+                /// The channel the client calls over.
+                #[must_use]
+                pub const fn channel(&self) -> &#core::Channel {
+                    &self.channel
+                }
+
+                #(#methods)*
+            }
+        }
+    }
+}
+
+fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream {
+    let ServiceModel {
+        core, client_ident, ..
+    } = service;
+    let MethodModel {
+        path,
+        fn_ident,
+        blocking_ident,
+        input,
+        output,
+        ..
+    } = method;
+    let docs = doc_attrs_or(&format!("Calls `{path}`."), &method.docs);
+    // Intra-doc links cannot name raw identifiers (`r#type`): those get plain code spans.
+    let fn_name = fn_ident.to_string();
+    let target = if fn_name.starts_with("r#") {
+        format!("`{client_ident}::{fn_name}`")
+    } else {
+        format!("[`{client_ident}::{fn_name}`]")
+    };
+    let blocking_docs = doc_attrs(
+        &format!("Blocking form of {target}: waits on the calling thread."),
+        &[
+            " # Errors".to_owned(),
+            String::new(),
+            " The handler's status, or the channel's (`Unavailable`, `DeadlineExceeded`, ...).".to_owned(),
+        ],
+    );
+
+    // A named request type instead of `impl IntoRequest`, so that `use<R>` can keep the
+    // future from capturing `&self` (Rust 2024 capture rules): it outlives the client.
+    quote! {
+        #docs
+        pub fn #fn_ident<R: #core::IntoRequest<#input>>(
+            &self,
+            request: R,
+        ) -> impl ::core::future::Future<
+            Output = ::core::result::Result<#core::Response<#output>, #core::Status>,
+        > + ::core::marker::Send + 'static + use<R> {
+            const METHOD_ID: u32 = #core::method_id(#path);
+            self.channel.unary(
+                METHOD_ID,
+                #core::IntoRequest::<#input>::into_request(request),
+            )
+        }
+
+        #blocking_docs
+        pub fn #blocking_ident(
+            &self,
+            request: impl #core::IntoRequest<#input>,
+        ) -> ::core::result::Result<#core::Response<#output>, #core::Status> {
+            const METHOD_ID: u32 = #core::method_id(#path);
+            self.channel.unary_blocking(
+                METHOD_ID,
+                #core::IntoRequest::<#input>::into_request(request),
+            )
+        }
+    }
+}
