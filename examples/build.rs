@@ -1,3 +1,6 @@
 fn main() -> std::io::Result<()> {
-    rpc_codegen::configure().compile_protos(&["../proto/echo.proto", "../proto/testing.proto"], &["../proto"])
+    rpc_codegen::configure().compile_protos(
+        &["../proto/echo.proto", "../proto/testing.proto"],
+        &["../proto"],
+    )
 }

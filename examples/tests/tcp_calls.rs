@@ -173,7 +173,10 @@ async fn oversized_messages_are_resource_exhausted_naming_both_sizes() {
         payload: vec![1; 2000],
         seq: 1,
     };
-    let err = EchoClient::new(small).echo(request.clone()).await.unwrap_err();
+    let err = EchoClient::new(small)
+        .echo(request.clone())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted);
     assert!(
         err.message().contains("2005") && err.message().contains("1000"),
@@ -238,7 +241,8 @@ async fn client_dropped_mid_call_leaves_the_server_healthy() {
 
     // Dropping a whole connection mid-call does too.
     let doomed = TesterClient::new(rdma_rpc::connect(server.local_url()).await.unwrap());
-    let pending = tokio::spawn(async move { doomed.sleep(sleep_for(Duration::from_secs(30))).await });
+    let pending =
+        tokio::spawn(async move { doomed.sleep(sleep_for(Duration::from_secs(30))).await });
     eventually("second sleep started", || {
         tester.stats.sleeps_started.load(Ordering::SeqCst) == 2
     });
@@ -257,9 +261,15 @@ async fn client_dropped_mid_call_leaves_the_server_healthy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_urls_and_unreachable_peers_fail_fast_and_clearly() {
     let err = rdma_rpc::connect("tcp//nowhere").await.unwrap_err();
-    assert!(err.to_string().contains("invalid URL 'tcp//nowhere'"), "{err}");
+    assert!(
+        err.to_string().contains("invalid URL 'tcp//nowhere'"),
+        "{err}"
+    );
     let err = rdma_rpc::connect("udp://127.0.0.1:1").await.unwrap_err();
-    assert!(err.to_string().contains("unsupported scheme 'udp'"), "{err}");
+    assert!(
+        err.to_string().contains("unsupported scheme 'udp'"),
+        "{err}"
+    );
 
     // A port nobody listens on: refused at once, not a hang.
     let port = {
@@ -291,7 +301,10 @@ async fn graceful_shutdown_finishes_running_calls_and_dead_server_fails_the_rest
     tokio::task::spawn_blocking(move || server.shutdown(Duration::from_secs(5)))
         .await
         .unwrap();
-    finishing.await.unwrap().expect("the running call finished during shutdown");
+    finishing
+        .await
+        .unwrap()
+        .expect("the running call finished during shutdown");
 
     // The server is gone: calls fail with Unavailable at once.
     let err = client.echo(EchoRequest::default()).await.unwrap_err();

@@ -108,7 +108,11 @@ impl ClientBuilder {
                 if let Some(t) = self.connect_timeout {
                     config.connect_timeout = t;
                 }
-                rpc_transport_tcp::TcpClient::connect(&endpoint.authority(), calls.clone(), &config)?
+                rpc_transport_tcp::TcpClient::connect(
+                    &endpoint.authority(),
+                    calls.clone(),
+                    &config,
+                )?
             }
             TransportKind::Rdma => return Err(rdma_unavailable(&endpoint)),
         };

@@ -27,7 +27,11 @@ pub trait ServeExt {
     fn start(self, url: &str) -> Result<ServerHandle, Error>;
 
     /// Serves on `url` until `signal` resolves, then shuts down gracefully.
-    fn serve_with_shutdown<F>(self, url: &str, signal: F) -> impl Future<Output = Result<(), Error>>
+    fn serve_with_shutdown<F>(
+        self,
+        url: &str,
+        signal: F,
+    ) -> impl Future<Output = Result<(), Error>>
     where
         F: Future<Output = ()>;
 

@@ -102,7 +102,9 @@ impl CallTable {
     pub fn poll_call(&self, id: u64, cx: &mut Context<'_>) -> Poll<CallResult> {
         let mut inner = self.inner.lock();
         let Some(slot) = inner.calls.get_mut(&id) else {
-            return Poll::Ready(Err(Status::internal(format!("call {id} is not registered"))));
+            return Poll::Ready(Err(Status::internal(format!(
+                "call {id} is not registered"
+            ))));
         };
         if let Some(result) = slot.result.take() {
             inner.calls.remove(&id);
@@ -210,7 +212,10 @@ mod tests {
         let b = table.register().unwrap();
         assert_ne!(a, b);
         assert!(table.complete(b, Ok(frame(b))));
-        assert!(!table.complete(b, Ok(frame(b))), "second completion ignored");
+        assert!(
+            !table.complete(b, Ok(frame(b))),
+            "second completion ignored"
+        );
         let me = std::thread::current();
         assert!(table.take_or_park_on(a, &me).is_none());
         let got = table.take_or_park_on(b, &me).unwrap().unwrap();

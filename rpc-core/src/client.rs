@@ -170,7 +170,11 @@ impl Channel {
         let limit = self.inner.config.max_message_size;
         let size = Message::encoded_len(request.get_ref());
         if size > limit {
-            return Err(Status::message_too_large("request", size as u64, limit as u64));
+            return Err(Status::message_too_large(
+                "request",
+                size as u64,
+                limit as u64,
+            ));
         }
         request
             .metadata()

@@ -210,9 +210,8 @@ impl Header {
             .and_then(|s| s.try_into().ok())
             .ok_or(HeaderError::Truncated { len: src.len() })?;
         let u16_at = |at: usize| u16::from_le_bytes([src[at], src[at + 1]]);
-        let u32_at = |at: usize| {
-            u32::from_le_bytes([src[at], src[at + 1], src[at + 2], src[at + 3]])
-        };
+        let u32_at =
+            |at: usize| u32::from_le_bytes([src[at], src[at + 1], src[at + 2], src[at + 3]]);
         let u64_at = |at: usize| {
             let mut b = [0u8; 8];
             b.copy_from_slice(&src[at..at + 8]);

@@ -206,8 +206,8 @@ impl From<std::io::Error> for Status {
         use std::io::ErrorKind::*;
         let code = match err.kind() {
             TimedOut => Code::DeadlineExceeded,
-            ConnectionRefused | ConnectionReset | ConnectionAborted | NotConnected
-            | BrokenPipe | UnexpectedEof | AddrNotAvailable => Code::Unavailable,
+            ConnectionRefused | ConnectionReset | ConnectionAborted | NotConnected | BrokenPipe
+            | UnexpectedEof | AddrNotAvailable => Code::Unavailable,
             InvalidInput | InvalidData => Code::InvalidArgument,
             _ => Code::Unknown,
         };

@@ -90,7 +90,9 @@ impl DeadlineTimer {
                     parking_lot::MutexGuard::unlocked(&mut entries, || {
                         table.complete(
                             call_id,
-                            Err(Status::deadline_exceeded("deadline exceeded before the response arrived")),
+                            Err(Status::deadline_exceeded(
+                                "deadline exceeded before the response arrived",
+                            )),
                         );
                     });
                 }

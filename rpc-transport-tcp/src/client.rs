@@ -79,7 +79,10 @@ fn connect_any(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
         }
     }
     Err(last.unwrap_or_else(|| {
-        io::Error::new(io::ErrorKind::NotFound, "the host name resolved to no address")
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "the host name resolved to no address",
+        )
     }))
 }
 
@@ -108,9 +111,10 @@ fn read_responses(mut reader: FrameReader<TcpStream>, calls: &CallTable, peer: &
 
 impl ClientTransport for TcpClient {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        self.writer.lock().write(frame).map_err(|e| {
-            Status::unavailable(format!("cannot send to {}: {e}", self.peer))
-        })
+        self.writer
+            .lock()
+            .write(frame)
+            .map_err(|e| Status::unavailable(format!("cannot send to {}: {e}", self.peer)))
     }
 
     fn peer(&self) -> &str {

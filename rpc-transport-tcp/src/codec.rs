@@ -136,7 +136,10 @@ impl<R: Read> FrameReader<R> {
 }
 
 fn unexpected_eof() -> io::Error {
-    io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection mid-frame")
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "peer closed the connection mid-frame",
+    )
 }
 
 /// Writes frames through one reused buffer: the message encodes itself into the buffer the

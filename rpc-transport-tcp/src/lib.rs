@@ -5,8 +5,8 @@
 //!   dispatcher's runtime (or inline, see `ServerConfig::inline_handlers`).
 //! * [`codec`]: frame reading and writing over any byte stream.
 
-pub mod codec;
 mod client;
+pub mod codec;
 mod server;
 
 pub use client::{TcpClient, TcpConfig};

@@ -55,9 +55,8 @@ impl std::fmt::Debug for TcpServer {
 impl TcpServer {
     /// Binds `addr` (`host:port`, port 0 for any) and serves `dispatcher` on it.
     pub fn bind(addr: &str, dispatcher: Arc<Dispatcher>) -> io::Result<TcpServer> {
-        let listener = TcpListener::bind(addr).map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot listen on tcp://{addr}: {e}"))
-        })?;
+        let listener = TcpListener::bind(addr)
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on tcp://{addr}: {e}")))?;
         let shared = Arc::new(Shared {
             dispatcher,
             local_addr: listener.local_addr()?,

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Context;
 use std::time::{Duration, Instant};
 
 use futures::future::{AbortHandle, Abortable};
@@ -155,7 +155,12 @@ impl Dispatcher {
         let until = Instant::now() + timeout;
         let mut count = self.in_flight.count.lock();
         while *count > 0 {
-            if self.in_flight.idle.wait_until(&mut count, until).timed_out() {
+            if self
+                .in_flight
+                .idle
+                .wait_until(&mut count, until)
+                .timed_out()
+            {
                 return *count == 0;
             }
         }
@@ -281,7 +286,7 @@ impl ConnectionDispatch {
         if dispatcher.config.inline_handlers {
             let _runtime = dispatcher.runtime.handle().enter();
             let mut cx = Context::from_waker(futures::task::noop_waker_ref());
-            if let Poll::Ready(_) = task.as_mut().poll(&mut cx) {
+            if task.as_mut().poll(&mut cx).is_ready() {
                 return;
             }
         }

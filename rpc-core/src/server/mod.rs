@@ -96,6 +96,10 @@ impl ServerBuilder {
             router.add(service)?;
         }
         tracing::debug!(methods = ?router.paths().collect::<Vec<_>>(), "server routes");
-        Ok(Arc::new(Dispatcher::new(router, self.config, self.runtime)?))
+        Ok(Arc::new(Dispatcher::new(
+            router,
+            self.config,
+            self.runtime,
+        )?))
     }
 }

@@ -86,7 +86,11 @@ pub trait Service: Send + Sync + 'static {
     fn methods(&self) -> &'static [MethodDescriptor];
 
     /// Runs method `method_id` on `call`.
-    fn call(&self, method_id: u32, call: ServerCall) -> BoxFuture<'static, Result<ServerReply, Status>>;
+    fn call(
+        &self,
+        method_id: u32,
+        call: ServerCall,
+    ) -> BoxFuture<'static, Result<ServerReply, Status>>;
 }
 
 /// Decodes `call`, runs `handler` on the typed request and erases the response type: the
