@@ -1,0 +1,456 @@
+//! The per-connection state machine: ties the rings and the credits together, feeds on
+//! completions and caller requests, and emits [`Action`]s.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rpc_core::{FrameKind, Header, HEADER_LEN};
+
+use super::action::{Action, Received, SendTarget, SendWork, WorkId};
+use super::credits::Credits;
+use super::error::{ProtocolViolation, SendError};
+use super::geometry::{Geometry, CONTROL_BUF_LEN};
+use super::recv_ring::RecvRing;
+use super::send_ring::{Pending, SendRing};
+
+/// Distinguishes reservations of different connections.
+static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A send slot handed to the caller by [`Connection::reserve_send`]. Write the encoded
+/// header and body into the slot's memory (`Geometry::send_offset(reservation.target())`,
+/// at most [`SendReservation::capacity`] bytes), then [`Connection::commit_send`] it, or
+/// give it back with [`Connection::abort_send`].
+#[derive(Debug)]
+#[must_use = "a reservation holds a send slot until committed or aborted"]
+pub struct SendReservation {
+    connection: u64,
+    seq: u64,
+    slot: u32,
+    capacity: u32,
+}
+
+impl SendReservation {
+    /// Send-ring slot to write into.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// The slot as a send target.
+    pub fn target(&self) -> SendTarget {
+        SendTarget::Ring(self.slot)
+    }
+
+    /// Largest frame (header included) that may be written.
+    pub fn capacity(&self) -> usize {
+        self.capacity as usize
+    }
+}
+
+/// Why a connection closed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloseReason {
+    /// [`Connection::close`] was called.
+    Local,
+    /// A work request completed with an error status.
+    CompletionError(WorkId),
+    /// The peer or the completion stream broke the protocol.
+    Violation(ProtocolViolation),
+}
+
+/// A snapshot of a connection's counters and gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Credits held for the peer's receive ring (reserved one included).
+    pub send_credits: u32,
+    /// Re-posted receive slots whose credit has not been sent yet.
+    pub pending_credit_return: u32,
+    /// Receive slots held by the upper layer.
+    pub recv_held: u32,
+    /// Free send slots.
+    pub send_free: u32,
+    /// Reserved or committed frames not yet posted.
+    pub send_unposted: u32,
+    /// Posted send slots not yet reclaimed.
+    pub send_unreclaimed: u32,
+    /// A credit-only frame is outstanding in the control buffer.
+    pub control_busy: bool,
+    /// Frames posted (credit-only included).
+    pub frames_sent: u64,
+    /// Frames received (credit-only included).
+    pub frames_received: u64,
+    /// Credit-only frames posted.
+    pub credit_only_sent: u64,
+    /// Credit-only frames received.
+    pub credit_only_received: u64,
+    /// Sends posted signaled.
+    pub signaled_sends: u64,
+    /// [`SendError::WouldBlock`] results.
+    pub would_block: u64,
+}
+
+/// The sans-IO state machine of one RDMA connection. See the module documentation for the
+/// driver loop.
+#[derive(Debug)]
+pub struct Connection {
+    id: u64,
+    geometry: Geometry,
+    credits: Credits,
+    send: SendRing,
+    recv: RecvRing,
+    control_busy: bool,
+    want_writable: bool,
+    actions: VecDeque<Action>,
+    closed: Option<CloseReason>,
+    stats: Stats,
+}
+
+impl Connection {
+    /// A connection with the negotiated geometry, established from the protocol's point of
+    /// view: every receive slot of [`super::Config::initial_recv_posts`] must already be
+    /// posted (before `rdma_connect`/`rdma_accept`), since the peer's initial credits count
+    /// them.
+    pub fn new(geometry: Geometry) -> Self {
+        let capacity = geometry.recv_slots as usize + 2 * geometry.send_slots as usize + 2;
+        Connection {
+            id: NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed),
+            geometry,
+            credits: Credits::new(
+                geometry.peer_recv_slots,
+                geometry.recv_slots,
+                geometry.credit_return_threshold,
+            ),
+            send: SendRing::new(
+                geometry.send_slots,
+                geometry.signal_interval,
+                geometry.max_queued,
+            ),
+            recv: RecvRing::new(geometry.recv_slots, geometry.recv_slot_size),
+            control_busy: false,
+            want_writable: false,
+            actions: VecDeque::with_capacity(capacity),
+            closed: None,
+            stats: Stats::default(),
+        }
+    }
+
+    /// The negotiated geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    /// Whether the connection is closed.
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_some()
+    }
+
+    /// Why the connection closed, if it did.
+    pub fn close_reason(&self) -> Option<&CloseReason> {
+        self.closed.as_ref()
+    }
+
+    /// The next action for the driver, in order.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Counters and gauges.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            send_credits: self.credits.available(),
+            pending_credit_return: self.credits.returnable(),
+            recv_held: self.recv.held(),
+            send_free: self.send.free(),
+            send_unposted: self.send.unposted(),
+            send_unreclaimed: self.send.unreclaimed(),
+            control_busy: self.control_busy,
+            ..self.stats
+        }
+    }
+
+    /// Reserves a send slot for a frame of `len` bytes (header included).
+    ///
+    /// [`SendError::WouldBlock`] when the ring is full or the queue bound is reached; an
+    /// [`Action::Writable`] follows once a reservation can succeed.
+    pub fn reserve_send(&mut self, len: usize) -> Result<SendReservation, SendError> {
+        if self.closed.is_some() {
+            return Err(SendError::Closed);
+        }
+        if len < HEADER_LEN {
+            return Err(SendError::TooShort { len });
+        }
+        let max = self.geometry.max_send_frame;
+        if len as u64 > u64::from(max) {
+            return Err(SendError::TooLarge {
+                len: len as u64,
+                max,
+            });
+        }
+        match self.send.reserve() {
+            Some((slot, seq)) => Ok(SendReservation {
+                connection: self.id,
+                seq,
+                slot,
+                capacity: max,
+            }),
+            None => {
+                self.want_writable = true;
+                self.stats.would_block += 1;
+                Err(SendError::WouldBlock)
+            }
+        }
+    }
+
+    /// Commits a reserved slot into which `header` and its body have been written. The frame
+    /// is posted at once if it is next in line and a credit is available, otherwise it waits
+    /// in the ring. The `credits` field of the written header is overwritten at post time
+    /// ([`SendWork::prepare`]). On error the reservation is released.
+    pub fn commit_send(
+        &mut self,
+        reservation: SendReservation,
+        header: &Header,
+    ) -> Result<(), SendError> {
+        if self.closed.is_some() {
+            return Err(SendError::Closed);
+        }
+        let seq = reservation.seq;
+        if reservation.connection != self.id || !self.send.is_reserved(seq) {
+            return Err(SendError::UnknownReservation {
+                slot: reservation.slot,
+            });
+        }
+        if let Err(err) = Self::check_frame(header, reservation.capacity) {
+            self.abort_send(reservation);
+            return Err(err);
+        }
+        let pending = Pending {
+            len: (HEADER_LEN as u64 + header.body_len()) as u32,
+            kind: header.kind,
+            call_id: header.call_id,
+        };
+        let committed = self.send.commit(seq, pending);
+        debug_assert!(committed);
+        self.flush();
+        Ok(())
+    }
+
+    fn check_frame(header: &Header, capacity: u32) -> Result<(), SendError> {
+        if header.kind == FrameKind::CreditOnly {
+            return Err(SendError::ReservedKind);
+        }
+        Header::decode(&header.to_bytes()).map_err(SendError::InvalidHeader)?;
+        let len = HEADER_LEN as u64 + header.body_len();
+        if len > u64::from(capacity) {
+            return Err(SendError::TooLarge { len, max: capacity });
+        }
+        Ok(())
+    }
+
+    /// Gives a reservation back without sending anything.
+    pub fn abort_send(&mut self, reservation: SendReservation) {
+        if self.closed.is_some() || reservation.connection != self.id {
+            return;
+        }
+        if self.send.abort(reservation.seq) {
+            self.flush();
+        }
+    }
+
+    /// A send completed successfully (only signaled sends complete). Reclaims its slot and
+    /// every earlier one, or frees the control buffer.
+    pub fn on_send_complete(&mut self, target: SendTarget) -> Result<(), ProtocolViolation> {
+        if self.closed.is_some() {
+            return Ok(());
+        }
+        match target {
+            SendTarget::Ring(slot) => {
+                if let Err(violation) = self.send.on_completion(slot) {
+                    return Err(self.fail(violation));
+                }
+            }
+            SendTarget::Control if self.control_busy => self.control_busy = false,
+            SendTarget::Control => {
+                return Err(self.fail(ProtocolViolation::UnexpectedControlCompletion))
+            }
+        }
+        self.flush();
+        Ok(())
+    }
+
+    /// A RECV completed successfully with `byte_len` bytes in `slot`; `slot_bytes` is the
+    /// slot's memory (at least `byte_len` bytes). Returns the frame for the upper layer, or
+    /// `None` when the protocol consumed it (credit-only frame; its slot is re-posted).
+    pub fn on_recv_complete(
+        &mut self,
+        slot: u32,
+        byte_len: u32,
+        slot_bytes: &[u8],
+    ) -> Result<Option<Received>, ProtocolViolation> {
+        if self.closed.is_some() {
+            return Ok(None);
+        }
+        let header = match self.recv.accept(slot, byte_len, slot_bytes) {
+            Ok(header) => header,
+            Err(violation) => return Err(self.fail(violation)),
+        };
+        let credit_only = header.kind == FrameKind::CreditOnly;
+        if credit_only && header.credits == 0 {
+            return Err(self.fail(ProtocolViolation::EmptyCreditOnly));
+        }
+        if let Err(violation) = self.credits.grant(header.credits) {
+            return Err(self.fail(violation));
+        }
+        self.stats.frames_received += 1;
+        if credit_only {
+            self.stats.credit_only_received += 1;
+            let released = self.recv.release(slot);
+            debug_assert!(released.is_ok());
+            self.repost(slot);
+            self.flush();
+            return Ok(None);
+        }
+        self.flush();
+        Ok(Some(Received {
+            slot,
+            header,
+            len: byte_len,
+        }))
+    }
+
+    /// The upper layer is done with a received slot: it is re-posted and its credit becomes
+    /// returnable. Slots may be released in any order. After close this is a no-op.
+    pub fn release_recv(&mut self, slot: u32) -> Result<(), ProtocolViolation> {
+        if self.closed.is_some() {
+            return Ok(());
+        }
+        if let Err(violation) = self.recv.release(slot) {
+            return Err(self.fail(violation));
+        }
+        self.repost(slot);
+        self.flush();
+        Ok(())
+    }
+
+    /// A work request completed with an error status (including flushes after the QP went to
+    /// the error state). Closes the connection; frames not yet posted are dropped.
+    pub fn on_completion_error(&mut self, work: WorkId) {
+        self.close_with(CloseReason::CompletionError(work));
+    }
+
+    /// Closes the connection locally; frames not yet posted are dropped.
+    pub fn close(&mut self) {
+        self.close_with(CloseReason::Local);
+    }
+
+    fn fail(&mut self, violation: ProtocolViolation) -> ProtocolViolation {
+        tracing::warn!(%violation, "rdma protocol violation; closing connection");
+        self.close_with(CloseReason::Violation(violation.clone()));
+        violation
+    }
+
+    fn close_with(&mut self, reason: CloseReason) {
+        if self.closed.is_some() {
+            return;
+        }
+        tracing::debug!(?reason, "rdma connection closed");
+        self.closed = Some(reason);
+        // Actions not yet executed: SENDs never reach the wire, RECVs and wake-ups are moot.
+        self.actions.retain_mut(|action| match *action {
+            Action::PostSend(SendWork {
+                target: SendTarget::Ring(slot),
+                kind,
+                call_id,
+                ..
+            }) => {
+                *action = Action::SendDropped {
+                    slot,
+                    kind,
+                    call_id,
+                };
+                true
+            }
+            Action::SendDropped { .. } => true,
+            _ => false,
+        });
+        let actions = &mut self.actions;
+        self.send.drop_unposted(|slot, p| {
+            actions.push_back(Action::SendDropped {
+                slot,
+                kind: p.kind,
+                call_id: p.call_id,
+            });
+        });
+        // A sender waiting for capacity retries and learns of the close (EPOLLOUT|EPOLLERR).
+        if std::mem::take(&mut self.want_writable) {
+            self.actions.push_back(Action::Writable);
+        }
+    }
+
+    fn repost(&mut self, slot: u32) {
+        self.actions.push_back(Action::PostRecv { slot });
+        self.credits.on_reposted();
+    }
+
+    /// Posts every frame that can go now, then returns credits explicitly if they are due and
+    /// no frame carried them, then wakes a blocked sender.
+    fn flush(&mut self) {
+        let max_inline = self.geometry.max_inline;
+        while self.credits.can_send_data() {
+            let Some(pending) = self.send.next_committed() else {
+                break;
+            };
+            self.credits.consume();
+            let (slot, signaled) = self.send.mark_posted();
+            let credits = self.credits.take_returnable();
+            self.push_send(SendWork {
+                target: SendTarget::Ring(slot),
+                len: pending.len,
+                credits,
+                signaled,
+                inline: pending.len <= max_inline,
+                kind: pending.kind,
+                call_id: pending.call_id,
+            });
+        }
+        if !self.control_busy && self.credits.return_due() && self.credits.can_send_control() {
+            self.credits.consume();
+            self.control_busy = true;
+            self.stats.credit_only_sent += 1;
+            let credits = self.credits.take_returnable();
+            tracing::trace!(credits, "returning credits in a credit-only frame");
+            self.push_send(SendWork {
+                target: SendTarget::Control,
+                len: CONTROL_BUF_LEN as u32,
+                credits,
+                signaled: true,
+                inline: CONTROL_BUF_LEN as u32 <= max_inline,
+                kind: FrameKind::CreditOnly,
+                call_id: 0,
+            });
+        }
+        if self.want_writable && self.send.can_reserve() {
+            self.want_writable = false;
+            self.actions.push_back(Action::Writable);
+        }
+    }
+
+    fn push_send(&mut self, work: SendWork) {
+        self.stats.frames_sent += 1;
+        self.stats.signaled_sends += u64::from(work.signaled);
+        self.actions.push_back(Action::PostSend(work));
+    }
+
+    /// Panics if the bookkeeping is inconsistent (tests only).
+    #[cfg(test)]
+    pub(crate) fn assert_invariants(&self) {
+        self.send.assert_invariants();
+        assert!(self.credits.available() <= self.geometry.peer_recv_slots);
+        assert!(self.credits.returnable() + self.recv.held() <= self.geometry.recv_slots);
+        if self.closed.is_none() {
+            let cap = self.geometry.recv_slots as usize + 2 * self.geometry.send_slots as usize + 2;
+            assert!(
+                self.actions.len() <= cap,
+                "action queue outgrew its pre-sized capacity"
+            );
+        }
+    }
+}

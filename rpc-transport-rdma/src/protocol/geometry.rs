@@ -1,0 +1,286 @@
+//! Local ring configuration and the geometry negotiated with the peer.
+//!
+//! Negotiation rule: each side announces its receive ring ([`ConnectParams`]). A side's
+//! largest outgoing frame is `min(own send slot size, peer receive slot size)`; its initial
+//! credits are the peer's receive slot count (one of which is the reserved credit, see
+//! [`crate::protocol::RESERVED_CREDITS`]). Everything else (send ring size, signaling
+//! interval, credit-return threshold, queue bound) is local policy and never on the wire.
+
+use super::action::SendTarget;
+use super::credits::RESERVED_CREDITS;
+use super::error::ParamsError;
+use super::params::{validate_ring, ConnectParams, TRANSPORT_VERSION};
+
+/// Bytes of the per-connection control buffer that carries credit-only frames. It sits right
+/// after the send ring in the same registered region.
+pub const CONTROL_BUF_LEN: usize = rpc_core::HEADER_LEN;
+
+/// Local configuration of one connection: ring sizes plus tuning knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Slots in the send ring.
+    pub send_slots: u32,
+    /// Bytes per send slot.
+    pub send_slot_size: u32,
+    /// Slots in the receive ring (all posted before the connection is established).
+    pub recv_slots: u32,
+    /// Bytes per receive slot.
+    pub recv_slot_size: u32,
+    /// Signal every Nth ring send (`1..=send_slots`); `None`: `max(1, send_slots / 4)`.
+    pub signal_interval: Option<u32>,
+    /// Send a credit-only frame once this many received slots have been re-posted and
+    /// nothing carries their credits (`2..=recv_slots - 1`); `None`: half the receive ring.
+    pub credit_return_threshold: Option<u32>,
+    /// Most frames that may wait for credits or for an earlier reservation
+    /// (`1..=send_slots`); `None`: `send_slots`.
+    pub max_queued: Option<u32>,
+    /// Largest send the QP accepts with `IBV_SEND_INLINE` (the `max_inline_data` the QP was
+    /// created with); 0 disables inline hints.
+    pub max_inline: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            send_slots: 64,
+            send_slot_size: 8192,
+            recv_slots: 64,
+            recv_slot_size: 8192,
+            signal_interval: None,
+            credit_return_threshold: None,
+            max_queued: None,
+            max_inline: 0,
+        }
+    }
+}
+
+impl Config {
+    /// Receive slots to post (a RECV each, at [`Geometry::recv_offset`]-style offsets
+    /// `slot × recv_slot_size`) before `rdma_connect` or `rdma_accept`: the peer's initial
+    /// credits count all of them. They depend only on the local configuration, so the client
+    /// can post them before it knows the server's parameters.
+    pub fn initial_recv_posts(&self) -> std::ops::Range<u32> {
+        0..self.recv_slots
+    }
+
+    /// What to announce to the peer in rdma_cm private data.
+    pub fn connect_params(&self) -> ConnectParams {
+        ConnectParams::new(self.recv_slots, self.recv_slot_size)
+    }
+
+    /// Checks ring sizes and tuning knobs.
+    pub fn validate(&self) -> Result<(), ParamsError> {
+        self.resolve().map(|_| ())
+    }
+
+    /// Validates and returns (signal_interval, credit_return_threshold, max_queued).
+    fn resolve(&self) -> Result<(u32, u32, u32), ParamsError> {
+        validate_ring("local send ring", self.send_slots, self.send_slot_size)?;
+        validate_ring("local receive ring", self.recv_slots, self.recv_slot_size)?;
+        let knob = |what, value: Option<u32>, default: u32, min: u32, max: u32| {
+            let value = value.unwrap_or(default);
+            if (min..=max).contains(&value) {
+                Ok(value)
+            } else {
+                Err(ParamsError::PolicyOutOfRange {
+                    what,
+                    value,
+                    min,
+                    max,
+                })
+            }
+        };
+        let s = self.send_slots;
+        let r = self.recv_slots;
+        let signal = knob(
+            "signal_interval",
+            self.signal_interval,
+            (s / 4).max(1),
+            1,
+            s,
+        )?;
+        let threshold = knob(
+            "credit_return_threshold",
+            self.credit_return_threshold,
+            (r / 2).clamp(2, r - 1),
+            2,
+            r - 1,
+        )?;
+        let queued = knob("max_queued", self.max_queued, s, 1, s)?;
+        Ok((signal, threshold, queued))
+    }
+}
+
+/// The negotiated geometry and policy of one connection; input to
+/// [`crate::protocol::Connection::new`], and the driver's guide to sizing its memory regions
+/// and queues. Only [`Geometry::negotiate`] makes one, so its fields are always consistent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Geometry {
+    /// Transport protocol version in use.
+    pub version: u8,
+    /// Slots in the local send ring.
+    pub send_slots: u32,
+    /// Bytes per local send slot (stride of the send ring).
+    pub send_slot_size: u32,
+    /// Largest frame (header included) this side may send.
+    pub max_send_frame: u32,
+    /// Slots in the local receive ring.
+    pub recv_slots: u32,
+    /// Bytes per local receive slot (stride of the receive ring).
+    pub recv_slot_size: u32,
+    /// Receive slots the peer posted: total credits, reserved one included.
+    pub peer_recv_slots: u32,
+    /// Every Nth ring send is signaled.
+    pub signal_interval: u32,
+    /// Re-posted receive slots that trigger a credit-only frame.
+    pub credit_return_threshold: u32,
+    /// Bound of the queue of frames waiting to be posted.
+    pub max_queued: u32,
+    /// Largest send posted with an inline hint.
+    pub max_inline: u32,
+}
+
+impl Geometry {
+    /// Applies the negotiation rule to the local configuration and the peer's parameters.
+    pub fn negotiate(local: &Config, peer: &ConnectParams) -> Result<Geometry, ParamsError> {
+        let (signal_interval, credit_return_threshold, max_queued) = local.resolve()?;
+        peer.validate()?;
+        let version = local.connect_params().common_version(peer)?;
+        debug_assert_eq!(version, TRANSPORT_VERSION);
+        Ok(Geometry {
+            version,
+            send_slots: local.send_slots,
+            send_slot_size: local.send_slot_size,
+            max_send_frame: local.send_slot_size.min(peer.recv_slot_size),
+            recv_slots: local.recv_slots,
+            recv_slot_size: local.recv_slot_size,
+            peer_recv_slots: peer.recv_slots,
+            signal_interval,
+            credit_return_threshold,
+            max_queued,
+            max_inline: local.max_inline,
+        })
+    }
+
+    /// Credits usable by request/response frames at start: the peer's receive slots minus
+    /// the reserved credit.
+    pub fn initial_data_credits(&self) -> u32 {
+        self.peer_recv_slots.saturating_sub(RESERVED_CREDITS)
+    }
+
+    /// Bytes of the send region to register: the send ring followed by the control buffer.
+    pub fn send_region_len(&self) -> usize {
+        self.send_slots as usize * self.send_slot_size as usize + CONTROL_BUF_LEN
+    }
+
+    /// Offset of a send buffer within the send region.
+    pub fn send_offset(&self, target: SendTarget) -> usize {
+        let slot = match target {
+            SendTarget::Ring(slot) => slot,
+            SendTarget::Control => self.send_slots,
+        };
+        slot as usize * self.send_slot_size as usize
+    }
+
+    /// Bytes of the receive region to register.
+    pub fn recv_region_len(&self) -> usize {
+        self.recv_slots as usize * self.recv_slot_size as usize
+    }
+
+    /// Offset of a receive slot within the receive region.
+    pub fn recv_offset(&self, slot: u32) -> usize {
+        slot as usize * self.recv_slot_size as usize
+    }
+
+    /// Send-queue depth the QP needs: every ring slot plus the control buffer may be
+    /// outstanding at once.
+    pub fn sq_depth(&self) -> u32 {
+        self.send_slots + 1
+    }
+
+    /// Receive-queue depth the QP needs.
+    pub fn rq_depth(&self) -> u32 {
+        self.recv_slots
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sender_frame_is_min_of_own_send_and_peer_recv() {
+        let local = Config {
+            send_slot_size: 4096,
+            recv_slots: 16,
+            ..Config::default()
+        };
+        let g = Geometry::negotiate(&local, &ConnectParams::new(32, 1024)).unwrap();
+        assert_eq!(g.max_send_frame, 1024);
+        assert_eq!(g.peer_recv_slots, 32);
+        assert_eq!(g.initial_data_credits(), 31);
+        assert_eq!(g.credit_return_threshold, 8);
+        assert_eq!(g.signal_interval, 16);
+        let g = Geometry::negotiate(&local, &ConnectParams::new(32, 1 << 20)).unwrap();
+        assert_eq!(g.max_send_frame, 4096);
+    }
+
+    #[test]
+    fn layout_puts_control_buffer_after_send_ring() {
+        let g =
+            Geometry::negotiate(&Config::default(), &Config::default().connect_params()).unwrap();
+        assert_eq!(g.send_offset(SendTarget::Ring(1)), 8192);
+        assert_eq!(g.send_offset(SendTarget::Control), 64 * 8192);
+        assert_eq!(g.send_region_len(), 64 * 8192 + CONTROL_BUF_LEN);
+        assert_eq!(g.recv_offset(63) + 8192, g.recv_region_len());
+        assert_eq!(g.sq_depth(), 65);
+    }
+
+    #[test]
+    fn rejects_bad_policy_and_bad_peer() {
+        let bad = |c: Config| Geometry::negotiate(&c, &ConnectParams::new(8, 256));
+        let base = Config {
+            send_slots: 8,
+            recv_slots: 8,
+            ..Config::default()
+        };
+        for c in [
+            Config {
+                signal_interval: Some(0),
+                ..base
+            },
+            Config {
+                signal_interval: Some(9),
+                ..base
+            },
+            Config {
+                credit_return_threshold: Some(1),
+                ..base
+            },
+            Config {
+                credit_return_threshold: Some(8),
+                ..base
+            },
+            Config {
+                max_queued: Some(0),
+                ..base
+            },
+        ] {
+            assert!(
+                matches!(bad(c), Err(ParamsError::PolicyOutOfRange { .. })),
+                "{c:?}"
+            );
+        }
+        assert!(matches!(
+            Geometry::negotiate(&base, &ConnectParams::new(0, 256)),
+            Err(ParamsError::SlotCountOutOfRange { count: 0, .. })
+        ));
+        // Smallest ring: threshold defaults to 2 = recv_slots - 1.
+        let tiny = Config {
+            recv_slots: 3,
+            ..base
+        };
+        assert_eq!(bad(tiny).unwrap().credit_return_threshold, 2);
+    }
+}

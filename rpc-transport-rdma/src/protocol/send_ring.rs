@@ -1,0 +1,381 @@
+//! The send ring: slot allocation, in-order posting, selective signaling and reclaim.
+//!
+//! Slots are handed out in sequence order and posted strictly in that order (a committed
+//! slot waits for earlier reservations), so a signaled completion proves every earlier slot
+//! done: RC completes a send queue in order. Sequence numbers are `u64`s that never wrap in
+//! practice; slot index = `seq % slots`.
+//!
+//! ```text
+//!   reclaimed        next_post              head
+//!       |  posted ...    |  reserved/committed  |   free ...
+//! ```
+//!
+//! Signaling: a post is signaled every `interval` posts, and whenever it leaves no free slot.
+//! A full ring therefore always has a signaled send outstanding or a slot still to be posted
+//! (which will be signaled), so reclaim can never stall.
+
+use std::collections::VecDeque;
+
+use rpc_core::FrameKind;
+
+use super::error::ProtocolViolation;
+
+/// A committed frame waiting to be posted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pending {
+    /// Frame length.
+    pub(crate) len: u32,
+    /// Frame kind.
+    pub(crate) kind: FrameKind,
+    /// Call id.
+    pub(crate) call_id: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// Not in use.
+    Free,
+    /// Handed to the caller, being written.
+    Reserved,
+    /// Written and committed, waiting for its turn and a credit.
+    Committed(Pending),
+    /// Reservation given back while a later one was outstanding: a hole, never posted.
+    Aborted,
+    /// Posted (or a skipped hole), waiting for a signaled completion to reclaim it.
+    Posted,
+}
+
+/// Send-ring bookkeeping; every operation is O(1) (reclaim amortized).
+#[derive(Debug)]
+pub(crate) struct SendRing {
+    slots: Box<[Slot]>,
+    /// Everything before this sequence number is free.
+    reclaimed: u64,
+    /// Next sequence number to post.
+    next_post: u64,
+    /// Next sequence number to reserve.
+    head: u64,
+    /// Outstanding signaled sends, oldest first.
+    signaled: VecDeque<u64>,
+    since_signal: u32,
+    interval: u32,
+    max_queued: u32,
+}
+
+impl SendRing {
+    pub(crate) fn new(slots: u32, interval: u32, max_queued: u32) -> Self {
+        SendRing {
+            slots: vec![Slot::Free; slots as usize].into_boxed_slice(),
+            reclaimed: 0,
+            next_post: 0,
+            head: 0,
+            signaled: VecDeque::with_capacity(slots as usize),
+            since_signal: 0,
+            interval,
+            max_queued,
+        }
+    }
+
+    fn count(&self) -> u64 {
+        self.slots.len() as u64
+    }
+
+    fn index(&self, seq: u64) -> usize {
+        (seq % self.count()) as usize
+    }
+
+    /// Slot index of a sequence number.
+    pub(crate) fn slot_of(&self, seq: u64) -> u32 {
+        self.index(seq) as u32
+    }
+
+    /// Slots neither reserved, queued, nor awaiting reclaim.
+    pub(crate) fn free(&self) -> u32 {
+        (self.count() - (self.head - self.reclaimed)) as u32
+    }
+
+    /// Reserved or committed slots not yet posted.
+    pub(crate) fn unposted(&self) -> u32 {
+        (self.head - self.next_post) as u32
+    }
+
+    /// Posted slots not yet reclaimed.
+    pub(crate) fn unreclaimed(&self) -> u32 {
+        (self.next_post - self.reclaimed) as u32
+    }
+
+    /// Whether [`Self::reserve`] would succeed.
+    pub(crate) fn can_reserve(&self) -> bool {
+        self.free() > 0 && self.unposted() < self.max_queued
+    }
+
+    /// Hands out the next slot: `(slot, seq)`.
+    pub(crate) fn reserve(&mut self) -> Option<(u32, u64)> {
+        if !self.can_reserve() {
+            return None;
+        }
+        let seq = self.head;
+        let i = self.index(seq);
+        self.slots[i] = Slot::Reserved;
+        self.head += 1;
+        Some((i as u32, seq))
+    }
+
+    /// Whether `seq` is an outstanding (uncommitted) reservation.
+    pub(crate) fn is_reserved(&self, seq: u64) -> bool {
+        (self.next_post..self.head).contains(&seq) && self.slots[self.index(seq)] == Slot::Reserved
+    }
+
+    /// Marks a reservation written; false if `seq` is not an outstanding reservation.
+    pub(crate) fn commit(&mut self, seq: u64, pending: Pending) -> bool {
+        if !self.is_reserved(seq) {
+            return false;
+        }
+        let i = self.index(seq);
+        self.slots[i] = Slot::Committed(pending);
+        true
+    }
+
+    /// Gives a reservation back; false if `seq` is not an outstanding reservation.
+    pub(crate) fn abort(&mut self, seq: u64) -> bool {
+        if !self.is_reserved(seq) {
+            return false;
+        }
+        let i = self.index(seq);
+        self.slots[i] = Slot::Aborted;
+        // Trailing holes are simply un-reserved, so the last reserved slot is never a hole.
+        while self.head > self.next_post {
+            let last = self.index(self.head - 1);
+            if self.slots[last] != Slot::Aborted {
+                break;
+            }
+            self.slots[last] = Slot::Free;
+            self.head -= 1;
+        }
+        true
+    }
+
+    /// The next frame to post, if it is committed (skipping holes).
+    pub(crate) fn next_committed(&mut self) -> Option<Pending> {
+        while self.next_post < self.head {
+            let i = self.index(self.next_post);
+            match self.slots[i] {
+                Slot::Aborted => {
+                    self.slots[i] = Slot::Posted;
+                    self.next_post += 1;
+                }
+                Slot::Committed(p) => return Some(p),
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    /// Posts the frame [`Self::next_committed`] returned: `(slot, signaled)`.
+    pub(crate) fn mark_posted(&mut self) -> (u32, bool) {
+        let seq = self.next_post;
+        let i = self.index(seq);
+        debug_assert!(matches!(self.slots[i], Slot::Committed(_)));
+        self.slots[i] = Slot::Posted;
+        self.next_post += 1;
+        self.since_signal += 1;
+        let signaled = self.since_signal >= self.interval || self.free() == 0;
+        if signaled {
+            self.since_signal = 0;
+            self.signaled.push_back(seq);
+        }
+        (i as u32, signaled)
+    }
+
+    /// A signaled send completed: reclaims it and every earlier slot.
+    pub(crate) fn on_completion(&mut self, slot: u32) -> Result<(), ProtocolViolation> {
+        let expected = self.signaled.front().map(|&seq| self.slot_of(seq));
+        let Some(seq) = self
+            .signaled
+            .front()
+            .copied()
+            .filter(|_| expected == Some(slot))
+        else {
+            return Err(ProtocolViolation::UnexpectedSendCompletion { slot, expected });
+        };
+        self.signaled.pop_front();
+        for s in self.reclaimed..=seq {
+            let i = self.index(s);
+            self.slots[i] = Slot::Free;
+        }
+        self.reclaimed = seq + 1;
+        Ok(())
+    }
+
+    /// Empties the unposted part of the ring (connection closing), reporting each committed
+    /// frame that will now never be sent.
+    pub(crate) fn drop_unposted(&mut self, mut dropped: impl FnMut(u32, Pending)) {
+        for seq in self.next_post..self.head {
+            let i = self.index(seq);
+            if let Slot::Committed(p) = self.slots[i] {
+                dropped(i as u32, p);
+            }
+            self.slots[i] = Slot::Free;
+        }
+        self.head = self.next_post;
+    }
+
+    /// Panics if the bookkeeping is inconsistent (tests only).
+    #[cfg(test)]
+    pub(crate) fn assert_invariants(&self) {
+        assert!(self.reclaimed <= self.next_post && self.next_post <= self.head);
+        assert!(self.head - self.reclaimed <= self.count());
+        assert!(self.unposted() <= self.max_queued);
+        for seq in self.reclaimed..self.head {
+            let state = self.slots[self.index(seq)];
+            if seq < self.next_post {
+                assert_eq!(state, Slot::Posted, "seq {seq}");
+            } else {
+                assert!(matches!(
+                    state,
+                    Slot::Reserved | Slot::Committed(_) | Slot::Aborted
+                ));
+            }
+        }
+        if self.head > self.next_post {
+            assert_ne!(
+                self.slots[self.index(self.head - 1)],
+                Slot::Aborted,
+                "trailing hole"
+            );
+        }
+        let in_posted = |s: &u64| (self.reclaimed..self.next_post).contains(s);
+        assert!(self.signaled.iter().all(in_posted));
+        assert!(self
+            .signaled
+            .iter()
+            .zip(self.signaled.iter().skip(1))
+            .all(|(a, b)| a < b));
+        if self.free() == 0 && self.unposted() == 0 {
+            assert!(
+                !self.signaled.is_empty(),
+                "full ring with nothing signaled: reclaim stalls"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: Pending = Pending {
+        len: 64,
+        kind: FrameKind::Request,
+        call_id: 1,
+    };
+
+    fn post_one(r: &mut SendRing) -> (u32, bool) {
+        let (_, seq) = r.reserve().unwrap();
+        assert!(r.commit(seq, P));
+        assert_eq!(r.next_committed(), Some(P));
+        let out = r.mark_posted();
+        r.assert_invariants();
+        out
+    }
+
+    #[test]
+    fn signals_every_nth_and_when_full() {
+        let mut r = SendRing::new(8, 3, 8);
+        let signaled: Vec<bool> = (0..8).map(|_| post_one(&mut r).1).collect();
+        // Every third, plus the eighth because it fills the ring.
+        assert_eq!(
+            signaled,
+            [false, false, true, false, false, true, false, true]
+        );
+        assert!(r.reserve().is_none());
+        assert!(r.on_completion(2).is_ok());
+        assert_eq!(r.free(), 3);
+        assert!(r.on_completion(5).is_ok());
+        assert!(r.on_completion(7).is_ok());
+        assert_eq!((r.free(), r.unreclaimed()), (8, 0));
+        r.assert_invariants();
+    }
+
+    #[test]
+    fn posts_into_a_full_ring_are_signaled_regardless_of_interval() {
+        let mut r = SendRing::new(3, 3, 3);
+        assert!(!post_one(&mut r).1);
+        assert!(
+            r.on_completion(0).is_err(),
+            "unsignaled send never completes"
+        );
+        let (_, a) = r.reserve().unwrap();
+        let (_, b) = r.reserve().unwrap();
+        assert_eq!(r.free(), 0);
+        assert!(r.commit(a, P) && r.commit(b, P));
+        r.next_committed();
+        assert_eq!(r.mark_posted(), (1, true));
+        r.next_committed();
+        assert_eq!(r.mark_posted(), (2, true));
+        r.assert_invariants();
+        assert!(r.on_completion(1).is_ok());
+        assert_eq!(r.free(), 2);
+    }
+
+    #[test]
+    fn completions_must_match_the_oldest_signaled_send() {
+        let mut r = SendRing::new(4, 1, 4);
+        post_one(&mut r);
+        post_one(&mut r);
+        assert_eq!(
+            r.on_completion(1),
+            Err(ProtocolViolation::UnexpectedSendCompletion {
+                slot: 1,
+                expected: Some(0)
+            })
+        );
+        assert!(r.on_completion(0).is_ok());
+        assert!(r.on_completion(1).is_ok());
+        assert!(r.on_completion(2).is_err());
+    }
+
+    #[test]
+    fn posts_in_reservation_order_and_skips_holes() {
+        let mut r = SendRing::new(4, 4, 4);
+        let (_, a) = r.reserve().unwrap();
+        let (_, b) = r.reserve().unwrap();
+        let (_, c) = r.reserve().unwrap();
+        assert!(r.commit(c, P));
+        assert_eq!(r.next_committed(), None, "c waits for a and b");
+        assert!(r.abort(a));
+        assert_eq!(r.next_committed(), None, "b still reserved");
+        assert!(r.commit(b, P));
+        assert_eq!(r.next_committed(), Some(P));
+        assert_eq!(r.mark_posted().0, 1);
+        assert_eq!(r.next_committed(), Some(P));
+        assert_eq!(r.mark_posted().0, 2);
+        r.assert_invariants();
+        assert!(!r.commit(b, P), "double commit rejected");
+        assert!(!r.abort(99));
+    }
+
+    #[test]
+    fn aborting_the_last_reservations_rolls_back() {
+        let mut r = SendRing::new(3, 3, 3);
+        let (_, a) = r.reserve().unwrap();
+        let (_, b) = r.reserve().unwrap();
+        let (_, c) = r.reserve().unwrap();
+        assert!(r.abort(b));
+        assert_eq!(r.free(), 0);
+        assert!(r.abort(c));
+        assert_eq!(r.free(), 2, "c and the hole b rolled back");
+        assert!(r.abort(a));
+        assert_eq!(r.free(), 3);
+        r.assert_invariants();
+    }
+
+    #[test]
+    fn queue_bound_limits_unposted_frames() {
+        let mut r = SendRing::new(8, 1, 2);
+        r.reserve().unwrap();
+        r.reserve().unwrap();
+        assert!(!r.can_reserve());
+        assert_eq!(r.free(), 6);
+    }
+}

@@ -1,0 +1,323 @@
+//! Hostile input: forged, malformed and impossible frames and completions. Each must produce
+//! a named [`ProtocolViolation`] and close the connection, never a panic.
+
+use proptest::prelude::*;
+use rpc_core::{FrameKind, Header, HeaderError};
+
+use crate::protocol::{
+    Action, CloseReason, Config, Connection, Geometry, ProtocolViolation, SendError, SendTarget,
+};
+
+const SLOT: usize = 256;
+
+fn conn() -> Connection {
+    let c = Config {
+        send_slots: 4,
+        send_slot_size: SLOT as u32,
+        recv_slots: 4,
+        recv_slot_size: SLOT as u32,
+        ..Config::default()
+    };
+    let mut conn = Connection::new(Geometry::negotiate(&c, &c.connect_params()).unwrap());
+    assert_eq!(
+        conn.poll_action(),
+        None,
+        "the receive ring is posted by the driver"
+    );
+    conn
+}
+
+fn frame(h: &Header) -> Vec<u8> {
+    let mut buf = vec![0u8; SLOT];
+    h.encode(&mut buf);
+    buf
+}
+
+fn request(payload_len: u32, credits: u32) -> Header {
+    let mut h = Header::new(FrameKind::Request, 1);
+    h.payload_len = payload_len;
+    h.credits = credits;
+    h
+}
+
+/// Feeds one receive completion and checks the violation closed the connection for good.
+fn expect_violation(
+    mut c: Connection,
+    slot: u32,
+    byte_len: u32,
+    buf: &[u8],
+    expected: ProtocolViolation,
+) {
+    assert_eq!(
+        c.on_recv_complete(slot, byte_len, buf),
+        Err(expected.clone())
+    );
+    assert_closed_by(&mut c, expected);
+}
+
+fn assert_closed_by(c: &mut Connection, expected: ProtocolViolation) {
+    assert_eq!(c.close_reason(), Some(&CloseReason::Violation(expected)));
+    assert_eq!(c.reserve_send(64).unwrap_err(), SendError::Closed);
+    while let Some(action) = c.poll_action() {
+        assert!(
+            matches!(action, Action::SendDropped { .. }),
+            "{action:?} after a violation"
+        );
+    }
+}
+
+#[test]
+fn malformed_header() {
+    let mut buf = frame(&request(0, 0));
+    buf[0] = 0;
+    expect_violation(
+        conn(),
+        0,
+        64,
+        &buf,
+        ProtocolViolation::BadHeader {
+            slot: 0,
+            source: HeaderError::BadMagic(0x5200),
+        },
+    );
+    let mut cancel = frame(&Header::new(FrameKind::Cancel, 1));
+    cancel[24] = 1; // payload_len on a Cancel
+    expect_violation(
+        conn(),
+        1,
+        65,
+        &cancel,
+        ProtocolViolation::BadHeader {
+            slot: 1,
+            source: HeaderError::UnexpectedBody {
+                kind: FrameKind::Cancel,
+            },
+        },
+    );
+    expect_violation(
+        conn(),
+        2,
+        20,
+        &frame(&request(0, 0)),
+        ProtocolViolation::BadHeader {
+            slot: 2,
+            source: HeaderError::Truncated { len: 20 },
+        },
+    );
+}
+
+#[test]
+fn lengths_beyond_slot_or_completion() {
+    let buf = frame(&request(SLOT as u32 - 63, 0));
+    expect_violation(
+        conn(),
+        0,
+        SLOT as u32,
+        &buf,
+        ProtocolViolation::FrameExceedsSlot {
+            slot: 0,
+            declared: SLOT as u64 + 1,
+            slot_size: SLOT as u32,
+        },
+    );
+    expect_violation(
+        conn(),
+        0,
+        SLOT as u32 + 1,
+        &[0u8; 2 * SLOT],
+        ProtocolViolation::CompletionExceedsSlot {
+            slot: 0,
+            byte_len: SLOT as u32 + 1,
+            slot_size: SLOT as u32,
+        },
+    );
+    expect_violation(
+        conn(),
+        0,
+        100,
+        &frame(&request(100, 0)),
+        ProtocolViolation::LengthMismatch {
+            slot: 0,
+            declared: 164,
+            byte_len: 100,
+        },
+    );
+    expect_violation(
+        conn(),
+        0,
+        80,
+        &frame(&request(0, 0)),
+        ProtocolViolation::LengthMismatch {
+            slot: 0,
+            declared: 64,
+            byte_len: 80,
+        },
+    );
+    let mut c = conn();
+    assert_eq!(
+        c.on_recv_complete(0, 64, &[0u8; 10]),
+        Err(ProtocolViolation::RecvBufferTooShort {
+            slot: 0,
+            len: 10,
+            byte_len: 64
+        })
+    );
+    // Exactly the slot size is fine.
+    let mut c = conn();
+    let rx = c.on_recv_complete(0, SLOT as u32, &frame(&request(SLOT as u32 - 64, 0)));
+    assert_eq!(rx.unwrap().unwrap().payload_range(), 64..SLOT);
+}
+
+#[test]
+fn forged_credits() {
+    // Before we have sent anything the peer cannot have re-posted a single slot.
+    expect_violation(
+        conn(),
+        0,
+        64,
+        &frame(&request(0, 1)),
+        ProtocolViolation::CreditOverflow {
+            held: 4,
+            granted: 1,
+            ring: 4,
+        },
+    );
+    expect_violation(
+        conn(),
+        0,
+        64,
+        &frame(&request(0, u32::MAX)),
+        ProtocolViolation::CreditOverflow {
+            held: 4,
+            granted: u32::MAX,
+            ring: 4,
+        },
+    );
+    // After one send, exactly one credit may come back.
+    let mut c = conn();
+    let r = c.reserve_send(64).unwrap();
+    c.commit_send(r, &Header::new(FrameKind::Request, 1))
+        .unwrap();
+    assert!(matches!(c.poll_action(), Some(Action::PostSend(_))));
+    assert_eq!(
+        c.on_recv_complete(0, 64, &frame(&request(0, 1)))
+            .map(|r| r.is_some()),
+        Ok(true)
+    );
+    assert_eq!(c.stats().send_credits, 4);
+    expect_violation(
+        c,
+        1,
+        64,
+        &frame(&request(0, 1)),
+        ProtocolViolation::CreditOverflow {
+            held: 4,
+            granted: 1,
+            ring: 4,
+        },
+    );
+    // A credit-only frame must return something.
+    let mut empty = Header::new(FrameKind::CreditOnly, 0);
+    empty.credits = 0;
+    expect_violation(
+        conn(),
+        0,
+        64,
+        &frame(&empty),
+        ProtocolViolation::EmptyCreditOnly,
+    );
+}
+
+#[test]
+fn completions_that_cannot_happen() {
+    expect_violation(
+        conn(),
+        4,
+        64,
+        &frame(&request(0, 0)),
+        ProtocolViolation::RecvSlotOutOfRange { slot: 4, slots: 4 },
+    );
+    let mut c = conn();
+    c.on_recv_complete(2, 64, &frame(&request(0, 0))).unwrap();
+    expect_violation(
+        c,
+        2,
+        64,
+        &frame(&request(0, 0)),
+        ProtocolViolation::RecvSlotNotPosted { slot: 2 },
+    );
+
+    let mut c = conn();
+    let v = ProtocolViolation::UnexpectedSendCompletion {
+        slot: 0,
+        expected: None,
+    };
+    assert_eq!(c.on_send_complete(SendTarget::Ring(0)), Err(v.clone()));
+    assert_closed_by(&mut c, v);
+
+    let mut c = conn();
+    let v = ProtocolViolation::UnexpectedControlCompletion;
+    assert_eq!(c.on_send_complete(SendTarget::Control), Err(v.clone()));
+    assert_closed_by(&mut c, v);
+
+    let mut c = conn();
+    let v = ProtocolViolation::RecvSlotNotHeld { slot: 1 };
+    assert_eq!(c.release_recv(1), Err(v.clone()));
+    assert_closed_by(&mut c, v);
+}
+
+#[test]
+fn violation_drops_queued_sends() {
+    let mut c = conn();
+    // 3 data credits; the fourth frame queues.
+    for id in 1..=4 {
+        let r = c.reserve_send(64).unwrap();
+        c.commit_send(r, &Header::new(FrameKind::Request, id))
+            .unwrap();
+    }
+    let posted = std::iter::from_fn(|| c.poll_action()).count();
+    assert_eq!(posted, 3);
+    let v = ProtocolViolation::EmptyCreditOnly;
+    assert_eq!(
+        c.on_recv_complete(0, 64, &frame(&Header::new(FrameKind::CreditOnly, 0))),
+        Err(v)
+    );
+    let dropped: Vec<_> = std::iter::from_fn(|| c.poll_action()).collect();
+    assert_eq!(
+        dropped,
+        [Action::SendDropped {
+            slot: 3,
+            kind: FrameKind::Request,
+            call_id: 4
+        }]
+    );
+}
+
+proptest! {
+    /// Whatever lands in a slot, and whatever the completion claims, the connection either
+    /// accepts a valid frame or reports a violation; it never panics or corrupts itself.
+    #[test]
+    fn arbitrary_completions_never_panic(
+        bytes in proptest::collection::vec(any::<u8>(), 0..2 * SLOT),
+        header_seed in proptest::option::of((0u8..8, any::<u32>(), any::<u32>(), 0u32..4)),
+        byte_len in prop_oneof![0u32..600, any::<u32>()],
+        slot in 0u32..6,
+    ) {
+        let mut bytes = bytes;
+        if let Some((kind, payload_len, credits, metadata_len)) = header_seed {
+            // Mostly-valid headers reach the deeper checks.
+            if bytes.len() >= 64 {
+                let mut h = request(payload_len % 300, credits % 6);
+                h.metadata_len = metadata_len;
+                h.encode(&mut bytes);
+                bytes[3] = kind;
+            }
+        }
+        let mut c = conn();
+        match c.on_recv_complete(slot, byte_len, &bytes) {
+            Ok(_) => prop_assert!(!c.is_closed()),
+            Err(v) => prop_assert_eq!(c.close_reason(), Some(&CloseReason::Violation(v))),
+        }
+        c.assert_invariants();
+    }
+}
