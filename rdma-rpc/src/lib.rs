@@ -22,7 +22,8 @@ use std::time::Duration;
 pub use endpoint::{Endpoint, TransportKind};
 pub use error::Error;
 pub use rpc_core::*;
-pub use serve::{ServeExt, ServerHandle};
+pub use rpc_transport_rdma::{PollMode, RdmaConfig};
+pub use serve::{ServeExt, ServeOptions, ServerHandle};
 
 /// What most applications import.
 pub mod prelude {
@@ -45,6 +46,7 @@ pub mod prelude {
 pub struct ClientBuilder {
     channel: ChannelConfig,
     connect_timeout: Option<Duration>,
+    rdma: RdmaConfig,
 }
 
 /// A [`ClientBuilder`] with default settings.
@@ -81,6 +83,12 @@ impl ClientBuilder {
         self
     }
 
+    /// Ring geometry and polling of `rdma://` connections.
+    pub fn rdma_config(mut self, config: RdmaConfig) -> Self {
+        self.rdma = config;
+        self
+    }
+
     /// Connects without blocking the calling task: the handshake runs on a helper thread,
     /// so this works on any executor.
     pub async fn connect(self, url: &str) -> Result<Channel, Error> {
@@ -114,14 +122,15 @@ impl ClientBuilder {
                     &config,
                 )?
             }
-            TransportKind::Rdma => return Err(rdma_unavailable(&endpoint)),
+            TransportKind::Rdma => {
+                let mut config = self.rdma.clone();
+                if let Some(t) = self.connect_timeout {
+                    config.connect_timeout = t;
+                }
+                rpc_transport_rdma::RdmaClient::connect(&endpoint.authority(), calls.clone(), &config)?
+            }
         };
         Ok(Channel::new(calls, transport, self.channel))
     }
 }
 
-fn rdma_unavailable(endpoint: &Endpoint) -> Error {
-    Error::TransportUnavailable(format!(
-        "{endpoint}: the rdma:// transport is not part of this build yet; use tcp://"
-    ))
-}

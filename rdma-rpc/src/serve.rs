@@ -4,6 +4,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use rpc_core::ServerBuilder;
+use rpc_transport_rdma::{RdmaConfig, RdmaServer};
 use rpc_transport_tcp::TcpServer;
 
 use crate::endpoint::{Endpoint, TransportKind};
@@ -24,7 +25,15 @@ const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 /// ```
 pub trait ServeExt {
     /// Starts serving on `url` in the background and returns a handle.
-    fn start(self, url: &str) -> Result<ServerHandle, Error>;
+    fn start(self, url: &str) -> Result<ServerHandle, Error>
+    where
+        Self: Sized,
+    {
+        self.start_with(url, ServeOptions::default())
+    }
+
+    /// [`ServeExt::start`] with transport settings.
+    fn start_with(self, url: &str, options: ServeOptions) -> Result<ServerHandle, Error>;
 
     /// Serves on `url` until `signal` resolves, then shuts down gracefully.
     fn serve_with_shutdown<F>(
@@ -44,8 +53,15 @@ pub trait ServeExt {
     }
 }
 
+/// Transport settings of a server.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// Ring geometry and polling of `rdma://` connections.
+    pub rdma: RdmaConfig,
+}
+
 impl ServeExt for ServerBuilder {
-    fn start(self, url: &str) -> Result<ServerHandle, Error> {
+    fn start_with(self, url: &str, options: ServeOptions) -> Result<ServerHandle, Error> {
         let endpoint: Endpoint = url.parse()?;
         let dispatcher = self.build()?;
         match endpoint.kind() {
@@ -57,7 +73,14 @@ impl ServeExt for ServerBuilder {
                     inner: Inner::Tcp(server),
                 })
             }
-            TransportKind::Rdma => Err(crate::rdma_unavailable(&endpoint)),
+            TransportKind::Rdma => {
+                let server = RdmaServer::bind(&endpoint.authority(), dispatcher, options.rdma)?;
+                let local_url = format!("rdma://{}", server.local_addr());
+                Ok(ServerHandle {
+                    local_url,
+                    inner: Inner::Rdma(server),
+                })
+            }
         }
     }
 
@@ -76,6 +99,7 @@ impl ServeExt for ServerBuilder {
 #[derive(Debug)]
 enum Inner {
     Tcp(TcpServer),
+    Rdma(RdmaServer),
 }
 
 /// A running server. Dropping it shuts it down gracefully.
@@ -96,6 +120,7 @@ impl ServerHandle {
     pub fn shutdown(self, grace: Duration) {
         match self.inner {
             Inner::Tcp(mut server) => server.shutdown(grace),
+            Inner::Rdma(mut server) => server.shutdown(grace),
         }
     }
 }

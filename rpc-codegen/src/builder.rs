@@ -119,8 +119,13 @@ impl Builder {
 
     /// Uses an existing Rust type for a protobuf path instead of generating one
     /// (see [`prost_build::Config::extern_path`]).
-    pub fn extern_path(mut self, proto_path: impl Into<String>, rust_path: impl Into<String>) -> Self {
-        self.extern_paths.push((proto_path.into(), rust_path.into()));
+    pub fn extern_path(
+        mut self,
+        proto_path: impl Into<String>,
+        rust_path: impl Into<String>,
+    ) -> Self {
+        self.extern_paths
+            .push((proto_path.into(), rust_path.into()));
         self
     }
 
@@ -132,8 +137,13 @@ impl Builder {
     }
 
     /// Adds an attribute to matching messages (see [`prost_build::Config::message_attribute`]).
-    pub fn message_attribute(mut self, path: impl Into<String>, attribute: impl Into<String>) -> Self {
-        self.message_attributes.push((path.into(), attribute.into()));
+    pub fn message_attribute(
+        mut self,
+        path: impl Into<String>,
+        attribute: impl Into<String>,
+    ) -> Self {
+        self.message_attributes
+            .push((path.into(), attribute.into()));
         self
     }
 
@@ -144,7 +154,11 @@ impl Builder {
     }
 
     /// Adds an attribute to matching fields (see [`prost_build::Config::field_attribute`]).
-    pub fn field_attribute(mut self, path: impl Into<String>, attribute: impl Into<String>) -> Self {
+    pub fn field_attribute(
+        mut self,
+        path: impl Into<String>,
+        attribute: impl Into<String>,
+    ) -> Self {
         self.field_attributes.push((path.into(), attribute.into()));
         self
     }
@@ -156,7 +170,8 @@ impl Builder {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.bytes.extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
+        self.bytes
+            .extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
         self
     }
 
@@ -166,7 +181,8 @@ impl Builder {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.btree_map.extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
+        self.btree_map
+            .extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
         self
     }
 
@@ -183,7 +199,8 @@ impl Builder {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.disable_comments.extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
+        self.disable_comments
+            .extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
         self
     }
 
@@ -193,7 +210,8 @@ impl Builder {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.skip_debug.extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
+        self.skip_debug
+            .extend(paths.into_iter().map(|p| p.as_ref().to_owned()));
         self
     }
 
@@ -219,9 +237,13 @@ impl Builder {
         let includes: Vec<PathBuf> = includes.iter().map(|p| p.as_ref().to_owned()).collect();
         let out_dir = match &self.out_dir {
             Some(dir) => dir.clone(),
-            None => std::env::var_os("OUT_DIR").map(PathBuf::from).ok_or_else(|| {
-                invalid_input("OUT_DIR is not set: call `out_dir` when not running in a build script")
-            })?,
+            None => std::env::var_os("OUT_DIR")
+                .map(PathBuf::from)
+                .ok_or_else(|| {
+                    invalid_input(
+                        "OUT_DIR is not set: call `out_dir` when not running in a build script",
+                    )
+                })?,
         };
         let core_path = syn::parse_str::<syn::Path>(&self.core_path)
             .map_err(|err| invalid_input(format!("invalid core_path `{}`: {err}", self.core_path)))?
@@ -236,6 +258,8 @@ impl Builder {
         }
 
         let mut loaded = load::load(&protos, &includes)?;
+        // Imported files contribute messages only: their services are neither checked nor
+        // generated unless the file is passed in `protos` too.
         for file in &mut loaded.fds.file {
             if !loaded.requested.contains(file.name()) {
                 file.service.clear();
@@ -255,17 +279,24 @@ impl Builder {
             build_client: self.build_client,
             build_server: self.build_server,
             core_path,
-            extern_prefixes: self.extern_paths.iter().map(|(proto, _)| proto.clone()).collect(),
+            extern_prefixes: self
+                .extern_paths
+                .iter()
+                .map(|(proto, _)| proto.clone())
+                .collect(),
             compile_well_known_types: self.compile_well_known_types,
         };
-        self.prost_config(out_dir, settings).compile_fds(loaded.fds)
+        self.prost_config(settings).compile_fds(loaded.fds)
     }
 
-    fn prost_config(self, out_dir: PathBuf, settings: Settings) -> prost_build::Config {
+    fn prost_config(self, settings: Settings) -> prost_build::Config {
         let mut config = prost_build::Config::new();
-        config
-            .out_dir(out_dir)
-            .service_generator(Box::new(Generator::new(settings)));
+        config.service_generator(Box::new(Generator::new(settings)));
+        // Without an explicit directory prost-build uses `OUT_DIR` itself, which also makes
+        // its `include_file` refer to `env!("OUT_DIR")` rather than an absolute path.
+        if let Some(out_dir) = self.out_dir {
+            config.out_dir(out_dir);
+        }
         if self.compile_well_known_types {
             config.compile_well_known_types();
         }

@@ -83,7 +83,8 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
         &[
             " # Errors".to_owned(),
             String::new(),
-            " The handler's status, or the channel's (`Unavailable`, `DeadlineExceeded`, ...).".to_owned(),
+            " The handler's status, or the channel's (`Unavailable`, `DeadlineExceeded`, ...)."
+                .to_owned(),
         ],
     );
 

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use miette::{Diagnostic, LabeledSpan, SourceCode};
 
@@ -13,7 +13,7 @@ pub(crate) fn invalid_input(message: impl Into<String>) -> io::Error {
 
 /// Converts a protox error: one `file:line:column: message` line per diagnostic (the error
 /// and its related errors), with the help text if any. I/O failures keep their kind.
-pub(crate) fn from_protox(err: protox::Error, includes: &[PathBuf]) -> io::Error {
+pub(crate) fn from_protox(err: &protox::Error, includes: &[PathBuf]) -> io::Error {
     let kind = if err.is_io() {
         io::ErrorKind::Other
     } else if err.is_file_not_found() {
@@ -21,13 +21,13 @@ pub(crate) fn from_protox(err: protox::Error, includes: &[PathBuf]) -> io::Error
     } else {
         io::ErrorKind::InvalidInput
     };
-    let message = render(&err, err.file(), includes);
+    let message = render(err, err.file(), includes);
     io::Error::new(kind, message)
 }
 
 /// Renders `diagnostic` and its related diagnostics; `file` names the source when the
 /// diagnostic carries no source code of its own.
-pub(crate) fn render(diagnostic: &dyn Diagnostic, file: Option<&str>, includes: &[PathBuf]) -> String {
+fn render(diagnostic: &dyn Diagnostic, file: Option<&str>, includes: &[PathBuf]) -> String {
     let source = diagnostic.source_code();
     let mut out = String::new();
     render_one(&mut out, diagnostic, source, file, includes);
@@ -58,14 +58,21 @@ fn render_one(
         .map(|label| {
             let contents = source?.read_span(label.inner(), 0, 0).ok()?;
             Some(Position {
-                file: contents.name().or(file).map(|name| display_path(name, includes)),
+                file: contents
+                    .name()
+                    .or(file)
+                    .map(|name| display_path(name, includes)),
                 line: contents.line() + 1,
                 column: contents.column() + 1,
             })
         })
         .collect();
     match positions.first().cloned().flatten() {
-        Some(Position { file: name, line, column }) => {
+        Some(Position {
+            file: name,
+            line,
+            column,
+        }) => {
             let name = name.as_deref().unwrap_or("<unknown>");
             let _ = write!(out, "{name}:{line}:{column}: {diagnostic}");
         }
@@ -83,7 +90,8 @@ fn render_one(
         .zip(&positions)
         .enumerate()
         .filter_map(|(i, (label, position))| {
-            let text = label.label()?;
+            // A lone label ("found here") adds nothing to the position already given.
+            let text = label.label().filter(|_| labels.len() > 1)?;
             Some(match position {
                 Some(p) if i > 0 => format!("{text} at {}:{}", p.line, p.column),
                 _ => text.to_owned(),
@@ -113,9 +121,5 @@ pub(crate) fn display_path(name: &str, includes: &[PathBuf]) -> String {
         .iter()
         .map(|include| include.join(name))
         .find(|path| path.is_file())
-        .map_or_else(|| name.to_owned(), |path| path_string(&path))
-}
-
-fn path_string(path: &Path) -> String {
-    path.display().to_string()
+        .map_or_else(|| name.to_owned(), |path| path.display().to_string())
 }

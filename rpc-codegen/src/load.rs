@@ -6,7 +6,9 @@ use std::io;
 use std::path::PathBuf;
 
 use prost_types::FileDescriptorSet;
-use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver, IncludeFileResolver};
+use protox::file::{
+    ChainFileResolver, File, FileResolver, GoogleFileResolver, IncludeFileResolver,
+};
 
 use crate::error;
 
@@ -57,7 +59,7 @@ pub(crate) fn load(protos: &[PathBuf], includes: &[PathBuf]) -> io::Result<Loade
     compiler.include_imports(true).include_source_info(true);
     compiler
         .open_files(protos)
-        .map_err(|err| error::from_protox(err, includes))?;
+        .map_err(|err| error::from_protox(&err, includes))?;
     let requested = compiler
         .files()
         .filter(|file| !file.is_import())

@@ -41,12 +41,12 @@ pub(crate) fn ident(name: &str) -> Ident {
 fn sanitize(name: String) -> String {
     match name.as_str() {
         // Strict and reserved keywords of every edition: usable as raw identifiers.
-        "as" | "break" | "const" | "continue" | "else" | "enum" | "false" | "fn" | "for"
-        | "if" | "impl" | "in" | "let" | "loop" | "match" | "mod" | "move" | "mut" | "pub"
-        | "ref" | "return" | "static" | "struct" | "trait" | "true" | "type" | "unsafe"
-        | "use" | "where" | "while" | "dyn" | "abstract" | "become" | "box" | "do" | "final"
-        | "macro" | "override" | "priv" | "typeof" | "unsized" | "virtual" | "yield"
-        | "async" | "await" | "try" | "gen" => format!("r#{name}"),
+        "as" | "break" | "const" | "continue" | "else" | "enum" | "false" | "fn" | "for" | "if"
+        | "impl" | "in" | "let" | "loop" | "match" | "mod" | "move" | "mut" | "pub" | "ref"
+        | "return" | "static" | "struct" | "trait" | "true" | "type" | "unsafe" | "use"
+        | "where" | "while" | "dyn" | "abstract" | "become" | "box" | "do" | "final" | "macro"
+        | "override" | "priv" | "typeof" | "unsized" | "virtual" | "yield" | "async" | "await"
+        | "try" | "gen" => format!("r#{name}"),
         // Keywords that cannot be raw identifiers.
         "_" | "super" | "self" | "Self" | "extern" | "crate" => format!("{name}_"),
         _ => name,

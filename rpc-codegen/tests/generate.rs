@@ -91,7 +91,10 @@ fn echo_has_the_client_and_server_shape() {
     );
 
     let server = module(&file, "echo_server").expect("echo_server");
-    assert_eq!(consts(server), ["ECHO", "NOW", "PING", "TYPE", "SERVICE_NAME"]);
+    assert_eq!(
+        consts(server),
+        ["ECHO", "NOW", "PING", "TYPE", "SERVICE_NAME"]
+    );
     assert_eq!(trait_fns(server, "Echo"), ["echo", "now", "ping", "r#type"]);
     assert!(has_struct(server, "EchoServer"));
     assert_eq!(impl_fns(server), ["new", "from_arc"]);
@@ -148,7 +151,11 @@ fn well_known_types_can_be_compiled_locally() {
 fn google_api_http_annotations_resolve_from_vendored_files() {
     let fds_dir = tempfile::tempdir().unwrap();
     let fds_path = fds_dir.path().join("echo.fds");
-    let out = generate(configure().file_descriptor_set_path(&fds_path), &["echo.proto"]).unwrap();
+    let out = generate(
+        configure().file_descriptor_set_path(&fds_path),
+        &["echo.proto"],
+    )
+    .unwrap();
     assert!(out.files().contains(&"google.api.rs".to_owned()));
     // The option is parsed and kept in the encoded descriptor set.
     let fds = std::fs::read(&fds_path).unwrap();
@@ -163,12 +170,16 @@ fn doc_comments_carry_over() {
     let out = generate(configure(), &["echo.proto"]).unwrap();
     let echo = out.package("echo");
     // Service docs on the client module and the server trait, after the generated summary.
-    assert!(echo.contains(
-        "/// Generated client for `echo.Echo`.\n///\n/// Echoes what it is sent.\n"
-    ));
+    assert!(
+        echo.contains("/// Generated client for `echo.Echo`.\n///\n/// Echoes what it is sent.\n")
+    );
     assert!(echo.contains("    ///\n    /// Echoes what it is sent.\n    ///\n    /// See [the docs](<https://example.invalid/echo>) for details.\n    pub trait Echo"));
     // Method docs on the client method and the trait method; a fallback where there are none.
-    assert_eq!(echo.matches("/// Returns the request's message unchanged.").count(), 2);
+    assert_eq!(
+        echo.matches("/// Returns the request's message unchanged.")
+            .count(),
+        2
+    );
     assert!(echo.contains("/// Calls `/echo.Echo/Ping`."));
     assert!(echo.contains("/// Handles `/echo.Echo/Ping`."));
     // Message and field docs through prost.
@@ -265,4 +276,18 @@ fn files_without_a_package_go_to_underscore_rs() {
     parse(&code);
     assert!(code.contains("::rpc_core::method_id(\"/Pinger/Ping\")"));
     assert!(code.contains("pub const SERVICE_NAME: &str = \"Pinger\";"));
+}
+
+#[test]
+fn include_file_lists_every_package() {
+    let out = generate(
+        configure().include_file("_includes.rs"),
+        &["shop/orders/v1/orders.proto"],
+    )
+    .unwrap();
+    let includes = out.package("_includes");
+    parse(&includes);
+    for package in ["shop.common.rs", "shop.orders.v1.rs"] {
+        assert!(includes.contains(package), "{includes}");
+    }
 }

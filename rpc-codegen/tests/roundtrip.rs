@@ -173,7 +173,9 @@ fn well_known_types_empty_and_timestamp() {
     let client = client();
     let now = client.now_blocking(()).unwrap().into_inner();
     assert_eq!((now.seconds, now.nanos), (42, 7));
-    let pong: () = futures::executor::block_on(client.ping(())).unwrap().into_inner();
+    let pong: () = futures::executor::block_on(client.ping(()))
+        .unwrap()
+        .into_inner();
     assert_eq!(pong, ());
 }
 
@@ -194,7 +196,12 @@ fn server_describes_its_methods() {
     let paths: Vec<_> = server.methods().iter().map(|m| m.path).collect();
     assert_eq!(
         paths,
-        ["/echo.Echo/Echo", "/echo.Echo/Now", "/echo.Echo/Ping", "/echo.Echo/Type"]
+        [
+            "/echo.Echo/Echo",
+            "/echo.Echo/Now",
+            "/echo.Echo/Ping",
+            "/echo.Echo/Type"
+        ]
     );
     for method in server.methods() {
         assert_eq!(method.id, rpc_core::method_id(method.path));
@@ -213,7 +220,10 @@ fn server_rejects_unknown_method_ids() {
     };
     let status = futures::executor::block_on(server.call(0xdead_beef, call)).unwrap_err();
     assert_eq!(status.code(), Code::Unimplemented);
-    assert_eq!(status.message(), "method id 0xdeadbeef is not part of echo.Echo");
+    assert_eq!(
+        status.message(),
+        "method id 0xdeadbeef is not part of echo.Echo"
+    );
 }
 
 #[test]

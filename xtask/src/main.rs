@@ -1,1 +1,236 @@
-fn main() {}
+//! `cargo run -p xtask -- <subcommand>`: see `xtask --help` and docs/SOFTROCE.md.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use xtask::vm::{self, GuestCommand, GuestPlan, Step, VmError, VmOptions};
+use xtask::{perftest, test_rdma};
+
+/// Exit code when the VM itself could not run the command (as `docker run` uses 125).
+const INFRA_FAILURE: u8 = 125;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "xtask",
+    about = "rdma-rpc project automation (soft-RoCE VM runner)"
+)]
+struct Cli {
+    /// Show the qemu command line, boot messages and qemu's stderr.
+    #[arg(long, short, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a command as root in the soft-RoCE VM (rxe0 on 192.168.77.1) and exit with its code.
+    VmRun {
+        /// Overall limit in seconds, boot included; qemu is killed when it passes.
+        #[arg(long, default_value_t = 900)]
+        timeout: u64,
+        /// Extra environment for the command (repeatable).
+        #[arg(long = "env", value_name = "K=V", value_parser = parse_key_value)]
+        env: Vec<(String, String)>,
+        /// The command and its arguments (after `--`).
+        #[arg(last = true, required = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+    /// Run ib_{send,write}_{lat,bw} in one boot and print their figures.
+    PerftestBaseline {
+        /// Also write the results as JSON here.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+        /// Overall limit in seconds.
+        #[arg(long, default_value_t = 1200)]
+        timeout: u64,
+    },
+    /// Build the RDMA crates' test binaries and run them all in one boot.
+    TestRdma {
+        /// Additional package to test (repeatable); the default list is in test_rdma.rs.
+        #[arg(long = "package", short = 'p')]
+        packages: Vec<String>,
+        /// Build in release mode.
+        #[arg(long)]
+        release: bool,
+        /// Also run the packages' unit-test binaries (by default only `tests/*.rs`).
+        #[arg(long)]
+        unit_tests: bool,
+        /// Overall limit in seconds.
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+        /// Arguments for every test binary (after `--`), e.g. `--nocapture` or a filter.
+        #[arg(last = true)]
+        test_args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let verbose = cli.verbose;
+    let result = match cli.command {
+        Command::VmRun {
+            timeout,
+            env,
+            command,
+        } => vm_run(options(timeout, verbose), env, command),
+        Command::PerftestBaseline { json, timeout } => {
+            perftest_baseline(options(timeout, verbose), json)
+        }
+        Command::TestRdma {
+            packages,
+            release,
+            unit_tests,
+            timeout,
+            test_args,
+        } => test_rdma(
+            options(timeout, verbose),
+            packages,
+            release,
+            unit_tests,
+            test_args,
+        ),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(INFRA_FAILURE)
+        }
+    }
+}
+
+fn options(timeout: u64, verbose: bool) -> VmOptions {
+    VmOptions {
+        timeout: Duration::from_secs(timeout),
+        verbose,
+        ..VmOptions::default()
+    }
+}
+
+fn current_dir() -> Result<PathBuf, VmError> {
+    std::env::current_dir().map_err(|e| VmError::io("reading the current directory", e))
+}
+
+fn vm_run(
+    opts: VmOptions,
+    env: Vec<(String, String)>,
+    command: Vec<String>,
+) -> Result<ExitCode, VmError> {
+    let mut plan = GuestPlan::new(current_dir()?);
+    plan.env = env;
+    let label = command.join(" ");
+    plan.steps
+        .push(Step::run(label, GuestCommand::new(command)));
+    let report = vm::run(&plan, &opts)?;
+    let code = report.steps.first().map_or(1, |s| s.exit_code);
+    eprintln!(
+        "[xtask vm] command exited with {code} after {:.1} s (boot {:.1} s)",
+        report.total_time.as_secs_f64(),
+        report.boot_time.as_secs_f64()
+    );
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+fn perftest_baseline(mut opts: VmOptions, json: Option<PathBuf>) -> Result<ExitCode, VmError> {
+    opts.echo = opts.verbose;
+    let suite = perftest::baseline_suite();
+    let mut plan = GuestPlan::new(current_dir()?);
+    plan.steps
+        .extend(suite.iter().map(perftest::Perftest::step));
+    let report = vm::run(&plan, &opts)?;
+    let figures = match perftest::figures(&suite, &report.steps) {
+        Ok(figures) => figures,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    println!(
+        "perftest in the soft-RoCE VM (rxe0, TCG emulation; latency is one-way), boot {:.1} s, total {:.1} s",
+        report.boot_time.as_secs_f64(),
+        report.total_time.as_secs_f64()
+    );
+    print!("{}", perftest::table(&figures));
+    if let Some(path) = json {
+        let doc = serde_json::json!({
+            "boot_time_s": report.boot_time.as_secs_f64(),
+            "total_time_s": report.total_time.as_secs_f64(),
+            "device": vm::GUEST_DEVICE,
+            "figures": figures,
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| VmError::Parse(e.to_string()))?;
+        std::fs::write(&path, text + "\n")
+            .map_err(|e| VmError::io(format!("writing {}", path.display()), e))?;
+        eprintln!("[xtask] wrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn test_rdma(
+    opts: VmOptions,
+    extra: Vec<String>,
+    release: bool,
+    unit_tests: bool,
+    test_args: Vec<String>,
+) -> Result<ExitCode, VmError> {
+    vm::packages::ensure(vm::packages::BUILD_PACKAGES)?;
+    let mut packages: Vec<String> = test_rdma::RDMA_TEST_PACKAGES
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    packages.extend(extra);
+    let cwd = current_dir()?;
+    let binaries = test_rdma::build(&packages, release, unit_tests, &xtask::workspace::root())?;
+    if binaries.is_empty() {
+        eprintln!(
+            "error: cargo built no test binaries for {}",
+            packages.join(", ")
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    let plan = test_rdma::plan(&binaries, &test_args, &cwd);
+    let report = vm::run(&plan, &opts)?;
+    eprintln!(
+        "\n[xtask] test binaries in the soft-RoCE VM (boot {:.1} s):",
+        report.boot_time.as_secs_f64()
+    );
+    let mut failed = 0;
+    for step in &report.steps {
+        let verdict = match step.exit_code {
+            0 => "ok",
+            124 => {
+                failed += 1;
+                "TIMED OUT"
+            }
+            _ => {
+                failed += 1;
+                "FAILED"
+            }
+        };
+        eprintln!(
+            "  {verdict:<9} {:<40} exit {:>3}  {:>6.1} s",
+            step.label,
+            step.exit_code,
+            step.elapsed.as_secs_f64()
+        );
+    }
+    if failed == 0 {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "[xtask] {failed} of {} test binaries failed",
+            report.steps.len()
+        );
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
+        _ => Err(format!("expected K=V, got {s:?}")),
+    }
+}

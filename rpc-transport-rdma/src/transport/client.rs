@@ -1,0 +1,148 @@
+//! The client side of an RDMA connection.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use rpc_core::frame::{InboundFrame, OutgoingFrame};
+use rpc_core::{CallTable, ClientTransport, FrameKind, Status};
+
+use crate::transport::config::{PollMode, RdmaConfig};
+use crate::transport::conn::{Conn, FrameSink};
+use crate::transport::events::expect_event;
+use crate::transport::poller;
+use crate::transport::resources::{verbs_status, Resources};
+use crate::verbs::{CmEventKind, CmId, ConnParam, EventChannel};
+
+/// Longest a blocking call spins in one go with [`PollMode::Busy`] before it re-checks its
+/// deadline.
+const BUSY_SLICE: Duration = Duration::from_millis(10);
+
+/// A connected RDMA client transport.
+pub struct RdmaClient {
+    conn: Arc<Conn>,
+    spin: Option<Duration>,
+    peer: String,
+}
+
+impl std::fmt::Debug for RdmaClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaClient").field("peer", &self.peer).finish()
+    }
+}
+
+struct ClientFrames(Arc<CallTable>);
+
+impl FrameSink for ClientFrames {
+    fn deliver(&self, frame: InboundFrame) {
+        match frame.header.kind {
+            FrameKind::Response => {
+                self.0.complete(frame.header.call_id, Ok(frame));
+            }
+            kind => tracing::debug!(?kind, "ignoring a frame clients do not act on"),
+        }
+    }
+
+    fn dropped(&self, call_id: u64, kind: FrameKind) {
+        if kind == FrameKind::Request {
+            self.0.complete(
+                call_id,
+                Err(Status::unavailable("the connection closed before the request was sent")),
+            );
+        }
+    }
+
+    fn closed(&self, status: Status) {
+        self.0.close(status);
+    }
+}
+
+pub(crate) fn resolve(addr: &str) -> Result<SocketAddr, Status> {
+    addr.to_socket_addrs()
+        .map_err(|e| Status::invalid_argument(format!("cannot resolve {addr}: {e}")))?
+        .next()
+        .ok_or_else(|| Status::invalid_argument(format!("{addr} resolved to no address")))
+}
+
+impl RdmaClient {
+    /// Connects to `addr` (`host:port` of an RDMA device's IP address) and completes `calls`.
+    pub fn connect(
+        addr: &str,
+        calls: Arc<CallTable>,
+        config: &RdmaConfig,
+    ) -> Result<Arc<RdmaClient>, Status> {
+        let peer = format!("rdma://{addr}");
+        let what = format!("cannot connect to {peer}");
+        let dst = resolve(addr)?;
+        let deadline = Instant::now() + config.connect_timeout;
+        let channel = EventChannel::new().map_err(|e| verbs_status(&what, e))?;
+        channel
+            .set_nonblocking(true)
+            .map_err(|e| verbs_status(&what, e))?;
+        let id = CmId::new(&channel).map_err(|e| verbs_status(&what, e))?;
+        id.resolve_addr(None, dst, config.connect_timeout)
+            .map_err(|e| verbs_status(&what, e))?;
+        expect_event(&channel, CmEventKind::AddrResolved, deadline, &what)?;
+        id.resolve_route(config.connect_timeout)
+            .map_err(|e| verbs_status(&what, e))?;
+        expect_event(&channel, CmEventKind::RouteResolved, deadline, &what)?;
+
+        let res = Resources::create(&id, config)?;
+        let params = res.protocol.connect_params().encode();
+        id.connect(&ConnParam {
+            private_data: &params,
+            retry_count: config.retry_count,
+            rnr_retry_count: config.rnr_retry,
+            ..ConnParam::default()
+        })
+        .map_err(|e| verbs_status(&what, e))?;
+        let established = expect_event(&channel, CmEventKind::Established, deadline, &what)?;
+        let conn = Conn::new(res, id, established.private_data(), peer.clone())?;
+        conn.set_sink(Arc::new(ClientFrames(calls)));
+        poller::spawn(conn.clone(), config.poll_mode, Some(channel))
+            .map_err(|e| Status::internal(format!("cannot start the poller thread: {e}")))?;
+        Ok(Arc::new(RdmaClient {
+            conn,
+            spin: match config.poll_mode {
+                PollMode::Busy => Some(BUSY_SLICE),
+                mode => mode.spin(),
+            },
+            peer,
+        }))
+    }
+
+    /// Largest frame (header, metadata and message) one SEND carries on this connection.
+    pub fn max_frame(&self) -> usize {
+        self.conn.max_frame()
+    }
+}
+
+impl ClientTransport for RdmaClient {
+    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        self.conn.send(frame)
+    }
+
+    fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        self.conn.poll_writable(cx)
+    }
+
+    fn poll_progress(&self) -> bool {
+        self.conn.spin_progress(self.spin)
+    }
+
+    fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    fn close(&self) {
+        self.conn
+            .close(Status::unavailable(format!("channel to {} closed", self.peer)));
+    }
+}
+
+impl Drop for RdmaClient {
+    fn drop(&mut self) {
+        ClientTransport::close(self);
+    }
+}

@@ -1,0 +1,103 @@
+//! Settings of RDMA connections.
+
+use std::time::Duration;
+
+/// How a connection's completions are processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollMode {
+    /// Spin on the completion queue without ever sleeping: lowest latency, one busy core per
+    /// connection. For benchmarks and dedicated machines.
+    Busy,
+    /// Arm the completion queue and sleep on its completion channel: an idle connection costs
+    /// no CPU, every message pays a wake-up.
+    Event,
+    /// Spin for `spin` after the last completion, then sleep as in [`PollMode::Event`]. A
+    /// blocking call spins on its own completions for up to `spin` before parking.
+    Adaptive {
+        /// How long to keep spinning after activity.
+        spin: Duration,
+    },
+}
+
+impl PollMode {
+    /// How long to spin before sleeping; `None` for forever.
+    pub(crate) fn spin(self) -> Option<Duration> {
+        match self {
+            PollMode::Busy => None,
+            PollMode::Event => Some(Duration::ZERO),
+            PollMode::Adaptive { spin } => Some(spin),
+        }
+    }
+}
+
+impl Default for PollMode {
+    fn default() -> Self {
+        PollMode::Adaptive {
+            spin: Duration::from_micros(100),
+        }
+    }
+}
+
+/// Ring geometry and behaviour of RDMA connections.
+///
+/// ```
+/// use rpc_transport_rdma::{PollMode, RdmaConfig};
+/// let config = RdmaConfig {
+///     slots: 32,
+///     slot_size: 16 * 1024,
+///     poll_mode: PollMode::Busy,
+///     ..RdmaConfig::default()
+/// };
+/// assert!(config.max_inline_payload() < 16 * 1024);
+/// ```
+#[derive(Debug, Clone)]
+pub struct RdmaConfig {
+    /// Slots in each of the send and receive rings (one credit per receive slot).
+    pub slots: u32,
+    /// Bytes per ring slot: the largest frame (64-byte header, metadata, message) sent by
+    /// SEND. The peer's receive slot size caps what we send.
+    pub slot_size: u32,
+    /// Completion processing.
+    pub poll_mode: PollMode,
+    /// `rnr_retry_count` of the queue pairs. The credit protocol never lets an RNR happen, so
+    /// the default is 0: an RNR would be a bug and fails loudly instead of stalling.
+    pub rnr_retry: u8,
+    /// Transport retries before a silent peer is declared dead (`retry_count`, 0–7).
+    pub retry_count: u8,
+    /// How long address and route resolution and the connection handshake may take.
+    pub connect_timeout: Duration,
+    /// Inline data the queue pairs are asked to support; the device may grant less.
+    pub max_inline: u32,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            slots: 64,
+            slot_size: 8192,
+            poll_mode: PollMode::default(),
+            rnr_retry: 0,
+            retry_count: 7,
+            connect_timeout: Duration::from_secs(5),
+            max_inline: 256,
+        }
+    }
+}
+
+impl RdmaConfig {
+    /// Largest metadata plus message that fits one slot.
+    pub fn max_inline_payload(&self) -> usize {
+        (self.slot_size as usize).saturating_sub(rpc_core::HEADER_LEN)
+    }
+
+    pub(crate) fn protocol(&self, max_inline: u32) -> crate::protocol::Config {
+        crate::protocol::Config {
+            send_slots: self.slots,
+            send_slot_size: self.slot_size,
+            recv_slots: self.slots,
+            recv_slot_size: self.slot_size,
+            max_inline,
+            ..crate::protocol::Config::default()
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! One RDMA connection: verbs resources driven by the sans-IO protocol.
+//!
+//! Threads meet here: callers send (under the engine lock: reserve a slot, encode the frame
+//! straight into it, commit, post), and whoever polls the completion queue (the poller
+//! thread, or a blocking caller doing run-to-completion) feeds completions to the protocol
+//! and hands received frames to the upper layer *after* dropping the locks, so a handler run
+//! inline can send its response at once.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex};
+use rpc_core::frame::{InboundFrame, OutgoingFrame};
+use rpc_core::{FrameKind, Status};
+
+use crate::protocol::{self, Action, Received, SendError, SendTarget, WorkId};
+use crate::transport::resources::{verbs_status, Resources};
+use crate::verbs::{CmId, SendFlags, SendOp, SendRequest, Sge, WorkCompletion};
+
+/// Completions taken from the CQ per poll.
+const POLL_BATCH: usize = 32;
+
+/// Where a connection's received frames and failures go.
+pub(crate) trait FrameSink: Send + Sync {
+    /// A frame arrived.
+    fn deliver(&self, frame: InboundFrame);
+    /// A committed frame was never sent because the connection closed.
+    fn dropped(&self, call_id: u64, kind: FrameKind);
+    /// The connection is closed; no more frames will come.
+    fn closed(&self, status: Status);
+}
+
+struct Engine {
+    proto: protocol::Connection,
+    /// Calls whose queued frames the protocol dropped, reported outside the lock.
+    dropped: Vec<(u64, FrameKind)>,
+}
+
+pub(crate) struct Conn {
+    // Field order matters for teardown: the verbs objects go before the cm_id they belong to.
+    res: Resources,
+    id: CmId,
+    engine: Mutex<Engine>,
+    completions: Mutex<Vec<WorkCompletion>>,
+    writable_epoch: Mutex<u64>,
+    writable: Condvar,
+    write_wakers: Mutex<Vec<Waker>>,
+    closed: AtomicBool,
+    sink: Mutex<Option<Arc<dyn FrameSink>>>,
+    /// Blocking callers currently polling the CQ themselves.
+    pub(crate) self_polling: AtomicUsize,
+    peer: String,
+}
+
+impl Conn {
+    pub(crate) fn new(
+        res: Resources,
+        id: CmId,
+        peer_params: &[u8],
+        peer: String,
+    ) -> Result<Arc<Conn>, Status> {
+        let params = protocol::ConnectParams::decode(peer_params).map_err(|e| {
+            Status::unavailable(format!("{peer} sent unusable connection parameters: {e}"))
+        })?;
+        let geometry = protocol::Geometry::negotiate(&res.protocol, &params).map_err(|e| {
+            Status::unavailable(format!("cannot agree on ring geometry with {peer}: {e}"))
+        })?;
+        Ok(Arc::new(Conn {
+            res,
+            id,
+            engine: Mutex::new(Engine {
+                proto: protocol::Connection::new(geometry),
+                dropped: Vec::new(),
+            }),
+            completions: Mutex::new(WorkCompletion::array(POLL_BATCH)),
+            writable_epoch: Mutex::new(0),
+            writable: Condvar::new(),
+            write_wakers: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
+            sink: Mutex::new(None),
+            self_polling: AtomicUsize::new(0),
+            peer,
+        }))
+    }
+
+    pub(crate) fn set_sink(&self, sink: Arc<dyn FrameSink>) {
+        *self.sink.lock() = Some(sink);
+    }
+
+    pub(crate) fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    pub(crate) fn resources(&self) -> &Resources {
+        &self.res
+    }
+
+    pub(crate) fn id(&self) -> &CmId {
+        &self.id
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Largest frame this connection can send in one slot.
+    pub(crate) fn max_frame(&self) -> usize {
+        self.engine.lock().proto.geometry().max_send_frame as usize
+    }
+
+    /// Encodes `frame` into a send slot and posts it (or queues it behind earlier frames
+    /// waiting for credits). Blocks while the ring and queue are full.
+    pub(crate) fn send(self: &Arc<Self>, frame: &OutgoingFrame<'_>) -> Result<(), Status> {
+        let len = frame.len();
+        loop {
+            let epoch = *self.writable_epoch.lock();
+            {
+                let mut engine = self.engine.lock();
+                match engine.proto.reserve_send(len) {
+                    Ok(reservation) => {
+                        // SAFETY: the engine lock is held and the slot was just reserved, so no
+                        // posted work request reads it.
+                        let slot = unsafe { self.res.send_buffer(reservation.target()) };
+                        frame.write_to(&mut slot[..len]);
+                        let committed = engine.proto.commit_send(reservation, frame.header());
+                        self.run_actions(&mut engine);
+                        drop(engine);
+                        self.after_engine();
+                        return committed.map_err(|e| self.send_error(e, len));
+                    }
+                    Err(SendError::WouldBlock) => {}
+                    Err(e) => return Err(self.send_error(e, len)),
+                }
+            }
+            // Out of slots or credits: make progress ourselves if nobody else is, else wait
+            // for the protocol to report `Writable`.
+            if self.progress() {
+                continue;
+            }
+            let mut current = self.writable_epoch.lock();
+            if *current == epoch && !self.is_closed() {
+                self.writable
+                    .wait_for(&mut current, Duration::from_millis(1));
+            }
+        }
+    }
+
+    fn send_error(&self, err: SendError, len: usize) -> Status {
+        match err {
+            SendError::TooLarge { max, .. } => Status::resource_exhausted(format!(
+                "frame of {len} bytes exceeds the RDMA slot size of {max} bytes"
+            )),
+            SendError::Closed => self.closed_status(),
+            other => Status::internal(format!("rdma send: {other}")),
+        }
+    }
+
+    fn closed_status(&self) -> Status {
+        Status::unavailable(format!("connection to {} is closed", self.peer))
+    }
+
+    /// Back-pressure for async senders: ready when a slot can be reserved.
+    pub(crate) fn poll_writable(&self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        if self.is_closed() {
+            return Poll::Ready(Err(self.closed_status()));
+        }
+        let stats = self.engine.lock().proto.stats();
+        if stats.send_free > 0 {
+            return Poll::Ready(Ok(()));
+        }
+        self.write_wakers.lock().push(cx.waker().clone());
+        // Re-check: `Writable` may have fired between the look and the registration.
+        if self.engine.lock().proto.stats().send_free > 0 {
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Pending
+    }
+
+    /// Executes the protocol's actions in order. Called with the engine lock held: posts are
+    /// cheap (no blocking), and their order is part of the no-RNR guarantee.
+    fn run_actions(&self, engine: &mut Engine) {
+        while let Some(action) = engine.proto.poll_action() {
+            let posted = match action {
+                Action::PostRecv { slot } => self.res.post_recv(slot),
+                Action::PostSend(work) => {
+                    // SAFETY: engine lock held; the protocol posts each buffer once until its
+                    // completion reclaims it, and this is that post.
+                    let buf = unsafe { self.res.send_buffer(work.target) };
+                    work.prepare(buf);
+                    let res = &self.res;
+                    let sge = [Sge::new(
+                        buf.as_ptr() as u64,
+                        work.len,
+                        res.send_mr.lkey(),
+                    )];
+                    let mut flags = SendFlags::NONE;
+                    if work.signaled {
+                        flags |= SendFlags::SIGNALED;
+                    }
+                    if work.inline && work.len <= res.qp.max_inline_data() {
+                        flags |= SendFlags::INLINE;
+                    }
+                    let request = SendRequest {
+                        wr_id: work.work_id().to_wr_id(crate::transport::resources::CONN_TAG),
+                        sges: &sge,
+                        op: SendOp::Send,
+                        flags,
+                    };
+                    // SAFETY: the SGE names a buffer of the registered send ring, which lives
+                    // as long as the QP; the protocol does not hand this buffer out again
+                    // before the send's completion (or a later signaled one) reclaims it.
+                    unsafe { res.qp.post_send(&request) }
+                }
+                Action::Writable => {
+                    *self.writable_epoch.lock() += 1;
+                    self.writable.notify_all();
+                    Ok(())
+                }
+                Action::SendDropped { call_id, kind, .. } => {
+                    engine.dropped.push((call_id, kind));
+                    Ok(())
+                }
+            };
+            if let Err(e) = posted {
+                tracing::warn!(peer = %self.peer, %e, "posting a work request failed");
+                engine.proto.close();
+            }
+        }
+    }
+
+    /// Work that must happen without the engine lock: waking async senders, reporting
+    /// dropped frames, tearing down a connection the protocol closed.
+    fn after_engine(&self) {
+        let wakers = std::mem::take(&mut *self.write_wakers.lock());
+        wakers.into_iter().for_each(Waker::wake);
+        let (dropped, reason) = {
+            let mut engine = self.engine.lock();
+            let reason = engine.proto.close_reason().map(|r| format!("{r:?}"));
+            (std::mem::take(&mut engine.dropped), reason)
+        };
+        if !dropped.is_empty() {
+            if let Some(sink) = self.sink() {
+                for (call_id, kind) in dropped {
+                    sink.dropped(call_id, kind);
+                }
+            }
+        }
+        if let Some(reason) = reason {
+            self.close(Status::unavailable(format!(
+                "connection to {} failed: {reason}",
+                self.peer
+            )));
+        }
+    }
+
+    fn sink(&self) -> Option<Arc<dyn FrameSink>> {
+        self.sink.lock().clone()
+    }
+
+    /// Polls the completion queue once (if no other thread is) and delivers what arrived.
+    /// Returns whether anything completed.
+    pub(crate) fn progress(self: &Arc<Self>) -> bool {
+        let Some(mut completions) = self.completions.try_lock() else {
+            return false;
+        };
+        let polled = match self.res.cq.poll(&mut completions) {
+            Ok(polled) => polled,
+            Err(e) => {
+                drop(completions);
+                self.close(verbs_status("ibv_poll_cq", e));
+                return false;
+            }
+        };
+        if polled.is_empty() {
+            return false;
+        }
+        let mut received: Vec<Received> = Vec::new();
+        {
+            let mut engine = self.engine.lock();
+            for wc in polled.iter() {
+                self.on_completion(&mut engine, wc, &mut received);
+            }
+            self.run_actions(&mut engine);
+        }
+        drop(completions);
+        self.after_engine();
+        if !received.is_empty() {
+            self.deliver(received);
+        }
+        true
+    }
+
+    fn on_completion(&self, engine: &mut Engine, wc: &WorkCompletion, received: &mut Vec<Received>) {
+        let Some((_, work)) = WorkId::from_wr_id(wc.wr_id()) else {
+            tracing::error!(wr_id = wc.wr_id(), "completion for an unknown work request");
+            engine.proto.close();
+            return;
+        };
+        if let Err(err) = wc.status() {
+            if !err.is_flush() {
+                tracing::warn!(peer = %self.peer, ?work, %err, "work request failed");
+            }
+            engine.proto.on_completion_error(work);
+            return;
+        }
+        let outcome = match work {
+            WorkId::Send(slot) => engine.proto.on_send_complete(SendTarget::Ring(slot)),
+            WorkId::Control => engine.proto.on_send_complete(SendTarget::Control),
+            WorkId::Recv(slot) => {
+                // SAFETY: the receive into `slot` just completed; the slot is not posted again
+                // until the protocol's `PostRecv` for it, which comes after `release_recv`.
+                let bytes = unsafe { self.res.recv_slot(slot) };
+                engine
+                    .proto
+                    .on_recv_complete(slot, wc.byte_len(), bytes)
+                    .map(|frame| received.extend(frame))
+            }
+        };
+        if let Err(violation) = outcome {
+            tracing::warn!(peer = %self.peer, %violation, "peer violated the protocol");
+        }
+    }
+
+    fn deliver(self: &Arc<Self>, received: Vec<Received>) {
+        let Some(sink) = self.sink() else {
+            return;
+        };
+        for rx in received {
+            let owner = RecvSlot {
+                conn: Arc::clone(self),
+                slot: rx.slot,
+                len: rx.len as usize,
+            };
+            let frame_bytes = Bytes::from_owner(owner);
+            sink.deliver(InboundFrame {
+                header: rx.header,
+                metadata: frame_bytes.slice(rx.metadata_range()),
+                payload: frame_bytes.slice(rx.payload_range()),
+            });
+        }
+    }
+
+    fn release_recv(&self, slot: u32) {
+        {
+            let mut engine = self.engine.lock();
+            if let Err(violation) = engine.proto.release_recv(slot) {
+                tracing::error!(%violation, "releasing a receive slot");
+            }
+            self.run_actions(&mut engine);
+        }
+        self.after_engine();
+    }
+
+    /// Closes the connection: fails what is queued, disconnects, tells the sink.
+    pub(crate) fn close(&self, status: Status) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        {
+            let mut engine = self.engine.lock();
+            engine.proto.close();
+            self.run_actions(&mut engine);
+        }
+        // Tell the peer; fails harmlessly if the peer disconnected first.
+        let _ = self.id.disconnect();
+        *self.writable_epoch.lock() += 1;
+        self.writable.notify_all();
+        std::mem::take(&mut *self.write_wakers.lock())
+            .into_iter()
+            .for_each(Waker::wake);
+        let sink = self.sink.lock().take();
+        if let Some(sink) = sink {
+            for (call_id, kind) in std::mem::take(&mut self.engine.lock().dropped) {
+                sink.dropped(call_id, kind);
+            }
+            sink.closed(status);
+        }
+    }
+
+    /// Spins on the CQ for up to `budget` (or until the closure says done) on the caller's
+    /// thread; the run-to-completion path of blocking calls.
+    pub(crate) fn spin_progress(self: &Arc<Self>, budget: Option<Duration>) -> bool {
+        self.self_polling.fetch_add(1, Ordering::AcqRel);
+        let started = Instant::now();
+        let mut progressed = false;
+        loop {
+            if self.progress() {
+                progressed = true;
+                break;
+            }
+            if self.is_closed() || budget.is_some_and(|b| started.elapsed() >= b) {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        self.self_polling.fetch_sub(1, Ordering::AcqRel);
+        progressed
+    }
+}
+
+/// Keeps a receive slot out of the ring while the upper layer reads the frame in it; the
+/// `Bytes` views of metadata and payload share it and release the slot when the last drops.
+struct RecvSlot {
+    conn: Arc<Conn>,
+    slot: u32,
+    len: usize,
+}
+
+impl AsRef<[u8]> for RecvSlot {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the slot stays un-posted until this owner's drop releases it.
+        let bytes = unsafe { self.conn.res.recv_slot(self.slot) };
+        &bytes[..self.len]
+    }
+}
+
+impl Drop for RecvSlot {
+    fn drop(&mut self) {
+        self.conn.release_recv(self.slot);
+    }
+}

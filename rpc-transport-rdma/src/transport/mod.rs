@@ -1,0 +1,17 @@
+//! The RDMA transport: verbs resources driven by the [`crate::protocol`] state machine.
+//!
+//! * [`RdmaConfig`], [`PollMode`]: ring geometry and completion processing.
+//! * [`RdmaClient`]: a `rpc_core::ClientTransport` over one RC queue pair.
+//! * [`RdmaServer`]: an rdma_cm listener serving a `rpc_core` dispatcher.
+
+mod client;
+mod config;
+mod conn;
+mod events;
+mod poller;
+mod resources;
+mod server;
+
+pub use client::RdmaClient;
+pub use config::{PollMode, RdmaConfig};
+pub use server::RdmaServer;

@@ -1,0 +1,143 @@
+//! The verbs objects of one connection, created on the device its cm_id is bound to.
+
+use std::sync::Arc;
+
+use rpc_core::Status;
+
+use crate::protocol::Config;
+use crate::transport::config::RdmaConfig;
+use crate::verbs::{
+    AccessFlags, CmId, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain,
+    QpCapabilities, QpInitAttr, QueuePair, RecvRequest, Sge, VerbsError,
+};
+use crate::protocol::WorkId;
+
+/// Connection tag packed into every `wr_id`; each connection has its own CQ, so one suffices.
+pub(crate) const CONN_TAG: u32 = 0;
+
+/// Field order is teardown order: the QP is destroyed before the rings are deregistered,
+/// so no work request can name memory that is gone.
+pub(crate) struct Resources {
+    pub(crate) qp: QueuePair,
+    pub(crate) send_mr: MemoryRegion,
+    pub(crate) recv_mr: MemoryRegion,
+    pub(crate) cq: Arc<CompletionQueue>,
+    pub(crate) channel: Arc<CompletionChannel>,
+    pub(crate) protocol: Config,
+}
+
+pub(crate) fn verbs_status(what: &str, err: VerbsError) -> Status {
+    Status::unavailable(format!("{what}: {err}"))
+}
+
+impl Resources {
+    /// Creates the PD, CQ, QP and both rings on `id`'s device and posts a receive in every
+    /// receive slot, as the peer's initial credits assume.
+    pub(crate) fn create(id: &CmId, config: &RdmaConfig) -> Result<Resources, Status> {
+        let ctx = id.context().map_err(|e| verbs_status("no RDMA device for the address", e))?;
+        let pd = ProtectionDomain::new(&ctx).map_err(|e| verbs_status("ibv_alloc_pd", e))?;
+        let channel =
+            CompletionChannel::new(&ctx).map_err(|e| verbs_status("ibv_create_comp_channel", e))?;
+        channel
+            .set_nonblocking(true)
+            .map_err(|e| verbs_status("completion channel", e))?;
+        let depth = config.slots + 1;
+        let cq = CompletionQueue::new(&ctx, depth + config.slots, Some(&channel), 0)
+            .map_err(|e| verbs_status("ibv_create_cq", e))?;
+        let qp = QueuePair::new(
+            id,
+            &pd,
+            QpInitAttr {
+                send_cq: cq.clone(),
+                recv_cq: cq.clone(),
+                caps: QpCapabilities {
+                    max_send_wr: depth,
+                    max_recv_wr: config.slots,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: config.max_inline,
+                },
+                sq_sig_all: false,
+            },
+        )
+        .map_err(|e| verbs_status("rdma_create_qp", e))?;
+        let protocol = config.protocol(qp.max_inline_data());
+        protocol
+            .validate()
+            .map_err(|e| Status::invalid_argument(format!("RDMA ring configuration: {e}")))?;
+        let send_len = protocol.send_slots as usize * protocol.send_slot_size as usize
+            + crate::protocol::CONTROL_BUF_LEN;
+        let recv_len = protocol.recv_slots as usize * protocol.recv_slot_size as usize;
+        let send_mr = MemoryRegion::alloc(&pd, send_len, AccessFlags::NONE)
+            .map_err(|e| verbs_status("registering the send ring", e))?;
+        let recv_mr = MemoryRegion::alloc(&pd, recv_len, AccessFlags::LOCAL_WRITE)
+            .map_err(|e| verbs_status("registering the receive ring", e))?;
+        let resources = Resources {
+            qp,
+            send_mr,
+            recv_mr,
+            cq,
+            channel,
+            protocol,
+        };
+        for slot in protocol.initial_recv_posts() {
+            resources
+                .post_recv(slot)
+                .map_err(|e| verbs_status("posting the initial receives", e))?;
+        }
+        Ok(resources)
+    }
+
+    /// Posts a receive into `slot`.
+    pub(crate) fn post_recv(&self, slot: u32) -> Result<(), VerbsError> {
+        let size = self.protocol.recv_slot_size;
+        let offset = u64::from(slot) * u64::from(size);
+        let sge = [Sge::new(self.recv_mr.addr() + offset, size, self.recv_mr.lkey())];
+        let request = RecvRequest {
+            wr_id: WorkId::Recv(slot).to_wr_id(CONN_TAG),
+            sges: &sge,
+        };
+        // SAFETY: the SGE lies inside `recv_mr`, which lives as long as the QP (it is
+        // declared after it in this struct and so deregistered after the QP is destroyed).
+        // The protocol hands out a slot for posting only when nobody reads it: after
+        // `release_recv`, or before the connection starts.
+        unsafe { self.qp.post_recv(&request) }
+    }
+
+    /// The bytes of receive slot `slot`.
+    ///
+    /// # Safety
+    /// The slot must not be posted: its receive completed and it was not re-posted since.
+    pub(crate) unsafe fn recv_slot(&self, slot: u32) -> &[u8] {
+        let size = self.protocol.recv_slot_size as usize;
+        let offset = slot as usize * size;
+        assert!(offset + size <= self.recv_mr.len(), "receive slot out of range");
+        // SAFETY: in bounds (checked above) of the registered, live buffer; the caller
+        // guarantees the device does not write this slot while the slice lives.
+        unsafe { std::slice::from_raw_parts((self.recv_mr.addr() as usize + offset) as *const u8, size) }
+    }
+}
+
+impl Resources {
+    /// The bytes of send buffer `target`, for writing a frame into it.
+    ///
+    /// # Safety
+    /// The caller holds the connection's engine lock (so nobody else writes send memory) and
+    /// the protocol owns no posted work request on `target` (it was just reserved, or it is
+    /// being prepared right before its post).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn send_buffer(&self, target: crate::protocol::SendTarget) -> &mut [u8] {
+        let size = self.protocol.send_slot_size as usize;
+        let (offset, len) = match target {
+            crate::protocol::SendTarget::Ring(slot) => (slot as usize * size, size),
+            crate::protocol::SendTarget::Control => (
+                self.protocol.send_slots as usize * size,
+                crate::protocol::CONTROL_BUF_LEN,
+            ),
+        };
+        assert!(offset + len <= self.send_mr.len(), "send buffer out of range");
+        // SAFETY: in bounds of the live registered buffer; exclusivity is the caller's
+        // contract (engine lock held, no posted request reading this buffer).
+        unsafe { std::slice::from_raw_parts_mut((self.send_mr.addr() as usize + offset) as *mut u8, len) }
+    }
+}

@@ -1,0 +1,227 @@
+//! The server side: an rdma_cm listener thread, one poller per connection.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rpc_core::body::RawBody;
+use rpc_core::frame::{InboundFrame, OutgoingFrame};
+use rpc_core::server::{ConnectionDispatch, Dispatcher, ReplySink};
+use rpc_core::{Code, FrameKind, Header, MetadataMap, Status};
+
+use crate::transport::client::resolve;
+use crate::transport::config::RdmaConfig;
+use crate::transport::conn::{Conn, FrameSink};
+use crate::transport::events::wait_readable;
+use crate::transport::poller;
+use crate::transport::resources::{verbs_status, Resources};
+use crate::verbs::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel};
+
+const LISTEN_BACKLOG: u32 = 128;
+
+struct Shared {
+    dispatcher: Arc<Dispatcher>,
+    config: RdmaConfig,
+    channel: Arc<EventChannel>,
+    stop: AtomicBool,
+    connections: Mutex<Vec<Arc<Conn>>>,
+}
+
+/// A running RDMA server. Dropping it shuts it down gracefully.
+pub struct RdmaServer {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    listener: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RdmaServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaServer")
+            .field("local_addr", &self.local_addr)
+            .finish()
+    }
+}
+
+impl RdmaServer {
+    /// Listens on `addr` (`ip:port` of an RDMA device's address; port 0 for any) and serves
+    /// `dispatcher`.
+    pub fn bind(
+        addr: &str,
+        dispatcher: Arc<Dispatcher>,
+        config: RdmaConfig,
+    ) -> Result<RdmaServer, Status> {
+        let what = format!("cannot listen on rdma://{addr}");
+        let local = resolve(addr)?;
+        let channel = EventChannel::new().map_err(|e| verbs_status(&what, e))?;
+        channel
+            .set_nonblocking(true)
+            .map_err(|e| verbs_status(&what, e))?;
+        let id = CmId::new(&channel).map_err(|e| verbs_status(&what, e))?;
+        id.bind_addr(local).map_err(|e| verbs_status(&what, e))?;
+        id.listen(LISTEN_BACKLOG)
+            .map_err(|e| verbs_status(&what, e))?;
+        let local_addr = id.local_addr().unwrap_or(local);
+        let shared = Arc::new(Shared {
+            dispatcher,
+            config,
+            channel,
+            stop: AtomicBool::new(false),
+            connections: Mutex::new(Vec::new()),
+        });
+        let listener = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("rpc-rdma-listen".into())
+                .spawn(move || listen_loop(&id, &shared))
+                .map_err(|e| Status::internal(format!("cannot start the listener: {e}")))?
+        };
+        Ok(RdmaServer {
+            shared,
+            local_addr,
+            listener: Some(listener),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting, lets running handlers answer for up to `grace`, then disconnects
+    /// every client.
+    pub fn shutdown(&mut self, grace: Duration) {
+        let Some(listener) = self.listener.take() else {
+            return;
+        };
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = listener.join();
+        if !self.shared.dispatcher.wait_idle(grace) {
+            tracing::warn!("shutdown grace period over with handlers still running");
+        }
+        for conn in std::mem::take(&mut *self.shared.connections.lock()) {
+            conn.close(Status::unavailable("server shut down"));
+        }
+    }
+}
+
+impl Drop for RdmaServer {
+    fn drop(&mut self) {
+        self.shutdown(Duration::from_secs(5));
+    }
+}
+
+fn listen_loop(listener: &CmId, shared: &Arc<Shared>) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        wait_readable([shared.channel.fd()], Duration::from_millis(50));
+        loop {
+            match shared.channel.try_get_event() {
+                Ok(Some(event)) => on_event(listener, event, shared),
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::error!(%e, "rdma_cm event channel failed; listener stops");
+                    return;
+                }
+            }
+        }
+        shared.connections.lock().retain(|c| !c.is_closed());
+    }
+}
+
+fn on_event(listener: &CmId, mut event: CmEvent, shared: &Arc<Shared>) {
+    match event.kind() {
+        CmEventKind::ConnectRequest if event.is_for(listener) => {
+            let Some(id) = event.take_request() else {
+                return;
+            };
+            let peer = id
+                .peer_addr()
+                .map_or_else(|| "rdma://?".to_owned(), |a| format!("rdma://{a}"));
+            if let Err(status) = accept(id, event.private_data(), peer.clone(), shared) {
+                // Dropping the id rejected the request.
+                tracing::warn!(%peer, %status, "refused a connection");
+            }
+        }
+        CmEventKind::Established => {}
+        kind => {
+            let conns = shared.connections.lock();
+            if let Some(conn) = conns.iter().find(|c| event.is_for(c.id())) {
+                if matches!(
+                    kind,
+                    CmEventKind::Disconnected
+                        | CmEventKind::DeviceRemoval
+                        | CmEventKind::TimewaitExit
+                        | CmEventKind::ConnectError
+                        | CmEventKind::Unreachable
+                ) {
+                    conn.close(Status::unavailable(format!("{} disconnected", conn.peer())));
+                }
+            }
+        }
+    }
+}
+
+fn accept(id: CmId, private_data: &[u8], peer: String, shared: &Shared) -> Result<(), Status> {
+    let config = &shared.config;
+    let res = Resources::create(&id, config)?;
+    let params = res.protocol.connect_params().encode();
+    let conn = Conn::new(res, id, private_data, peer)?;
+    let dispatch = ConnectionDispatch::new(
+        shared.dispatcher.clone(),
+        Arc::new(RdmaReplySink(conn.clone())),
+    );
+    conn.set_sink(Arc::new(ServerFrames(dispatch)));
+    conn.id()
+        .accept(&ConnParam {
+            private_data: &params,
+            retry_count: config.retry_count,
+            rnr_retry_count: config.rnr_retry,
+            ..ConnParam::default()
+        })
+        .map_err(|e| verbs_status("rdma_accept", e))?;
+    poller::spawn(conn.clone(), config.poll_mode, None)
+        .map_err(|e| Status::internal(format!("cannot start a poller thread: {e}")))?;
+    shared.connections.lock().push(conn);
+    Ok(())
+}
+
+struct ServerFrames(Arc<ConnectionDispatch>);
+
+impl FrameSink for ServerFrames {
+    fn deliver(&self, frame: InboundFrame) {
+        self.0.on_frame(frame);
+    }
+
+    fn dropped(&self, _call_id: u64, _kind: FrameKind) {}
+
+    fn closed(&self, status: Status) {
+        tracing::debug!(%status, "rdma connection closed");
+        self.0.close();
+    }
+}
+
+struct RdmaReplySink(Arc<Conn>);
+
+impl ReplySink for RdmaReplySink {
+    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        match self.0.send(frame) {
+            // A response too large for a slot still answers its call, with the reason.
+            Err(status)
+                if status.code() == Code::ResourceExhausted
+                    && frame.header().kind == FrameKind::Response =>
+            {
+                let mut header = Header::new(FrameKind::Response, frame.header().call_id);
+                header.status = Code::ResourceExhausted;
+                let message = format!("response {}", status.message());
+                let empty = MetadataMap::new();
+                let body = RawBody(message.as_bytes());
+                let error = OutgoingFrame::new(header, &empty, &body)
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                self.0.send(&error)
+            }
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! Memory regions (`ibv_mr`): memory registered with a protection domain, addressable by the
+//! device through its lkey (locally) and rkey (by the peer).
+
+use std::alloc::{self, Layout};
+use std::ops::{BitOr, BitOrAssign, Range};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use rdma_sys::{ibv_access_flags, ibv_dereg_mr, ibv_mr, ibv_reg_mr};
+
+use super::error::{check, Result, VerbsError};
+use super::pd::ProtectionDomain;
+use super::wr::{RemoteAddr, Sge};
+
+/// Access rights of a registration (`IBV_ACCESS_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AccessFlags(u32);
+
+impl AccessFlags {
+    /// Only the local device reads it (send buffers).
+    pub const NONE: AccessFlags = AccessFlags(0);
+    /// The local device may write it (receive buffers, RDMA READ targets).
+    pub const LOCAL_WRITE: AccessFlags = AccessFlags(ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0);
+    /// The peer may RDMA WRITE into it (needs `LOCAL_WRITE` too).
+    pub const REMOTE_WRITE: AccessFlags = AccessFlags(ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0);
+    /// The peer may RDMA READ it.
+    pub const REMOTE_READ: AccessFlags = AccessFlags(ibv_access_flags::IBV_ACCESS_REMOTE_READ.0);
+    /// The peer may run atomics on it (needs `LOCAL_WRITE` too).
+    pub const REMOTE_ATOMIC: AccessFlags =
+        AccessFlags(ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0);
+
+    /// Whether all flags of `other` are set.
+    pub fn contains(self, other: AccessFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The raw `IBV_ACCESS_*` bits.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+}
+
+impl BitOr for AccessFlags {
+    type Output = AccessFlags;
+    fn bitor(self, rhs: AccessFlags) -> AccessFlags {
+        AccessFlags(self.0 | rhs.0)
+    }
+}
+
+impl BitOrAssign for AccessFlags {
+    fn bitor_assign(&mut self, rhs: AccessFlags) {
+        self.0 |= rhs.0;
+    }
+}
+
+/// Memory whose address does not change while it is registered.
+///
+/// # Safety
+/// Implementations must return the same pointer and length from every call for as long as
+/// the value lives, even when the value itself is moved (the bytes must live on the heap or
+/// be borrowed, never inline), and the memory must be valid for reads and writes of `len`
+/// bytes. A [`MemoryRegion`] relies on this: the device accesses the memory by address.
+pub unsafe trait StableBuffer: Send {
+    /// Start of the memory.
+    fn as_ptr(&self) -> *const u8;
+    /// Start of the memory, for writing.
+    fn as_mut_ptr(&mut self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the length is 0.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+// SAFETY: a Vec's heap buffer does not move while the Vec is not resized; a MemoryRegion
+// owns the Vec and only exposes its contents as a slice, never `&mut Vec`.
+unsafe impl StableBuffer for Vec<u8> {
+    fn as_ptr(&self) -> *const u8 {
+        self.as_slice().as_ptr()
+    }
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_slice().as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
+// SAFETY: a boxed slice's heap buffer never moves and cannot be resized.
+unsafe impl StableBuffer for Box<[u8]> {
+    fn as_ptr(&self) -> *const u8 {
+        <[u8]>::as_ptr(self)
+    }
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        <[u8]>::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+}
+
+// SAFETY: borrowed memory stays put for the borrow's lifetime, which bounds the
+// MemoryRegion's lifetime; the exclusive borrow keeps the caller from touching it meanwhile.
+unsafe impl StableBuffer for &mut [u8] {
+    fn as_ptr(&self) -> *const u8 {
+        <[u8]>::as_ptr(self)
+    }
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        <[u8]>::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+}
+
+/// A zeroed, page-aligned heap buffer (what registrations are best made of: no other data
+/// shares its pages, which matters for fork safety and for the device's page tables).
+#[derive(Debug)]
+pub struct AlignedBuffer {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the buffer is uniquely owned heap memory.
+unsafe impl Send for AlignedBuffer {}
+// SAFETY: shared access only hands out `&[u8]`.
+unsafe impl Sync for AlignedBuffer {}
+
+impl AlignedBuffer {
+    /// Allocates `len` zeroed bytes aligned to the page size; `len` must not be 0.
+    pub fn new(len: usize) -> Result<AlignedBuffer> {
+        if len == 0 {
+            return Err(VerbsError::invalid("AlignedBuffer::new", "length 0"));
+        }
+        let layout = Layout::from_size_align(len, page_size())
+            .map_err(|e| VerbsError::invalid("AlignedBuffer::new", e.to_string()))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or(VerbsError::Os {
+            verb: "alloc_zeroed",
+            errno: libc::ENOMEM,
+        })?;
+        Ok(AlignedBuffer { ptr, layout })
+    }
+}
+
+impl std::ops::Deref for AlignedBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `layout.size()` initialized (zeroed) bytes we own.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+// SAFETY: the allocation never moves and has a fixed size.
+unsafe impl StableBuffer for AlignedBuffer {
+    fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.layout.size()
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size)
+        .ok()
+        .filter(|&s| s.is_power_of_two())
+        .unwrap_or(4096)
+}
+
+/// Registered memory. Owns its buffer `B` (or, for `B = &mut [u8]`, borrows the caller's
+/// memory); deregisters on drop *before* the buffer is freed, and holds an `Arc` to its
+/// protection domain, so the domain outlives it.
+///
+/// Memory the device may write (receives, RDMA READ targets, and regions whose rkey was given
+/// to a peer with [`AccessFlags::REMOTE_WRITE`]) may change under `as_slice` while such an
+/// operation is in flight; read it only after the completion (or protocol message) that says
+/// the write is done.
+#[derive(Debug)]
+pub struct MemoryRegion<B: StableBuffer = AlignedBuffer> {
+    raw: NonNull<ibv_mr>,
+    buf: B,
+    pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: `ibv_mr` is immutable after registration and deregistration is thread-safe; the
+// buffer is `Send` by the trait bound.
+unsafe impl<B: StableBuffer> Send for MemoryRegion<B> {}
+// SAFETY: shared access reads the immutable keys or hands out `&[u8]`, which needs `B: Sync`.
+unsafe impl<B: StableBuffer + Sync> Sync for MemoryRegion<B> {}
+
+impl MemoryRegion<AlignedBuffer> {
+    /// Allocates a zeroed, page-aligned buffer of `len` bytes and registers it.
+    pub fn alloc(pd: &Arc<ProtectionDomain>, len: usize, access: AccessFlags) -> Result<Self> {
+        Self::register(pd, AlignedBuffer::new(len)?, access)
+    }
+}
+
+impl<B: StableBuffer> MemoryRegion<B> {
+    /// Registers `buf` with `pd`. Remote write or atomic access requires `LOCAL_WRITE`.
+    pub fn register(pd: &Arc<ProtectionDomain>, mut buf: B, access: AccessFlags) -> Result<Self> {
+        if buf.is_empty() {
+            return Err(VerbsError::invalid("ibv_reg_mr", "cannot register 0 bytes"));
+        }
+        let needs_local_write = access.contains(AccessFlags::REMOTE_WRITE)
+            || access.contains(AccessFlags::REMOTE_ATOMIC);
+        if needs_local_write && !access.contains(AccessFlags::LOCAL_WRITE) {
+            return Err(VerbsError::invalid(
+                "ibv_reg_mr",
+                "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE",
+            ));
+        }
+        let flags = i32::try_from(access.bits())
+            .map_err(|_| VerbsError::invalid("ibv_reg_mr", "bad access flags"))?;
+        // SAFETY: the PD is alive (we hold an Arc), and `buf` is valid for `len` bytes at a
+        // stable address (StableBuffer contract) for as long as the MR exists, since the MR
+        // owns (or exclusively borrows) it and deregisters before releasing it.
+        let raw = unsafe { ibv_reg_mr(pd.as_ptr(), buf.as_mut_ptr().cast(), buf.len(), flags) };
+        let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last_os("ibv_reg_mr"))?;
+        Ok(MemoryRegion {
+            raw,
+            buf,
+            pd: Arc::clone(pd),
+        })
+    }
+
+    /// Key for local work requests (SGEs).
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: the MR is registered; `lkey` is immutable after registration.
+        unsafe { (*self.raw.as_ptr()).lkey }
+    }
+
+    /// Key the peer uses for RDMA operations on this region.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: as for `lkey`.
+        unsafe { (*self.raw.as_ptr()).rkey }
+    }
+
+    /// Virtual address of the first byte (what the peer puts in `remote_addr`).
+    pub fn addr(&self) -> u64 {
+        self.buf.as_ptr() as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether the region is empty (never: registering 0 bytes is refused).
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// The memory.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: valid for `len` bytes (StableBuffer contract), initialized (all buffer
+        // types are initialized byte slices), and borrowed through `&self`.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr(), self.buf.len()) }
+    }
+
+    /// The memory, for writing (e.g. filling a send buffer).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive on our side.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr(), self.buf.len()) }
+    }
+
+    /// A scatter/gather entry for bytes `range` of this region.
+    pub fn sge(&self, range: Range<usize>) -> Result<Sge> {
+        if range.start > range.end || range.end > self.len() {
+            return Err(VerbsError::invalid(
+                "MemoryRegion::sge",
+                format!("range {range:?} outside the region of {} bytes", self.len()),
+            ));
+        }
+        let length = u32::try_from(range.end - range.start)
+            .map_err(|_| VerbsError::invalid("MemoryRegion::sge", "an SGE covers at most 4 GiB"))?;
+        Ok(Sge::new(
+            self.addr() + range.start as u64,
+            length,
+            self.lkey(),
+        ))
+    }
+
+    /// Where the peer finds this region (address and rkey), to send it over.
+    pub fn remote_addr(&self) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.addr(),
+            rkey: self.rkey(),
+        }
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+}
+
+impl<B: StableBuffer> Drop for MemoryRegion<B> {
+    fn drop(&mut self) {
+        // SAFETY: registered in `register`, deregistered once; the buffer is released only
+        // after this (fields drop after `drop` returns), so the device never sees freed memory.
+        let ret = unsafe { ibv_dereg_mr(self.raw.as_ptr()) };
+        if let Err(e) = check("ibv_dereg_mr", ret) {
+            tracing::warn!(error = %e, "deregistering a memory region failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buffer_is_page_aligned_and_zeroed() {
+        let buf = AlignedBuffer::new(10_000).unwrap();
+        assert_eq!(buf.as_ptr() as usize % page_size(), 0);
+        assert_eq!(buf.len(), 10_000);
+        assert!(buf.iter().all(|&b| b == 0));
+        assert!(AlignedBuffer::new(0).is_err());
+    }
+
+    #[test]
+    fn access_flags_compose() {
+        let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        assert!(rw.contains(AccessFlags::REMOTE_WRITE));
+        assert!(!rw.contains(AccessFlags::REMOTE_READ));
+    }
+}

@@ -1,0 +1,229 @@
+//! perftest (`ib_send_lat`, `ib_write_bw`, ...) as plan steps, and a parser for its figures.
+//!
+//! Figures from the emulated VM are only meaningful relative to each other: run the
+//! [`baseline_suite`] in the same boot as the code being measured and compare ratios.
+//! A benchmark does that by appending its own steps to the same [`GuestPlan`](crate::vm::GuestPlan):
+//!
+//! ```no_run
+//! use xtask::perftest::{baseline_suite, figures};
+//! use xtask::vm::{self, GuestCommand, GuestPlan, Step, VmOptions};
+//!
+//! let suite = baseline_suite();
+//! let mut plan = GuestPlan::new("/work/main");
+//! plan.steps.extend(suite.iter().map(|t| t.step()));
+//! plan.steps.push(Step::run("my bench", GuestCommand::new(["target/release/my-bench"])));
+//! let report = vm::run(&plan, &VmOptions::default())?;
+//! let baseline = figures(&suite, &report.steps)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::vm::{GuestCommand, Ready, Step, StepOutcome, GUEST_ADDR, GUEST_DEVICE};
+
+/// TCP port perftest uses to exchange connection data.
+pub const PERFTEST_PORT: u16 = 18515;
+
+/// One perftest run: a tool at one message size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Perftest {
+    /// `ib_send_lat`, `ib_send_bw`, `ib_write_lat`, `ib_write_bw`, `ib_read_lat`, ...
+    pub tool: String,
+    /// Message size in bytes.
+    pub size: u64,
+    /// Iterations (`-n`).
+    pub iterations: u32,
+}
+
+/// One figure of one run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Figure {
+    pub test: String,
+    pub size: u64,
+    pub figure: &'static str,
+    pub value: f64,
+    pub unit: &'static str,
+}
+
+/// Latency at 32 B with 1000 round trips; bandwidth at 64 KiB and 1 MiB with few iterations
+/// (under emulation `ib_write_bw` moves a few tens of MB/s).
+pub fn baseline_suite() -> Vec<Perftest> {
+    let mut suite = Vec::new();
+    for tool in ["ib_send_lat", "ib_write_lat"] {
+        suite.push(Perftest::new(tool, 32, 1000));
+    }
+    for tool in ["ib_send_bw", "ib_write_bw"] {
+        suite.push(Perftest::new(tool, 64 * 1024, 500));
+        suite.push(Perftest::new(tool, 1024 * 1024, 100));
+    }
+    suite
+}
+
+impl Perftest {
+    /// A run of `tool` with `size`-byte messages, `iterations` times.
+    pub fn new(tool: &str, size: u64, iterations: u32) -> Self {
+        Perftest {
+            tool: tool.to_string(),
+            size,
+            iterations,
+        }
+    }
+
+    /// Whether the tool measures latency (`*_lat`) rather than bandwidth.
+    pub fn is_latency(&self) -> bool {
+        self.tool.ends_with("_lat")
+    }
+
+    /// A label such as `ib_send_bw 65536 B`.
+    pub fn label(&self) -> String {
+        format!("{} {} B", self.tool, self.size)
+    }
+
+    /// The plan step: server and client both on `rxe0`, the client connecting to the guest
+    /// address once the server listens on [`PERFTEST_PORT`].
+    pub fn step(&self) -> Step {
+        let args = |client: bool| {
+            let mut argv = vec![
+                self.tool.clone(),
+                "-d".into(),
+                GUEST_DEVICE.into(),
+                "-s".into(),
+                self.size.to_string(),
+                "-n".into(),
+                self.iterations.to_string(),
+                "-F".into(),
+            ];
+            if client {
+                argv.push(GUEST_ADDR.into());
+            }
+            GuestCommand::new(argv)
+        };
+        Step::client_server(
+            self.label(),
+            args(false),
+            args(true),
+            Ready::TcpPort(PERFTEST_PORT),
+        )
+        .with_timeout(Duration::from_secs(240))
+    }
+
+    /// Parses the client's result line (the line under the `#bytes` header).
+    pub fn parse(&self, output: &[String]) -> Result<Vec<Figure>, String> {
+        let header = output
+            .iter()
+            .position(|l| l.trim_start().starts_with("#bytes"))
+            .ok_or_else(|| format!("{}: no `#bytes` header in its output", self.label()))?;
+        let values: Vec<f64> = output[header + 1..]
+            .iter()
+            .map(|l| {
+                l.split_whitespace()
+                    .map_while(|w| w.parse::<f64>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .find(|v| v.first() == Some(&(self.size as f64)))
+            .ok_or_else(|| format!("{}: no result line for size {}", self.label(), self.size))?;
+        let figure =
+            |name: &'static str, index: usize, unit: &'static str| -> Result<Figure, String> {
+                let value = *values
+                    .get(index)
+                    .ok_or_else(|| format!("{}: result line too short", self.label()))?;
+                Ok(Figure {
+                    test: self.tool.clone(),
+                    size: self.size,
+                    figure: name,
+                    value,
+                    unit,
+                })
+            };
+        if self.is_latency() {
+            // #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
+            Ok(vec![
+                figure("t_typical", 4, "us")?,
+                figure("t_avg", 5, "us")?,
+                figure("t_p99", 7, "us")?,
+            ])
+        } else {
+            // #bytes #iterations BW_peak BW_average MsgRate
+            let mut rate = figure("msg_rate", 4, "msg/s")?;
+            rate.value *= 1e6; // perftest prints Mpps
+            Ok(vec![figure("bw_avg", 3, "MB/s")?, rate])
+        }
+    }
+}
+
+/// Figures of every run of `suite` from the matching outcomes (same order, as in a plan that
+/// starts with the suite's steps).
+pub fn figures(suite: &[Perftest], outcomes: &[StepOutcome]) -> Result<Vec<Figure>, String> {
+    let mut all = Vec::new();
+    for (test, outcome) in suite.iter().zip(outcomes) {
+        if !outcome.success() {
+            return Err(format!(
+                "{} exited with {}; its output:\n{}\nserver:\n{}",
+                test.label(),
+                outcome.exit_code,
+                outcome.output.join("\n"),
+                outcome.server_output.as_deref().unwrap_or("")
+            ));
+        }
+        all.extend(test.parse(&outcome.output)?);
+    }
+    Ok(all)
+}
+
+/// Renders figures as an aligned table.
+pub fn table(figures: &[Figure]) -> String {
+    let mut out = format!(
+        "{:<14} {:>9}  {:<10} {:>12}  {}\n",
+        "test", "size", "figure", "value", "unit"
+    );
+    for f in figures {
+        out.push_str(&format!(
+            "{:<14} {:>9}  {:<10} {:>12.3}  {}\n",
+            f.test, f.size, f.figure, f.value, f.unit
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(String::from).collect()
+    }
+
+    #[test]
+    fn parses_latency() {
+        let out = lines(
+            " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n \
+             32       1000          40.12          310.55       47.06             49.10          10.20           90.00                  300.00\n",
+        );
+        let figs = Perftest::new("ib_send_lat", 32, 1000).parse(&out).unwrap();
+        assert_eq!(figs[0].figure, "t_typical");
+        assert!((figs[0].value - 47.06).abs() < 1e-9);
+        assert!((figs[2].value - 90.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn parses_bandwidth() {
+        let out = lines(
+            " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n \
+             65536      500              17.50              17.20               0.000275\n",
+        );
+        let figs = Perftest::new("ib_write_bw", 65536, 500)
+            .parse(&out)
+            .unwrap();
+        assert_eq!(figs[0].figure, "bw_avg");
+        assert!((figs[0].value - 17.2).abs() < 1e-9);
+    }
+
+    #[test]
+    fn missing_header_is_an_error() {
+        assert!(Perftest::new("ib_send_bw", 64, 1)
+            .parse(&lines("Couldn't connect"))
+            .is_err());
+    }
+}

@@ -1,0 +1,147 @@
+//! `test-rdma`: build the test binaries of the RDMA crates on the host, then run every one of
+//! them in a single VM boot.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::vm::{GuestCommand, GuestPlan, Step, VmError};
+
+/// Crates whose tests need a real RDMA device. Add a crate here when it gains RDMA tests.
+pub const RDMA_TEST_PACKAGES: &[&str] = &["rpc-transport-rdma"];
+
+/// Guest-side limit for one test binary.
+pub const PER_BINARY_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A test executable built by cargo.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestBinary {
+    /// Package name.
+    pub package: String,
+    /// Target name (`rpc_transport_rdma` for unit tests, the file stem for `tests/*.rs`).
+    pub target: String,
+    /// Path of the executable.
+    pub executable: PathBuf,
+    /// The package's directory (cargo runs tests from there).
+    pub package_dir: PathBuf,
+}
+
+/// Builds the tests of `packages` (`cargo test --no-run`) and lists their executables: the
+/// integration tests (`tests/*.rs`), plus the library/binary unit tests with `unit_tests`
+/// (those are pure and run on the host anyway; under emulation they are slow).
+pub fn build(
+    packages: &[String],
+    release: bool,
+    unit_tests: bool,
+    cwd: &Path,
+) -> Result<Vec<TestBinary>, VmError> {
+    let mut cargo = Command::new(crate::workspace::cargo());
+    cargo
+        .args([
+            "test",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(cwd)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for package in packages {
+        cargo.args(["-p", package]);
+    }
+    if release {
+        cargo.arg("--release");
+    }
+    if unit_tests {
+        cargo.arg("--tests");
+    } else {
+        cargo.args(["--test", "*"]);
+    }
+    eprintln!("[xtask] building test binaries of {}", packages.join(", "));
+    let output = cargo
+        .output()
+        .map_err(|e| VmError::io("running cargo test --no-run", e))?;
+    if !output.status.success() {
+        return Err(VmError::Command {
+            what: "cargo test --no-run".into(),
+            detail: format!("{} (see the compiler messages above)", output.status),
+        });
+    }
+    parse_artifacts(&String::from_utf8_lossy(&output.stdout))
+}
+
+/// Test executables from cargo's JSON messages.
+pub fn parse_artifacts(json_lines: &str) -> Result<Vec<TestBinary>, VmError> {
+    let mut binaries = Vec::new();
+    for line in json_lines.lines().filter(|l| l.starts_with('{')) {
+        let msg: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| VmError::Parse(format!("cargo JSON message: {e}")))?;
+        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
+            continue;
+        }
+        let Some(executable) = msg["executable"].as_str() else {
+            continue;
+        };
+        let manifest = PathBuf::from(msg["manifest_path"].as_str().unwrap_or_default());
+        let package_id = msg["package_id"].as_str().unwrap_or_default();
+        binaries.push(TestBinary {
+            package: package_name(package_id),
+            target: msg["target"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            executable: PathBuf::from(executable),
+            package_dir: manifest.parent().map(Path::to_path_buf).unwrap_or_default(),
+        });
+    }
+    Ok(binaries)
+}
+
+/// `path+file:///work/main/rpc-transport-rdma#0.1.0` → `rpc-transport-rdma`;
+/// `path+file:///x/y#name@0.1.0` → `name`.
+fn package_name(id: &str) -> String {
+    let tail = id.rsplit('/').next().unwrap_or(id);
+    let (path_part, fragment) = tail.split_once('#').unwrap_or((tail, ""));
+    match fragment.split_once('@') {
+        Some((name, _)) => name.to_string(),
+        None => path_part.to_string(),
+    }
+}
+
+/// One step per test binary, run from its package directory like `cargo test` does.
+pub fn plan(binaries: &[TestBinary], test_args: &[String], cwd: &Path) -> GuestPlan {
+    let mut plan = GuestPlan::new(cwd);
+    for binary in binaries {
+        let mut argv = vec![binary.executable.to_string_lossy().into_owned()];
+        argv.extend(test_args.iter().cloned());
+        let command = GuestCommand::new(argv)
+            .in_dir(&binary.package_dir)
+            .env("CARGO_MANIFEST_DIR", binary.package_dir.to_string_lossy());
+        let label = format!("{} ({})", binary.target, binary.package);
+        plan.steps
+            .push(Step::run(label, command).with_timeout(PER_BINARY_TIMEOUT));
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_test_executables() {
+        let json = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/rpc-transport-rdma#0.1.0","manifest_path":"/w/rpc-transport-rdma/Cargo.toml","target":{"name":"rc_pingpong"},"profile":{"test":true},"executable":"/t/debug/deps/rc_pingpong-1"}
+{"reason":"compiler-artifact","package_id":"registry+https://x#libc@0.2.0","manifest_path":"/r/libc/Cargo.toml","target":{"name":"libc"},"profile":{"test":false},"executable":null}
+{"reason":"build-finished","success":true}"#;
+        let found = parse_artifacts(json).unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].package, "rpc-transport-rdma");
+        assert_eq!(found[0].target, "rc_pingpong");
+        assert_eq!(found[0].package_dir, PathBuf::from("/w/rpc-transport-rdma"));
+    }
+
+    #[test]
+    fn package_names() {
+        assert_eq!(package_name("path+file:///w/xtask#0.1.0"), "xtask");
+        assert_eq!(package_name("path+file:///w/dir#other@0.1.0"), "other");
+    }
+}

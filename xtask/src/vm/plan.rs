@@ -1,0 +1,356 @@
+//! What to run in one VM boot, and the guest shell script generated from it.
+//!
+//! A [`GuestPlan`] is a list of [`Step`]s run one after another as root in the guest, after
+//! soft-RoCE is up. A step is either one command or a server/client pair (the server in the
+//! background, the client in the foreground, as perftest and rdma_cm tools need). Each
+//! step's exit code and console output come back in a [`super::StepOutcome`].
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The guest's RDMA address: veth0, with soft-RoCE device `rxe0` on it.
+pub const GUEST_ADDR: &str = "192.168.77.1";
+/// The soft-RoCE device on [`GUEST_ADDR`].
+pub const GUEST_DEVICE: &str = "rxe0";
+
+/// One command line to run in the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestCommand {
+    /// Program and arguments (the program is looked up in the guest's `PATH`).
+    pub argv: Vec<String>,
+    /// Run inside this network namespace (`ip netns exec`) instead of the initial one.
+    /// Note: on Debian 12's 6.1 kernel soft-RoCE only works in the initial namespace.
+    pub netns: Option<String>,
+    /// Working directory; defaults to the plan's.
+    pub cwd: Option<PathBuf>,
+    /// Extra environment for this command only.
+    pub env: Vec<(String, String)>,
+}
+
+impl GuestCommand {
+    /// A command from program and arguments.
+    pub fn new<I, S>(argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        GuestCommand {
+            argv: argv.into_iter().map(Into::into).collect(),
+            netns: None,
+            cwd: None,
+            env: Vec::new(),
+        }
+    }
+
+    /// Runs the command in network namespace `netns`.
+    pub fn in_netns(mut self, netns: &str) -> Self {
+        self.netns = Some(netns.to_string());
+        self
+    }
+
+    /// Runs the command in `dir`.
+    pub fn in_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cwd = Some(dir.into());
+        self
+    }
+
+    /// Adds an environment variable for this command.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+}
+
+/// How the guest decides that a background server is ready for its client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ready {
+    /// Sleep this long.
+    Delay(Duration),
+    /// Wait (up to 30 s) until something listens on this TCP port, e.g. perftest's 18515.
+    TcpPort(u16),
+}
+
+/// What a step runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// One command in the foreground.
+    Run(GuestCommand),
+    /// `server` in the background, then `client` once the server is ready; the step fails
+    /// if either fails. The server's output is kept apart (see `StepOutcome::server_output`).
+    ClientServer {
+        server: GuestCommand,
+        client: GuestCommand,
+        ready: Ready,
+    },
+}
+
+/// One entry of a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// Short name for reports.
+    pub label: String,
+    /// What to run.
+    pub action: Action,
+    /// Guest-side limit (coreutils `timeout`; exit code 124 when it fires).
+    pub timeout: Option<Duration>,
+}
+
+impl Step {
+    /// A single-command step.
+    pub fn run(label: impl Into<String>, command: GuestCommand) -> Self {
+        Step {
+            label: label.into(),
+            action: Action::Run(command),
+            timeout: None,
+        }
+    }
+
+    /// A server/client step.
+    pub fn client_server(
+        label: impl Into<String>,
+        server: GuestCommand,
+        client: GuestCommand,
+        ready: Ready,
+    ) -> Self {
+        Step {
+            label: label.into(),
+            action: Action::ClientServer {
+                server,
+                client,
+                ready,
+            },
+            timeout: None,
+        }
+    }
+
+    /// Sets the guest-side time limit.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+/// Everything one boot runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestPlan {
+    /// Default working directory of the commands (a host path; the guest sees the host's root).
+    pub cwd: PathBuf,
+    /// Environment of every command, on top of the defaults (`PATH`, `HOME`,
+    /// `RDMA_RPC_REQUIRE_DEVICE=1`, `RDMA_RPC_TEST_ADDR`).
+    pub env: Vec<(String, String)>,
+    /// The steps, run in order; a failing step does not stop the next.
+    pub steps: Vec<Step>,
+}
+
+impl GuestPlan {
+    /// An empty plan whose commands run in `cwd`.
+    pub fn new(cwd: impl Into<PathBuf>) -> Self {
+        GuestPlan {
+            cwd: cwd.into(),
+            env: Vec::new(),
+            steps: Vec::new(),
+        }
+    }
+
+    /// The environment every command starts from (before per-command additions).
+    pub fn base_env(&self) -> Vec<(String, String)> {
+        let host =
+            |key: &str, default: &str| std::env::var(key).unwrap_or_else(|_| default.to_string());
+        let mut env = vec![
+            (
+                "PATH".to_string(),
+                host(
+                    "PATH",
+                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                ),
+            ),
+            ("HOME".to_string(), host("HOME", "/root")),
+            ("RDMA_RPC_REQUIRE_DEVICE".to_string(), "1".to_string()),
+            ("RDMA_RPC_TEST_ADDR".to_string(), GUEST_ADDR.to_string()),
+        ];
+        // The guest console is not the caller's terminal: plain output, no colours.
+        env.push(("TERM".to_string(), "dumb".to_string()));
+        for key in ["RUST_BACKTRACE", "RUST_LOG"] {
+            if let Ok(value) = std::env::var(key) {
+                env.push((key.to_string(), value));
+            }
+        }
+        env.extend(self.env.iter().cloned());
+        env
+    }
+
+    /// The POSIX shell script the guest runs (in a chroot of the host's root): soft-RoCE
+    /// setup, then every step between begin/end markers carrying `nonce`. `run_dir` must be
+    /// writable in the guest (it lies under the writable share); server logs go there.
+    pub fn render(&self, nonce: &str, run_dir: &Path) -> String {
+        let mut s = String::new();
+        let run_dir = quote(&run_dir.to_string_lossy());
+        let _ = writeln!(
+            s,
+            "# Generated by `cargo xtask`; runs as root in the soft-RoCE VM."
+        );
+        s.push_str("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n");
+        let _ = writeln!(s, "mark() {{ echo \"@@xtask-vm {nonce} $*\"; }}");
+        let _ = writeln!(s, "die() {{ mark fail \"$*\"; exit 1; }}");
+        let _ = writeln!(s, "RUN_DIR={run_dir}");
+        s.push_str(&self.render_setup());
+        let env = self.base_env();
+        for (index, step) in self.steps.iter().enumerate() {
+            let _ = writeln!(s, "\nmark begin {index}");
+            match &step.action {
+                Action::Run(command) => {
+                    let _ = writeln!(
+                        s,
+                        "{} </dev/null 2>&1",
+                        self.render_command(command, &env, step.timeout)
+                    );
+                    let _ = writeln!(s, "rc=$?");
+                }
+                Action::ClientServer {
+                    server,
+                    client,
+                    ready,
+                } => {
+                    let log = format!("\"$RUN_DIR\"/step-{index}.server.log");
+                    let _ = writeln!(
+                        s,
+                        "{} </dev/null >{log} 2>&1 &",
+                        self.render_command(server, &env, step.timeout)
+                    );
+                    let _ = writeln!(s, "server=$!");
+                    s.push_str(&render_ready(ready, server.netns.as_deref()));
+                    let _ = writeln!(
+                        s,
+                        "{} </dev/null 2>&1",
+                        self.render_command(client, &env, step.timeout)
+                    );
+                    let _ = writeln!(s, "rc=$?");
+                    let _ = writeln!(s, "[ $rc -eq 0 ] || kill $server 2>/dev/null");
+                    let _ = writeln!(s, "wait $server; server_rc=$?");
+                    let _ = writeln!(s, "[ $rc -eq 0 ] && rc=$server_rc");
+                }
+            }
+            let _ = writeln!(s, "mark end {index} $rc");
+        }
+        let _ = writeln!(s, "\nmark done");
+        s
+    }
+
+    fn render_setup(&self) -> String {
+        let mut s = String::from(
+            "\nmark setup\n\
+             # rxe needs the crc32 hash; the kernel cannot autoload it from inside the chroot.\n\
+             modprobe crc32_generic || die 'modprobe crc32_generic'\n\
+             modprobe crc32_pclmul 2>/dev/null || true\n\
+             for m in rdma_rxe rdma_ucm veth; do modprobe $m || die \"modprobe $m\"; done\n\
+             ip link set lo up\n\
+             ip link add veth0 type veth peer name veth1 || die 'ip link add veth0'\n",
+        );
+        let _ = writeln!(
+            s,
+            "ip addr add {GUEST_ADDR}/24 dev veth0 || die 'ip addr add'"
+        );
+        s.push_str("ip link set veth0 up || die 'ip link set veth0 up'\n");
+        // One rxe device only. A second one on veth1 in this netns would not work (the kernel
+        // routes between two local addresses over `lo`, where no rxe listens), and one in
+        // another netns does not work on 6.1 either (rxe receives only in the initial netns).
+        s.push_str("ip link set veth1 up || die 'ip link set veth1 up'\n");
+        let _ = writeln!(
+            s,
+            "rdma link add {GUEST_DEVICE} type rxe netdev veth0 || die 'rdma link add {GUEST_DEVICE}'"
+        );
+        s.push_str("mark ready\n");
+        s
+    }
+
+    fn render_command(
+        &self,
+        command: &GuestCommand,
+        env: &[(String, String)],
+        timeout: Option<Duration>,
+    ) -> String {
+        let cwd = command.cwd.as_deref().unwrap_or(&self.cwd);
+        let mut words: Vec<String> = Vec::new();
+        if let Some(limit) = timeout {
+            words.extend(["timeout", "-k", "10"].map(String::from));
+            words.push(limit.as_secs().max(1).to_string());
+        }
+        if let Some(ns) = &command.netns {
+            words.extend(["ip", "netns", "exec"].map(String::from));
+            words.push(ns.clone());
+        }
+        words.extend(["env", "-i"].map(String::from));
+        for (key, value) in env.iter().chain(&command.env) {
+            words.push(format!("{key}={value}"));
+        }
+        words.extend(command.argv.iter().cloned());
+        let line: Vec<String> = words.iter().map(|w| quote(w)).collect();
+        format!(
+            "(cd {} || exit 126; exec {})",
+            quote(&cwd.to_string_lossy()),
+            line.join(" ")
+        )
+    }
+}
+
+fn render_ready(ready: &Ready, netns: Option<&str>) -> String {
+    match ready {
+        Ready::Delay(delay) => format!("sleep {:.1}\n", delay.as_secs_f64()),
+        Ready::TcpPort(port) => {
+            let ss = match netns {
+                Some(ns) => format!("ip netns exec {} ss", quote(ns)),
+                None => "ss".to_string(),
+            };
+            format!(
+                "i=0; while ! {ss} -Hltn 'sport = :{port}' 2>/dev/null | grep -q .; do \
+                 i=$((i+1)); [ $i -ge 150 ] && break; sleep 0.2; done; sleep 0.2\n"
+            )
+        }
+    }
+}
+
+/// Quotes `word` for a POSIX shell.
+pub fn quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(quote("abc"), "abc");
+        assert_eq!(quote("a b"), "'a b'");
+        assert_eq!(quote("it's"), "'it'\\''s'");
+        assert_eq!(quote(""), "''");
+    }
+
+    #[test]
+    fn script_has_markers_for_each_step() {
+        let mut plan = GuestPlan::new("/work");
+        plan.steps
+            .push(Step::run("one", GuestCommand::new(["true"])));
+        plan.steps.push(Step::client_server(
+            "two",
+            GuestCommand::new(["srv"]),
+            GuestCommand::new(["cli", "x y"]),
+            Ready::TcpPort(18515),
+        ));
+        let script = plan.render("N", Path::new("/t/run"));
+        assert!(script.contains("mark begin 0"));
+        assert!(script.contains("mark end 1 $rc"));
+        assert!(script.contains("'x y'"));
+        assert!(script.contains("rdma link add rxe0 type rxe netdev veth0"));
+        assert!(script.trim_end().ends_with("mark done"));
+    }
+}
