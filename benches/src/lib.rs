@@ -1,1 +1,27 @@
-//! Placeholder.
+//! rpc-bench: latency and throughput of the echo service over `tcp://` and `rdma://`, with a
+//! tonic baseline and a raw-TCP floor for comparison.
+//!
+//! The `rpc-bench` binary (`src/bin/rpc-bench.rs`) is a thin shell over these modules:
+//!
+//! * [`cli`]: the command line (clap).
+//! * [`result`]: [`BenchResult`], the JSON object a run prints with `--json`.
+//! * [`payload`]: request payloads and the check every reply must pass.
+//! * [`recorder`]: per-call latency histogram, progress line, summary.
+//! * [`ours`]: the echo service over rdma-rpc (server, blocking and concurrent clients).
+//! * [`tonic_echo`]: the same echo service over tonic (gRPC over HTTP/2).
+//! * [`floor`]: a raw length-prefixed ping-pong over a plain `TcpStream`.
+//! * [`compare`]: `tcp-compare`, the three of them side by side.
+//! * [`error`]: [`BenchError`] and the process exit codes.
+
+pub mod cli;
+pub mod compare;
+pub mod error;
+pub mod floor;
+pub mod ours;
+pub mod payload;
+pub mod recorder;
+pub mod result;
+pub mod tonic_echo;
+
+pub use error::BenchError;
+pub use result::BenchResult;

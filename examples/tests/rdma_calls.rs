@@ -28,10 +28,7 @@ fn start(tester: &Tester, rdma: RdmaConfig) -> ServerHandle {
     Server::builder()
         .add_service(EchoServer::new(EchoService))
         .add_service(TesterServer::new(tester.clone()))
-        .start_with(
-            &format!("rdma://{}:0", test_addr()),
-            ServeOptions { rdma },
-        )
+        .start_with(&format!("rdma://{}:0", test_addr()), ServeOptions { rdma })
         .expect("rdma server starts")
 }
 
@@ -49,9 +46,9 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 }
 
 fn checksum(bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 fn sleep_for(d: Duration) -> SleepRequest {
@@ -183,7 +180,10 @@ fn messages_at_slot_size_and_one_byte_either_side() {
         })
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
-    assert!(err.message().contains("4097") && err.message().contains("4096"), "{err}");
+    assert!(
+        err.message().contains("4097") && err.message().contains("4096"),
+        "{err}"
+    );
     // The connection is still fine.
     client.echo_blocking(EchoRequest::default()).unwrap();
 }
@@ -330,7 +330,11 @@ fn killed_server_process_fails_pending_calls_with_unavailable() {
     let killed_at = Instant::now();
     let status = worker.join().unwrap();
     assert_eq!(status.code(), Code::Unavailable, "{status}");
-    assert!(killed_at.elapsed() < Duration::from_secs(30), "took {:?}", killed_at.elapsed());
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        killed_at.elapsed()
+    );
 }
 
 #[test]

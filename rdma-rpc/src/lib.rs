@@ -127,10 +127,13 @@ impl ClientBuilder {
                 if let Some(t) = self.connect_timeout {
                     config.connect_timeout = t;
                 }
-                rpc_transport_rdma::RdmaClient::connect(&endpoint.authority(), calls.clone(), &config)?
+                rpc_transport_rdma::RdmaClient::connect(
+                    &endpoint.authority(),
+                    calls.clone(),
+                    &config,
+                )?
             }
         };
         Ok(Channel::new(calls, transport, self.channel))
     }
 }
-

@@ -31,14 +31,16 @@ pub trait ClientTransport: Send + Sync + 'static {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status>;
 
     /// Resolves when the transport can accept another frame without exceeding its queue
-    /// bound (back-pressure). The default is always ready.
+    /// bound (back-pressure). Called only by async calls, right before they send; blocking
+    /// calls rely on `send` blocking instead. The default is always ready.
     fn poll_ready(&self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         Poll::Ready(Ok(()))
     }
 
     /// Lets a blocked caller make progress on its own thread (run-to-completion): poll the
-    /// transport's completions once. Returns true if anything happened. The default does
-    /// nothing and the caller parks until the receive path unparks it.
+    /// transport's completions for a while. Returns true as soon as anything was received
+    /// (by this thread or another), false if nothing was and the caller should park. The
+    /// default does nothing and the caller parks until the receive path unparks it.
     fn poll_progress(&self) -> bool {
         false
     }
@@ -156,7 +158,8 @@ impl Channel {
         Req: Message,
         Resp: Message + Default,
     {
-        futures::executor::block_on(poll_fn(|cx| self.inner.transport.poll_ready(cx)))?;
+        // No `poll_ready` here: a blocking caller may block in `send` itself when the
+        // transport is full, and transports learn from `poll_ready` that an async task waits.
         let call = self.start_call(method_id, &request, false)?;
         decode_response(call.wait_blocking()?)
     }

@@ -26,6 +26,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Every test: the workspace's tests on the host, then the RDMA tests on real verbs in
+    /// the soft-RoCE VM. Installs missing Debian packages first.
+    Test {
+        /// Overall limit in seconds for the VM part.
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+    },
     /// Run a command as root in the soft-RoCE VM (rxe0 on 192.168.77.1) and exit with its code.
     VmRun {
         /// Overall limit in seconds, boot included; qemu is killed when it passes.
@@ -71,6 +78,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let verbose = cli.verbose;
     let result = match cli.command {
+        Command::Test { timeout } => test_all(options(timeout, verbose)),
         Command::VmRun {
             timeout,
             env,
@@ -226,6 +234,30 @@ fn test_rdma(
         );
         Ok(ExitCode::FAILURE)
     }
+}
+
+/// The README's test command.
+fn test_all(opts: VmOptions) -> Result<ExitCode, VmError> {
+    vm::packages::ensure(vm::packages::BUILD_PACKAGES)?;
+    eprintln!("[xtask] host tests: cargo test --workspace");
+    let status = std::process::Command::new(xtask::workspace::cargo())
+        .args(["test", "--workspace"])
+        .current_dir(xtask::workspace::root())
+        .status()
+        .map_err(|e| VmError::io("running cargo test", e))?;
+    if !status.success() {
+        eprintln!("[xtask] host tests failed ({status})");
+        return Ok(ExitCode::FAILURE);
+    }
+    eprintln!("[xtask] RDMA tests on real verbs in the soft-RoCE VM");
+    // One test at a time: the VM has 2 vCPUs and every RDMA connection has a poller thread.
+    test_rdma(
+        opts,
+        Vec::new(),
+        false,
+        false,
+        vec!["--test-threads=1".into()],
+    )
 }
 
 fn parse_key_value(s: &str) -> Result<(String, String), String> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::vm::{GuestCommand, GuestPlan, Step, VmError};
 
 /// Crates whose tests need a real RDMA device. Add a crate here when it gains RDMA tests.
-pub const RDMA_TEST_PACKAGES: &[&str] = &["rpc-transport-rdma"];
+pub const RDMA_TEST_PACKAGES: &[&str] = &["rpc-transport-rdma", "rpc-examples", "rpc-bench"];
 
 /// Guest-side limit for one test binary.
 pub const PER_BINARY_TIMEOUT: Duration = Duration::from_secs(600);

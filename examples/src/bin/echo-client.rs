@@ -25,7 +25,7 @@ struct Args {
     #[arg(long)]
     size: Option<usize>,
     /// Number of calls.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     count: u64,
 }
 
@@ -47,28 +47,35 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         None => args.message.clone().into_bytes(),
     };
     let started = Instant::now();
+    let mut latencies = Vec::with_capacity(args.count as usize);
     for seq in 0..args.count {
+        let call_started = Instant::now();
         let reply = client
             .echo_blocking(EchoRequest {
                 payload: payload.clone(),
                 seq,
             })?
             .into_inner();
+        latencies.push(call_started.elapsed());
         if reply.seq != seq || reply.payload != payload {
             return Err(format!("call {seq}: the echo does not match the request").into());
         }
     }
+    latencies.sort_unstable();
+    let percentile = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
     let elapsed = started.elapsed();
     if args.count == 1 && args.size.is_none() {
         println!("{}", String::from_utf8_lossy(&payload));
     }
     println!(
-        "{} call(s) of {} bytes to {} in {:.3?} ({:.1} µs/call)",
+        "{} call(s) of {} bytes to {} in {:.3?} ({:.1} µs/call; p50 {:.1?}, p99 {:.1?})",
         args.count,
         payload.len(),
         args.url,
         elapsed,
-        elapsed.as_secs_f64() * 1e6 / args.count.max(1) as f64
+        elapsed.as_secs_f64() * 1e6 / args.count.max(1) as f64,
+        percentile(0.5),
+        percentile(0.99),
     );
     Ok(())
 }

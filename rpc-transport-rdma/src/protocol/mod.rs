@@ -3,7 +3,7 @@
 //! Plain data in, plain [`Action`]s out; no verbs, no threads, no clocks. The verbs driver
 //! owns the memory (one send region and one receive region per connection, sized by
 //! [`Geometry`]), posts what the [`Connection`] asks for, and feeds completions back. The
-//! rules are written up in `docs/PROTOCOL-credits.md`.
+//! rules are written up in `docs/PROTOCOL.md` (section "RDMA: rings, credits and signaling").
 //!
 //! * [`params`]: [`ConnectParams`], the rdma_cm private data, and its validation.
 //! * [`geometry`]: local [`Config`] and the negotiated [`Geometry`] (memory layout, queue

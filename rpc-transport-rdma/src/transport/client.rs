@@ -28,7 +28,9 @@ pub struct RdmaClient {
 
 impl std::fmt::Debug for RdmaClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RdmaClient").field("peer", &self.peer).finish()
+        f.debug_struct("RdmaClient")
+            .field("peer", &self.peer)
+            .finish()
     }
 }
 
@@ -48,7 +50,9 @@ impl FrameSink for ClientFrames {
         if kind == FrameKind::Request {
             self.0.complete(
                 call_id,
-                Err(Status::unavailable("the connection closed before the request was sent")),
+                Err(Status::unavailable(
+                    "the connection closed before the request was sent",
+                )),
             );
         }
     }
@@ -136,8 +140,10 @@ impl ClientTransport for RdmaClient {
     }
 
     fn close(&self) {
-        self.conn
-            .close(Status::unavailable(format!("channel to {} closed", self.peer)));
+        self.conn.close(Status::unavailable(format!(
+            "channel to {} closed",
+            self.peer
+        )));
     }
 }
 

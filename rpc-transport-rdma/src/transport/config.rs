@@ -33,7 +33,7 @@ impl PollMode {
 impl Default for PollMode {
     fn default() -> Self {
         PollMode::Adaptive {
-            spin: Duration::from_micros(100),
+            spin: Duration::from_millis(1),
         }
     }
 }

@@ -6,7 +6,7 @@
 //! and hands received frames to the upper layer *after* dropping the locks, so a handler run
 //! inline can send its response at once.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -17,11 +17,14 @@ use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::{FrameKind, Status};
 
 use crate::protocol::{self, Action, Received, SendError, SendTarget, WorkId};
+use crate::transport::kick::Kick;
 use crate::transport::resources::{verbs_status, Resources};
 use crate::verbs::{CmId, SendFlags, SendOp, SendRequest, Sge, WorkCompletion};
 
 /// Completions taken from the CQ per poll.
 const POLL_BATCH: usize = 32;
+/// Empty polls between two looks at the clock while spinning.
+pub(crate) const CLOCK_EVERY: u32 = 64;
 
 /// Where a connection's received frames and failures go.
 pub(crate) trait FrameSink: Send + Sync {
@@ -51,7 +54,16 @@ pub(crate) struct Conn {
     closed: AtomicBool,
     sink: Mutex<Option<Arc<dyn FrameSink>>>,
     /// Blocking callers currently polling the CQ themselves.
-    pub(crate) self_polling: AtomicUsize,
+    self_polling: AtomicUsize,
+    /// When a blocking caller last polled, in ns since `created`.
+    last_self_poll: AtomicU64,
+    /// Batches of completions processed, by anyone.
+    completions_seen: AtomicU64,
+    /// Wakes the poller out of its caller-driven (unarmed) sleep.
+    pub(crate) kick: Kick,
+    /// The poller sleeps without arming the CQ because callers drive it.
+    pub(crate) poller_unarmed: AtomicBool,
+    created: Instant,
     peer: String,
 }
 
@@ -82,6 +94,11 @@ impl Conn {
             closed: AtomicBool::new(false),
             sink: Mutex::new(None),
             self_polling: AtomicUsize::new(0),
+            last_self_poll: AtomicU64::new(0),
+            completions_seen: AtomicU64::new(0),
+            kick: Kick::new()?,
+            poller_unarmed: AtomicBool::new(false),
+            created: Instant::now(),
             peer,
         }))
     }
@@ -168,6 +185,10 @@ impl Conn {
             return Poll::Ready(Err(self.closed_status()));
         }
         let stats = self.engine.lock().proto.stats();
+        // An async task will wait for a response: the poller must be watching the CQ.
+        if self.poller_unarmed.load(Ordering::Acquire) {
+            self.kick.kick();
+        }
         if stats.send_free > 0 {
             return Poll::Ready(Ok(()));
         }
@@ -191,11 +212,7 @@ impl Conn {
                     let buf = unsafe { self.res.send_buffer(work.target) };
                     work.prepare(buf);
                     let res = &self.res;
-                    let sge = [Sge::new(
-                        buf.as_ptr() as u64,
-                        work.len,
-                        res.send_mr.lkey(),
-                    )];
+                    let sge = [Sge::new(buf.as_ptr() as u64, work.len, res.send_mr.lkey())];
                     let mut flags = SendFlags::NONE;
                     if work.signaled {
                         flags |= SendFlags::SIGNALED;
@@ -204,7 +221,9 @@ impl Conn {
                         flags |= SendFlags::INLINE;
                     }
                     let request = SendRequest {
-                        wr_id: work.work_id().to_wr_id(crate::transport::resources::CONN_TAG),
+                        wr_id: work
+                            .work_id()
+                            .to_wr_id(crate::transport::resources::CONN_TAG),
                         sges: &sge,
                         op: SendOp::Send,
                         flags,
@@ -277,6 +296,7 @@ impl Conn {
         if polled.is_empty() {
             return false;
         }
+        self.completions_seen.fetch_add(1, Ordering::AcqRel);
         let mut received: Vec<Received> = Vec::new();
         {
             let mut engine = self.engine.lock();
@@ -293,7 +313,12 @@ impl Conn {
         true
     }
 
-    fn on_completion(&self, engine: &mut Engine, wc: &WorkCompletion, received: &mut Vec<Received>) {
+    fn on_completion(
+        &self,
+        engine: &mut Engine,
+        wc: &WorkCompletion,
+        received: &mut Vec<Received>,
+    ) {
         let Some((_, work)) = WorkId::from_wr_id(wc.wr_id()) else {
             tracing::error!(wr_id = wc.wr_id(), "completion for an unknown work request");
             engine.proto.close();
@@ -380,24 +405,48 @@ impl Conn {
         }
     }
 
-    /// Spins on the CQ for up to `budget` (or until the closure says done) on the caller's
-    /// thread; the run-to-completion path of blocking calls.
+    /// Spins on the CQ for up to `budget` (`None`: until something arrives) on the caller's
+    /// thread: the run-to-completion path of blocking calls. True once anything was
+    /// received, by this thread or another.
     pub(crate) fn spin_progress(self: &Arc<Self>, budget: Option<Duration>) -> bool {
         self.self_polling.fetch_add(1, Ordering::AcqRel);
+        let seen = self.completions_seen.load(Ordering::Acquire);
         let started = Instant::now();
-        let mut progressed = false;
-        loop {
-            if self.progress() {
-                progressed = true;
-                break;
+        let mut spins: u32 = 0;
+        let progressed = loop {
+            if self.progress() || self.completions_seen.load(Ordering::Acquire) != seen {
+                break true;
             }
-            if self.is_closed() || budget.is_some_and(|b| started.elapsed() >= b) {
-                break;
+            spins = spins.wrapping_add(1);
+            // Clock reads are not free everywhere: look at the time now and then.
+            if spins.is_multiple_of(CLOCK_EVERY)
+                && (self.is_closed() || budget.is_some_and(|b| started.elapsed() >= b))
+            {
+                break false;
             }
             std::hint::spin_loop();
-        }
+        };
+        // A caller that goes on to park no longer drives the CQ: the poller takes over.
+        let last = if progressed {
+            self.created.elapsed().as_nanos() as u64
+        } else {
+            0
+        };
+        self.last_self_poll.store(last, Ordering::Release);
         self.self_polling.fetch_sub(1, Ordering::AcqRel);
+        if !progressed {
+            self.kick.kick();
+        }
         progressed
+    }
+
+    /// Whether blocking callers drive the CQ now or did within `window`.
+    pub(crate) fn callers_drive(&self, window: Duration) -> bool {
+        if self.self_polling.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        let last = Duration::from_nanos(self.last_self_poll.load(Ordering::Acquire));
+        last > Duration::ZERO && self.created.elapsed().saturating_sub(last) < window
     }
 }
 

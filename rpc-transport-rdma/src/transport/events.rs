@@ -62,7 +62,10 @@ pub(crate) fn expect_event(
         CmEventKind::AddrError => "no RDMA device reaches that address".to_owned(),
         CmEventKind::RouteError => "no route to the address over RDMA".to_owned(),
         CmEventKind::Unreachable => "peer unreachable".to_owned(),
-        kind => format!("unexpected rdma_cm event {kind} (status {})", event.status()),
+        kind => format!(
+            "unexpected rdma_cm event {kind} (status {})",
+            event.status()
+        ),
     };
     Err(Status::unavailable(format!("{what}: {reason}")))
 }

@@ -8,6 +8,7 @@ mod client;
 mod config;
 mod conn;
 mod events;
+mod kick;
 mod poller;
 mod resources;
 mod server;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use rpc_core::Status;
 
 use crate::transport::config::PollMode;
-use crate::transport::conn::Conn;
+use crate::transport::conn::{Conn, CLOCK_EVERY};
 use crate::transport::events::wait_readable;
 use crate::verbs::{CmEventKind, EventChannel};
 
@@ -15,6 +15,8 @@ use crate::verbs::{CmEventKind, EventChannel};
 /// waits before re-checking for shutdown.
 const CM_CHECK: Duration = Duration::from_millis(1);
 const SLEEP_SLICE: Duration = Duration::from_millis(100);
+/// How recently a blocking caller must have polled for the poller to leave the CQ to it.
+const CALLER_WINDOW: Duration = Duration::from_millis(1);
 
 /// Starts the poller of `conn`. `cm` is the connection's own rdma_cm channel (clients);
 /// servers watch their listener's channel elsewhere.
@@ -33,40 +35,69 @@ fn run(conn: &Arc<Conn>, mode: PollMode, cm: Option<&Arc<EventChannel>>) {
     let res = conn.resources();
     let comp_fd = res.channel.fd();
     let cm_fd = cm.map_or(-1, |c| c.fd());
+    let kick_fd = conn.kick.fd();
     let mut last_activity = Instant::now();
     let mut last_cm_check = Instant::now();
+    let mut kicked = false;
+    let mut idle_spins: u32 = 0;
     while !conn.is_closed() {
-        if conn.self_polling.load(Ordering::Acquire) > 0 {
-            // A blocking caller drives the CQ: stay out of its way (and off the CPU).
-            if wait_readable([cm_fd], CM_CHECK)[0] {
+        if !kicked && conn.callers_drive(CALLER_WINDOW) {
+            // Blocking callers poll the CQ themselves: stay off the CPU and the CQ, unarmed
+            // (armed, every completion would wake us for nothing). A caller about to park,
+            // or an async call about to wait, kicks us awake.
+            conn.poller_unarmed.store(true, Ordering::Release);
+            let [kick, cm_ready] = wait_readable([kick_fd, cm_fd], CALLER_WINDOW);
+            conn.poller_unarmed.store(false, Ordering::Release);
+            if kick {
+                conn.kick.drain();
+                kicked = true;
+            }
+            if cm_ready {
                 check_cm(conn, cm);
             }
             continue;
         }
         if conn.progress() {
+            idle_spins = 0;
+            continue;
+        }
+        if idle_spins == 0 {
             last_activity = Instant::now();
+        }
+        idle_spins = idle_spins.wrapping_add(1);
+        // Clock reads are not free everywhere: look at the time now and then.
+        if !idle_spins.is_multiple_of(CLOCK_EVERY) {
+            std::hint::spin_loop();
             continue;
         }
         if last_cm_check.elapsed() >= CM_CHECK {
             last_cm_check = Instant::now();
             check_cm(conn, cm);
         }
-        if mode.spin().is_none_or(|spin| last_activity.elapsed() < spin) {
+        if mode
+            .spin()
+            .is_none_or(|spin| last_activity.elapsed() < spin)
+        {
             std::hint::spin_loop();
             continue;
         }
+        kicked = false;
         if let Err(e) = res.cq.req_notify(false) {
             conn.close(Status::unavailable(format!("ibv_req_notify_cq: {e}")));
             return;
         }
         // A completion that arrived before arming raised no event: look once more.
         if conn.progress() {
-            last_activity = Instant::now();
             continue;
         }
-        let [comp_ready, cm_ready] = wait_readable([comp_fd, cm_fd], SLEEP_SLICE);
+        let [comp_ready, cm_ready, kick] = wait_readable([comp_fd, cm_fd, kick_fd], SLEEP_SLICE);
         if comp_ready {
             while let Ok(Some(_)) = res.channel.try_get_event() {}
+            // Whatever woke us is ours to process, even if a caller polled a moment ago.
+            kicked = true;
+        }
+        if kick {
+            conn.kick.drain();
         }
         if cm_ready {
             check_cm(conn, cm);

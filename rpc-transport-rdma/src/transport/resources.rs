@@ -5,12 +5,12 @@ use std::sync::Arc;
 use rpc_core::Status;
 
 use crate::protocol::Config;
+use crate::protocol::WorkId;
 use crate::transport::config::RdmaConfig;
 use crate::verbs::{
     AccessFlags, CmId, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain,
     QpCapabilities, QpInitAttr, QueuePair, RecvRequest, Sge, VerbsError,
 };
-use crate::protocol::WorkId;
 
 /// Connection tag packed into every `wr_id`; each connection has its own CQ, so one suffices.
 pub(crate) const CONN_TAG: u32 = 0;
@@ -34,7 +34,9 @@ impl Resources {
     /// Creates the PD, CQ, QP and both rings on `id`'s device and posts a receive in every
     /// receive slot, as the peer's initial credits assume.
     pub(crate) fn create(id: &CmId, config: &RdmaConfig) -> Result<Resources, Status> {
-        let ctx = id.context().map_err(|e| verbs_status("no RDMA device for the address", e))?;
+        let ctx = id
+            .context()
+            .map_err(|e| verbs_status("no RDMA device for the address", e))?;
         let pd = ProtectionDomain::new(&ctx).map_err(|e| verbs_status("ibv_alloc_pd", e))?;
         let channel =
             CompletionChannel::new(&ctx).map_err(|e| verbs_status("ibv_create_comp_channel", e))?;
@@ -92,7 +94,11 @@ impl Resources {
     pub(crate) fn post_recv(&self, slot: u32) -> Result<(), VerbsError> {
         let size = self.protocol.recv_slot_size;
         let offset = u64::from(slot) * u64::from(size);
-        let sge = [Sge::new(self.recv_mr.addr() + offset, size, self.recv_mr.lkey())];
+        let sge = [Sge::new(
+            self.recv_mr.addr() + offset,
+            size,
+            self.recv_mr.lkey(),
+        )];
         let request = RecvRequest {
             wr_id: WorkId::Recv(slot).to_wr_id(CONN_TAG),
             sges: &sge,
@@ -111,10 +117,15 @@ impl Resources {
     pub(crate) unsafe fn recv_slot(&self, slot: u32) -> &[u8] {
         let size = self.protocol.recv_slot_size as usize;
         let offset = slot as usize * size;
-        assert!(offset + size <= self.recv_mr.len(), "receive slot out of range");
+        assert!(
+            offset + size <= self.recv_mr.len(),
+            "receive slot out of range"
+        );
         // SAFETY: in bounds (checked above) of the registered, live buffer; the caller
         // guarantees the device does not write this slot while the slice lives.
-        unsafe { std::slice::from_raw_parts((self.recv_mr.addr() as usize + offset) as *const u8, size) }
+        unsafe {
+            std::slice::from_raw_parts((self.recv_mr.addr() as usize + offset) as *const u8, size)
+        }
     }
 }
 
@@ -135,9 +146,14 @@ impl Resources {
                 crate::protocol::CONTROL_BUF_LEN,
             ),
         };
-        assert!(offset + len <= self.send_mr.len(), "send buffer out of range");
+        assert!(
+            offset + len <= self.send_mr.len(),
+            "send buffer out of range"
+        );
         // SAFETY: in bounds of the live registered buffer; exclusivity is the caller's
         // contract (engine lock held, no posted request reading this buffer).
-        unsafe { std::slice::from_raw_parts_mut((self.send_mr.addr() as usize + offset) as *mut u8, len) }
+        unsafe {
+            std::slice::from_raw_parts_mut((self.send_mr.addr() as usize + offset) as *mut u8, len)
+        }
     }
 }

@@ -272,7 +272,8 @@ impl CmId {
         check("rdma_listen", unsafe { rdma_listen(raw, backlog) })
     }
 
-    /// Synchronous listeners only: waits for the next connection request.
+    /// Synchronous listeners only: waits for the next connection request. Other calls on
+    /// this listener (e.g. `local_addr`) wait meanwhile: calls on one id are serialized.
     pub fn get_request(&self) -> Result<ConnectRequest> {
         if !self.is_sync() {
             return Err(VerbsError::invalid(

@@ -19,9 +19,6 @@ pub const GUEST_DEVICE: &str = "rxe0";
 pub struct GuestCommand {
     /// Program and arguments (the program is looked up in the guest's `PATH`).
     pub argv: Vec<String>,
-    /// Run inside this network namespace (`ip netns exec`) instead of the initial one.
-    /// Note: on Debian 12's 6.1 kernel soft-RoCE only works in the initial namespace.
-    pub netns: Option<String>,
     /// Working directory; defaults to the plan's.
     pub cwd: Option<PathBuf>,
     /// Extra environment for this command only.
@@ -37,16 +34,9 @@ impl GuestCommand {
     {
         GuestCommand {
             argv: argv.into_iter().map(Into::into).collect(),
-            netns: None,
             cwd: None,
             env: Vec::new(),
         }
-    }
-
-    /// Runs the command in network namespace `netns`.
-    pub fn in_netns(mut self, netns: &str) -> Self {
-        self.netns = Some(netns.to_string());
-        self
     }
 
     /// Runs the command in `dir`.
@@ -168,9 +158,9 @@ impl GuestPlan {
             ("HOME".to_string(), host("HOME", "/root")),
             ("RDMA_RPC_REQUIRE_DEVICE".to_string(), "1".to_string()),
             ("RDMA_RPC_TEST_ADDR".to_string(), GUEST_ADDR.to_string()),
+            // The guest console is not the caller's terminal: plain output, no colours.
+            ("TERM".to_string(), "dumb".to_string()),
         ];
-        // The guest console is not the caller's terminal: plain output, no colours.
-        env.push(("TERM".to_string(), "dumb".to_string()));
         for key in ["RUST_BACKTRACE", "RUST_LOG"] {
             if let Ok(value) = std::env::var(key) {
                 env.push((key.to_string(), value));
@@ -194,7 +184,7 @@ impl GuestPlan {
         let _ = writeln!(s, "mark() {{ echo \"@@xtask-vm {nonce} $*\"; }}");
         let _ = writeln!(s, "die() {{ mark fail \"$*\"; exit 1; }}");
         let _ = writeln!(s, "RUN_DIR={run_dir}");
-        s.push_str(&self.render_setup());
+        s.push_str(&render_setup());
         let env = self.base_env();
         for (index, step) in self.steps.iter().enumerate() {
             let _ = writeln!(s, "\nmark begin {index}");
@@ -219,7 +209,7 @@ impl GuestPlan {
                         self.render_command(server, &env, step.timeout)
                     );
                     let _ = writeln!(s, "server=$!");
-                    s.push_str(&render_ready(ready, server.netns.as_deref()));
+                    s.push_str(&render_ready(ready));
                     let _ = writeln!(
                         s,
                         "{} </dev/null 2>&1",
@@ -237,33 +227,6 @@ impl GuestPlan {
         s
     }
 
-    fn render_setup(&self) -> String {
-        let mut s = String::from(
-            "\nmark setup\n\
-             # rxe needs the crc32 hash; the kernel cannot autoload it from inside the chroot.\n\
-             modprobe crc32_generic || die 'modprobe crc32_generic'\n\
-             modprobe crc32_pclmul 2>/dev/null || true\n\
-             for m in rdma_rxe rdma_ucm veth; do modprobe $m || die \"modprobe $m\"; done\n\
-             ip link set lo up\n\
-             ip link add veth0 type veth peer name veth1 || die 'ip link add veth0'\n",
-        );
-        let _ = writeln!(
-            s,
-            "ip addr add {GUEST_ADDR}/24 dev veth0 || die 'ip addr add'"
-        );
-        s.push_str("ip link set veth0 up || die 'ip link set veth0 up'\n");
-        // One rxe device only. A second one on veth1 in this netns would not work (the kernel
-        // routes between two local addresses over `lo`, where no rxe listens), and one in
-        // another netns does not work on 6.1 either (rxe receives only in the initial netns).
-        s.push_str("ip link set veth1 up || die 'ip link set veth1 up'\n");
-        let _ = writeln!(
-            s,
-            "rdma link add {GUEST_DEVICE} type rxe netdev veth0 || die 'rdma link add {GUEST_DEVICE}'"
-        );
-        s.push_str("mark ready\n");
-        s
-    }
-
     fn render_command(
         &self,
         command: &GuestCommand,
@@ -275,10 +238,6 @@ impl GuestPlan {
         if let Some(limit) = timeout {
             words.extend(["timeout", "-k", "10"].map(String::from));
             words.push(limit.as_secs().max(1).to_string());
-        }
-        if let Some(ns) = &command.netns {
-            words.extend(["ip", "netns", "exec"].map(String::from));
-            words.push(ns.clone());
         }
         words.extend(["env", "-i"].map(String::from));
         for (key, value) in env.iter().chain(&command.env) {
@@ -294,19 +253,41 @@ impl GuestPlan {
     }
 }
 
-fn render_ready(ready: &Ready, netns: Option<&str>) -> String {
+/// Loads soft-RoCE and creates `rxe0` on veth0 with [`GUEST_ADDR`].
+fn render_setup() -> String {
+    let mut s = String::from(
+        "\nmark setup\n\
+         # rxe needs the crc32 hash; the kernel cannot autoload it from inside the chroot.\n\
+         modprobe crc32_generic || die 'modprobe crc32_generic'\n\
+         modprobe crc32_pclmul 2>/dev/null || true\n\
+         for m in rdma_rxe rdma_ucm veth; do modprobe $m || die \"modprobe $m\"; done\n\
+         ip link set lo up\n\
+         ip link add veth0 type veth peer name veth1 || die 'ip link add veth0'\n",
+    );
+    let _ = writeln!(
+        s,
+        "ip addr add {GUEST_ADDR}/24 dev veth0 || die 'ip addr add'"
+    );
+    s.push_str("ip link set veth0 up || die 'ip link set veth0 up'\n");
+    // One rxe device only. A second one on veth1 in this netns would not work (the kernel
+    // routes between two local addresses over `lo`, where no rxe listens), and one in
+    // another netns does not work on 6.1 either (rdma_cm: RDMA_CM_EVENT_UNREACHABLE).
+    s.push_str("ip link set veth1 up || die 'ip link set veth1 up'\n");
+    let _ = writeln!(
+        s,
+        "rdma link add {GUEST_DEVICE} type rxe netdev veth0 || die 'rdma link add {GUEST_DEVICE}'"
+    );
+    s.push_str("mark ready\n");
+    s
+}
+
+fn render_ready(ready: &Ready) -> String {
     match ready {
         Ready::Delay(delay) => format!("sleep {:.1}\n", delay.as_secs_f64()),
-        Ready::TcpPort(port) => {
-            let ss = match netns {
-                Some(ns) => format!("ip netns exec {} ss", quote(ns)),
-                None => "ss".to_string(),
-            };
-            format!(
-                "i=0; while ! {ss} -Hltn 'sport = :{port}' 2>/dev/null | grep -q .; do \
-                 i=$((i+1)); [ $i -ge 150 ] && break; sleep 0.2; done; sleep 0.2\n"
-            )
-        }
+        Ready::TcpPort(port) => format!(
+            "i=0; while ! ss -Hltn 'sport = :{port}' 2>/dev/null | grep -q .; do \
+             i=$((i+1)); [ $i -ge 150 ] && break; sleep 0.2; done; sleep 0.2\n"
+        ),
     }
 }
 

@@ -1,0 +1,95 @@
+//! `rpc-bench`: serve the echo service, measure calls against it, or compare transports.
+//!
+//! ```text
+//! rpc-bench server   --url rdma://192.168.77.1:7471 [--poll busy|event|adaptive]
+//! rpc-bench client   --url rdma://192.168.77.1:7471 --size 4096 --iters 100000 --json
+//! rpc-bench loopback --url tcp://127.0.0.1:0 --size 64 --iters 10000 --concurrency 8
+//! rpc-bench tcp-compare --size 32 --iters 20000
+//! ```
+//!
+//! Exit codes: 0 success, 1 a failure while running (connect, call, reply mismatch),
+//! 2 bad arguments or URL.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use rpc_bench::cli::{Cli, ClientArgs, Command, CompareArgs, ServerArgs};
+use rpc_bench::ours::{self, ClientPlan};
+use rpc_bench::{compare, BenchError, BenchResult};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Server(args) => serve(&args),
+        Command::Client(args) => client(&args, None),
+        Command::Loopback(args) => loopback(&args),
+        Command::TcpCompare(args) => tcp_compare(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rpc-bench: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn serve(args: &ServerArgs) -> Result<(), BenchError> {
+    let server = ours::start_server(&args.url, args.rdma.config())?;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "listening on {}", server.local_url())
+        .and_then(|()| stdout.flush())
+        .map_err(|e| BenchError::failed("writing to stdout", e))?;
+    drop(stdout);
+    loop {
+        std::thread::park();
+    }
+}
+
+fn plan(args: &ClientArgs) -> ClientPlan {
+    ClientPlan {
+        size: args.run.size,
+        iters: args.run.iters,
+        warmup: args.run.warmup,
+        concurrency: args.concurrency,
+        rdma: args.rdma.config(),
+        poll: args.rdma.poll_name(&args.url),
+    }
+}
+
+/// Runs the client against `url` (default: `--url`) and prints the result.
+fn client(args: &ClientArgs, url: Option<&str>) -> Result<(), BenchError> {
+    let default_url = args.url.to_string();
+    let result = ours::run_client(url.unwrap_or(&default_url), &plan(args))?;
+    print_result(&result, args.json)
+}
+
+fn loopback(args: &ClientArgs) -> Result<(), BenchError> {
+    let server = ours::start_server(&args.url, args.rdma.config())?;
+    let outcome = client(args, Some(server.local_url()));
+    server.shutdown(std::time::Duration::from_secs(1));
+    outcome
+}
+
+fn tcp_compare(args: &CompareArgs) -> Result<(), BenchError> {
+    let report = compare::run(args.run.size, args.run.iters, args.run.warmup)?;
+    let text = if args.json {
+        serde_json::to_string(&report).map_err(|e| BenchError::failed("encoding JSON", e))?
+    } else {
+        report.table()
+    };
+    println!("{}", text.trim_end());
+    Ok(())
+}
+
+fn print_result(result: &BenchResult, json: bool) -> Result<(), BenchError> {
+    if json {
+        let text =
+            serde_json::to_string(result).map_err(|e| BenchError::failed("encoding JSON", e))?;
+        println!("{text}");
+    } else {
+        println!("{}", result.summary_line());
+    }
+    Ok(())
+}

@@ -1,0 +1,232 @@
+//! The `rpc-bench` command line.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use rdma_rpc::{Endpoint, PollMode, RdmaConfig, TransportKind};
+
+/// Default warm-up calls before measuring.
+pub const DEFAULT_WARMUP: u64 = 1000;
+
+/// `rpc-bench`: latency and throughput of the echo service over rdma-rpc.
+#[derive(Debug, Parser)]
+#[command(
+    name = "rpc-bench",
+    version,
+    about = "Latency and throughput of the echo service over rdma-rpc (tcp:// and rdma://)"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the echo service until killed; the first line on stdout is `listening on <url>`.
+    Server(ServerArgs),
+    /// Measure calls against a running `rpc-bench server`.
+    Client(ClientArgs),
+    /// Start the server in this process on --url (port 0 picks a free port) and measure
+    /// calls against it.
+    Loopback(ClientArgs),
+    /// On TCP loopback: rdma-rpc (tcp://) vs tonic vs a raw length-prefixed ping-pong, one
+    /// call at a time.
+    TcpCompare(CompareArgs),
+}
+
+/// Arguments of `rpc-bench server`.
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    /// Where to listen: tcp://host:port or rdma://host:port (port 0 picks one).
+    #[arg(long, value_parser = parse_url)]
+    pub url: Endpoint,
+    /// RDMA settings.
+    #[command(flatten)]
+    pub rdma: RdmaArgs,
+}
+
+/// Arguments of `rpc-bench client` and `rpc-bench loopback`.
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// Server URL: tcp://host:port or rdma://host:port (for loopback: where to start it).
+    #[arg(long, value_parser = parse_url)]
+    pub url: Endpoint,
+    /// Size and number of calls.
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Calls kept in flight: 1 runs the blocking stub on this thread; more run async calls
+    /// on a single-threaded tokio runtime.
+    #[arg(long, default_value_t = 1, value_parser = positive_usize)]
+    pub concurrency: usize,
+    /// Print exactly one JSON object (a `BenchResult`) on stdout instead of the text summary.
+    #[arg(long)]
+    pub json: bool,
+    /// RDMA settings.
+    #[command(flatten)]
+    pub rdma: RdmaArgs,
+}
+
+/// Payload size and call counts.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct RunArgs {
+    /// Payload bytes per request (the reply carries as many).
+    #[arg(long, value_name = "BYTES", default_value_t = 32)]
+    pub size: usize,
+    /// Measured calls (at least 1).
+    #[arg(long, value_name = "N", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub iters: u64,
+    /// Calls made before measuring.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_WARMUP)]
+    pub warmup: u64,
+}
+
+/// Arguments of `rpc-bench tcp-compare`.
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Size and number of calls (each of the three runs makes them all).
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Print exactly one JSON object on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How RDMA completions are polled (`--poll`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PollArg {
+    /// Spin on the completion queue: lowest latency, one busy core per connection.
+    Busy,
+    /// Sleep on the completion channel: no idle CPU, a wake-up per message.
+    Event,
+    /// Spin for --spin-us after activity, then sleep (the library default).
+    Adaptive,
+}
+
+/// RDMA settings; ignored for tcp:// URLs.
+#[derive(Debug, Clone, Args)]
+pub struct RdmaArgs {
+    /// RDMA completion polling (default: adaptive with the library's spin time).
+    #[arg(long, value_enum)]
+    pub poll: Option<PollArg>,
+    /// Spin time of --poll adaptive, µs.
+    #[arg(long, value_name = "US", default_value_t = 100)]
+    pub spin_us: u64,
+    /// Slots in each RDMA ring (one credit per receive slot).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(3..=65536))]
+    pub slots: Option<u32>,
+    /// Bytes per RDMA ring slot: the largest frame sent inline by SEND.
+    #[arg(long, value_name = "BYTES",
+          value_parser = clap::value_parser!(u32).range(64..=16 * 1024 * 1024))]
+    pub slot_size: Option<u32>,
+}
+
+impl RdmaArgs {
+    /// The RDMA configuration these arguments select.
+    pub fn config(&self) -> RdmaConfig {
+        let mut config = RdmaConfig::default();
+        if let Some(poll) = self.poll {
+            config.poll_mode = match poll {
+                PollArg::Busy => PollMode::Busy,
+                PollArg::Event => PollMode::Event,
+                PollArg::Adaptive => PollMode::Adaptive {
+                    spin: Duration::from_micros(self.spin_us),
+                },
+            };
+        }
+        if let Some(slots) = self.slots {
+            config.slots = slots;
+        }
+        if let Some(slot_size) = self.slot_size {
+            config.slot_size = slot_size;
+        }
+        config
+    }
+
+    /// The polling mode's name for results, for rdma:// endpoints only.
+    pub fn poll_name(&self, endpoint: &Endpoint) -> Option<String> {
+        if endpoint.kind() != TransportKind::Rdma {
+            return None;
+        }
+        Some(match self.config().poll_mode {
+            PollMode::Busy => "busy".to_owned(),
+            PollMode::Event => "event".to_owned(),
+            PollMode::Adaptive { spin } => format!("adaptive({}us)", spin.as_micros()),
+        })
+    }
+}
+
+/// Parses a `tcp://` or `rdma://` URL; the error names the URL and the problem.
+pub fn parse_url(text: &str) -> Result<Endpoint, String> {
+    text.parse::<Endpoint>().map_err(|e| e.to_string())
+}
+
+fn positive_usize(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_a_loopback_run() {
+        let cli = Cli::try_parse_from([
+            "rpc-bench",
+            "loopback",
+            "--url",
+            "rdma://10.0.0.1:0",
+            "--size",
+            "64",
+            "--iters",
+            "5",
+            "--poll",
+            "busy",
+            "--slots",
+            "16",
+        ])
+        .unwrap();
+        let Command::Loopback(args) = cli.command else {
+            panic!("loopback expected")
+        };
+        assert_eq!(
+            (args.run.size, args.run.iters, args.concurrency),
+            (64, 5, 1)
+        );
+        let config = args.rdma.config();
+        assert_eq!((config.poll_mode, config.slots), (PollMode::Busy, 16));
+        assert_eq!(args.rdma.poll_name(&args.url).as_deref(), Some("busy"));
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        for bad in [
+            &["rpc-bench", "client", "--url", "http://h:1"][..],
+            &["rpc-bench", "client", "--url", "tcp://h:1", "--iters", "0"],
+            &[
+                "rpc-bench",
+                "client",
+                "--url",
+                "tcp://h:1",
+                "--concurrency",
+                "0",
+            ],
+            &["rpc-bench", "server", "--url", "tcp://h:1", "--slots", "2"],
+            &["rpc-bench", "client"],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! `rpc-bench tcp-compare`: rdma-rpc over TCP vs tonic vs the raw-TCP floor, same payload,
+//! same call count, one call at a time, on 127.0.0.1.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::BenchError;
+use crate::ours::{self, ClientPlan};
+use crate::result::BenchResult;
+use crate::{floor, tonic_echo};
+
+/// What `tcp-compare` aims for (not asserted): our p50 at most this multiple of the floor's.
+pub const TARGET_P50_OVER_FLOOR: f64 = 1.3;
+
+/// The three runs of `tcp-compare` and their ratios to the floor (`--json` prints this).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareReport {
+    /// Payload bytes per request.
+    pub size: usize,
+    /// Measured calls of each run.
+    pub iters: u64,
+    /// The raw length-prefixed ping-pong.
+    pub floor: BenchResult,
+    /// rdma-rpc over `tcp://`, blocking stub.
+    pub ours: BenchResult,
+    /// tonic over HTTP/2.
+    pub tonic: BenchResult,
+    /// `ours.p50_us / floor.p50_us`.
+    pub ours_p50_over_floor: f64,
+    /// `tonic.p50_us / floor.p50_us`.
+    pub tonic_p50_over_floor: f64,
+    /// `ours.calls_per_sec / floor.calls_per_sec`.
+    pub ours_rate_over_floor: f64,
+    /// `tonic.calls_per_sec / floor.calls_per_sec`.
+    pub tonic_rate_over_floor: f64,
+}
+
+/// Runs the floor, ours and tonic in turn (each with its own server, stopped before the
+/// next starts).
+pub fn run(size: usize, iters: u64, warmup: u64) -> Result<CompareReport, BenchError> {
+    let floor = floor::run(size, iters, warmup)?;
+    let ours = run_ours(size, iters, warmup)?;
+    let tonic = tonic_echo::run(size, iters, warmup)?;
+    Ok(CompareReport {
+        size,
+        iters,
+        ours_p50_over_floor: ours.p50_us / floor.p50_us,
+        tonic_p50_over_floor: tonic.p50_us / floor.p50_us,
+        ours_rate_over_floor: ours.calls_per_sec / floor.calls_per_sec,
+        tonic_rate_over_floor: tonic.calls_per_sec / floor.calls_per_sec,
+        floor,
+        ours,
+        tonic,
+    })
+}
+
+fn run_ours(size: usize, iters: u64, warmup: u64) -> Result<BenchResult, BenchError> {
+    let url = "tcp://127.0.0.1:0".parse()?;
+    let server = ours::start_server(&url, rdma_rpc::RdmaConfig::default())?;
+    let plan = ClientPlan {
+        size,
+        iters,
+        warmup,
+        concurrency: 1,
+        rdma: rdma_rpc::RdmaConfig::default(),
+        poll: None,
+    };
+    let result = ours::run_client(server.local_url(), &plan);
+    server.shutdown(std::time::Duration::from_secs(1));
+    result
+}
+
+impl CompareReport {
+    /// The table `tcp-compare` prints.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "tcp-compare: {} B payload, {} calls each (after {} warm-up), one at a time, 127.0.0.1\n",
+            self.size, self.iters, self.floor.warmup
+        );
+        out += &format!(
+            "{:<28} {:>9} {:>9} {:>10} {:>11} {:>13}\n",
+            "", "p50 µs", "p99 µs", "calls/s", "p50/floor", "calls/s/floor"
+        );
+        let rows = [
+            ("raw TCP ping-pong (floor)", &self.floor, 1.0, 1.0),
+            (
+                "rdma-rpc tcp:// (ours)",
+                &self.ours,
+                self.ours_p50_over_floor,
+                self.ours_rate_over_floor,
+            ),
+            (
+                "tonic (HTTP/2)",
+                &self.tonic,
+                self.tonic_p50_over_floor,
+                self.tonic_rate_over_floor,
+            ),
+        ];
+        for (name, r, p50_ratio, rate_ratio) in rows {
+            out += &format!(
+                "{name:<28} {:>9.1} {:>9.1} {:>10.0} {:>10.2}x {:>12.2}x\n",
+                r.p50_us, r.p99_us, r.calls_per_sec, p50_ratio, rate_ratio
+            );
+        }
+        let verdict = if self.ours_p50_over_floor <= TARGET_P50_OVER_FLOOR {
+            "within"
+        } else {
+            "above"
+        };
+        out += &format!(
+            "ours/floor p50 = {:.2}x ({verdict} the {TARGET_P50_OVER_FLOOR}x aim); tonic/floor p50 = {:.2}x\n",
+            self.ours_p50_over_floor, self.tonic_p50_over_floor
+        );
+        out
+    }
+}

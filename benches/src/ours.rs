@@ -1,0 +1,177 @@
+//! The echo service over rdma-rpc: the server, and the blocking (concurrency 1) and
+//! concurrent (async on a single-threaded tokio runtime) clients.
+
+use std::time::Instant;
+
+use futures::StreamExt as _;
+use rdma_rpc::prelude::*;
+use rdma_rpc::{Endpoint, RdmaConfig, ServeOptions, ServerHandle, TransportKind};
+use rpc_examples::echo::echo_client::EchoClient;
+use rpc_examples::echo::echo_server::EchoServer;
+use rpc_examples::echo::EchoRequest;
+use rpc_examples::EchoService;
+
+use crate::error::BenchError;
+use crate::payload::Payloads;
+use crate::recorder::{Recorder, RunInfo};
+use crate::result::BenchResult;
+
+/// Largest message the benchmark server accepts: any size a client may ask for.
+pub const SERVER_MAX_MESSAGE: usize = 1 << 30;
+/// Room for protobuf framing (tags, lengths, the `seq` field) around a payload.
+const PROTOBUF_OVERHEAD: usize = 64;
+
+/// What a client run does.
+#[derive(Debug, Clone)]
+pub struct ClientPlan {
+    /// Payload bytes per request.
+    pub size: usize,
+    /// Measured calls.
+    pub iters: u64,
+    /// Calls before measuring.
+    pub warmup: u64,
+    /// Calls in flight at once (1: blocking stub).
+    pub concurrency: usize,
+    /// RDMA settings (rdma:// only).
+    pub rdma: RdmaConfig,
+    /// RDMA polling mode's name for the result.
+    pub poll: Option<String>,
+}
+
+/// The transport name of an endpoint for results: `tcp` or `rdma`.
+pub fn transport_name(endpoint: &Endpoint) -> &'static str {
+    match endpoint.kind() {
+        TransportKind::Tcp => "tcp",
+        TransportKind::Rdma => "rdma",
+    }
+}
+
+/// Starts the echo server on `url` in the background. Call it outside any tokio runtime, so
+/// that handlers run on the server's own threads.
+pub fn start_server(url: &Endpoint, rdma: RdmaConfig) -> Result<ServerHandle, BenchError> {
+    Server::builder()
+        .max_message_size(SERVER_MAX_MESSAGE)
+        .add_service(EchoServer::new(EchoService))
+        .start_with(&url.to_string(), ServeOptions { rdma })
+        .map_err(|e| match e {
+            rdma_rpc::Error::InvalidUrl { .. } => BenchError::from(e),
+            other => BenchError::failed(&format!("starting the server on {url}"), other),
+        })
+}
+
+/// Connects to `url` and runs `plan`.
+pub fn run_client(url: &str, plan: &ClientPlan) -> Result<BenchResult, BenchError> {
+    let endpoint: Endpoint = url.parse()?;
+    let limit = (plan.size + PROTOBUF_OVERHEAD).max(rpc_core::client::DEFAULT_MAX_MESSAGE_SIZE);
+    let channel = rdma_rpc::client()
+        .rdma_config(plan.rdma.clone())
+        .max_message_size(limit)
+        .connect_blocking(url)
+        .map_err(|e| BenchError::failed(&format!("connecting to {url}"), e))?;
+    let client = EchoClient::new(channel);
+    let info = RunInfo {
+        transport: transport_name(&endpoint).to_owned(),
+        url: url.to_owned(),
+        size: plan.size,
+        warmup: plan.warmup,
+        concurrency: plan.concurrency,
+        poll: plan.poll.clone(),
+    };
+    let payloads = Payloads::new(plan.size);
+    let mut recorder = Recorder::new(plan.iters, format!("{} {url}", info.transport));
+    if plan.concurrency <= 1 {
+        run_blocking(&client, &payloads, plan, &mut recorder)?;
+    } else {
+        run_concurrent(&client, &payloads, plan, &mut recorder)?;
+    }
+    Ok(recorder.finish(info))
+}
+
+/// One call at a time on this thread through the blocking stub (run-to-completion: the
+/// thread drives its own completions). The verified reply's buffer becomes the next request.
+fn run_blocking(
+    client: &EchoClient,
+    payloads: &Payloads,
+    plan: &ClientPlan,
+    recorder: &mut Recorder,
+) -> Result<(), BenchError> {
+    let mut payload = payloads.request(0);
+    for seq in 0..plan.warmup + plan.iters {
+        if seq == plan.warmup {
+            recorder.start();
+        }
+        payloads.restamp(&mut payload, seq);
+        let request = EchoRequest { payload, seq };
+        let started = Instant::now();
+        let reply = client.echo_blocking(request);
+        let done = Instant::now();
+        let reply = reply
+            .map_err(|status| BenchError::failed(&format!("call {seq}"), status))?
+            .into_inner();
+        payloads.verify(seq, reply.seq, &reply.payload)?;
+        if seq >= plan.warmup {
+            recorder.record(done - started, done);
+        }
+        payload = reply.payload;
+    }
+    Ok(())
+}
+
+/// `plan.concurrency` async calls in flight on a single-threaded tokio runtime.
+fn run_concurrent(
+    client: &EchoClient,
+    payloads: &Payloads,
+    plan: &ClientPlan,
+    recorder: &mut Recorder,
+) -> Result<(), BenchError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| BenchError::failed("creating the tokio runtime", e))?;
+    runtime.block_on(async {
+        let warmup = 0..plan.warmup;
+        calls(client, payloads, warmup, plan.concurrency, |_, _| {}).await?;
+        recorder.start();
+        let measured = plan.warmup..plan.warmup + plan.iters;
+        calls(
+            client,
+            payloads,
+            measured,
+            plan.concurrency,
+            |latency, done| recorder.record(latency, done),
+        )
+        .await
+    })
+}
+
+/// Makes the calls `seqs` with up to `concurrency` in flight, verifying every reply and
+/// passing each call's latency and completion time to `record`.
+async fn calls(
+    client: &EchoClient,
+    payloads: &Payloads,
+    seqs: std::ops::Range<u64>,
+    concurrency: usize,
+    mut record: impl FnMut(std::time::Duration, Instant),
+) -> Result<(), BenchError> {
+    let mut replies = futures::stream::iter(seqs)
+        .map(|seq| {
+            let call = client.echo(EchoRequest {
+                payload: payloads.request(seq),
+                seq,
+            });
+            async move {
+                let started = Instant::now();
+                let reply = call.await;
+                (seq, started, Instant::now(), reply)
+            }
+        })
+        .buffer_unordered(concurrency);
+    while let Some((seq, started, done, reply)) = replies.next().await {
+        let reply = reply
+            .map_err(|status| BenchError::failed(&format!("call {seq}"), status))?
+            .into_inner();
+        payloads.verify(seq, reply.seq, &reply.payload)?;
+        record(done - started, done);
+    }
+    Ok(())
+}
