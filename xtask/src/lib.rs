@@ -11,6 +11,7 @@
 //! * [`test_rdma`]: build the RDMA test binaries on the host and run them all in one boot.
 //! * [`workspace`]: where the workspace and its target directory are.
 
+pub mod demo;
 pub mod perftest;
 pub mod test_rdma;
 pub mod vm;

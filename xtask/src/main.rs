@@ -26,6 +26,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// The main job: echo demo, perftest and rpc-bench over real verbs (soft-RoCE VM when
+    /// the host has no RDMA device), tonic comparison over TCP; prints the table and writes
+    /// target/bench/results.json and target/bench/latency.svg.
+    Demo {
+        /// Overall limit in seconds for the VM part.
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+    },
     /// Every test: the workspace's tests on the host, then the RDMA tests on real verbs in
     /// the soft-RoCE VM. Installs missing Debian packages first.
     Test {
@@ -79,6 +87,7 @@ fn main() -> ExitCode {
     let verbose = cli.verbose;
     let result = match cli.command {
         Command::Test { timeout } => test_all(options(timeout, verbose)),
+        Command::Demo { timeout } => demo(options(timeout, verbose)),
         Command::VmRun {
             timeout,
             env,
@@ -232,6 +241,16 @@ fn test_rdma(
             "[xtask] {failed} of {} test binaries failed",
             report.steps.len()
         );
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+/// The README's main job.
+fn demo(opts: VmOptions) -> Result<ExitCode, VmError> {
+    let out_dir = xtask::workspace::target_dir()?.join("bench");
+    if xtask::demo::run(&opts, &out_dir)? {
+        Ok(ExitCode::SUCCESS)
+    } else {
         Ok(ExitCode::FAILURE)
     }
 }

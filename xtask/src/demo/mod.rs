@@ -1,0 +1,375 @@
+//! `demo`, the README's main job: in one soft-RoCE VM boot (or on the host when it has an
+//! RDMA device), the echo demo, perftest, and `rpc-bench` over a size and a concurrency
+//! sweep; then a table of our figures next to perftest's, a JSON file and an SVG plot.
+//! The TCP comparison with tonic and a raw socket runs on the host in the same job.
+
+mod plot;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::perftest::{self, Figure, Perftest};
+use crate::vm::{self, GuestCommand, GuestPlan, Step, StepOutcome, VmError, VmOptions};
+
+pub use report::{BenchPoint, DemoReport};
+
+/// Payload sizes of the latency sweep. The largest fits one 64 KiB ring slot; larger
+/// messages need the RDMA WRITE path, which is not implemented yet.
+pub const SIZES: &[u64] = &[32, 512, 4096, 32768];
+/// Calls in flight in the concurrency sweep (32 B).
+pub const CONCURRENCY: &[u32] = &[1, 4, 16];
+/// Ring slot size of the benchmark connections.
+const SLOT_SIZE: u32 = 65536;
+const DEMO_PORT: u16 = 7471;
+
+/// Minimal view of `rpc-bench --json` output (the full type lives in the `rpc-bench` crate).
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+pub struct BenchJson {
+    pub transport: String,
+    pub size: u64,
+    pub iters: u64,
+    pub concurrency: u32,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub calls_per_sec: f64,
+    pub goodput_mib_s: f64,
+}
+
+fn perftest_suite() -> Vec<Perftest> {
+    let mut suite: Vec<Perftest> = SIZES
+        .iter()
+        .map(|&size| Perftest::new("ib_send_lat", size, 2000))
+        .collect();
+    suite.push(Perftest::new("ib_send_bw", 65536, 500));
+    suite.push(Perftest::new("ib_write_bw", 1 << 20, 100));
+    suite
+}
+
+fn bench_args(bin: &Path, size: u64, concurrency: u32, addr: &str) -> Vec<String> {
+    let iters = if size >= 4096 { 2000 } else { 5000 };
+    let poll = if concurrency == 1 { "busy" } else { "adaptive" };
+    [
+        bin.display().to_string(),
+        "loopback".into(),
+        "--url".into(),
+        format!("rdma://{addr}:0"),
+        "--size".into(),
+        size.to_string(),
+        "--iters".into(),
+        iters.to_string(),
+        "--warmup".into(),
+        "500".into(),
+        "--concurrency".into(),
+        concurrency.to_string(),
+        "--poll".into(),
+        poll.into(),
+        "--slot-size".into(),
+        SLOT_SIZE.to_string(),
+        "--json".into(),
+    ]
+    .into()
+}
+
+fn bench_points() -> Vec<(u64, u32)> {
+    let mut points: Vec<(u64, u32)> = SIZES.iter().map(|&s| (s, 1)).collect();
+    points.extend(CONCURRENCY.iter().filter(|&&c| c > 1).map(|&c| (32, c)));
+    points
+}
+
+/// Runs the main job; returns whether every step succeeded.
+pub fn run(opts: &VmOptions, out_dir: &Path) -> Result<bool, VmError> {
+    vm::packages::ensure(vm::packages::BUILD_PACKAGES)?;
+    let root = crate::workspace::root();
+    build_release(&root)?;
+    let bin_dir = crate::workspace::target_dir()?.join("release");
+    let rpc_bench = bin_dir.join("rpc-bench");
+
+    let suite = perftest_suite();
+    let points = bench_points();
+    let outcomes = if host_has_rdma_device() {
+        eprintln!("[xtask demo] the host has an RDMA device: running on the host");
+        run_on_host(&suite, &points, &bin_dir)?
+    } else {
+        eprintln!("[xtask demo] no RDMA device on the host: running in the soft-RoCE VM");
+        run_in_vm(opts, &suite, &points, &bin_dir, &root)?
+    };
+    let (echo, rest) = outcomes
+        .split_first()
+        .ok_or_else(|| VmError::Parse("no steps ran".into()))?;
+    println!("== echo demo over rdma:// ==");
+    for line in &echo.output {
+        println!("  {line}");
+    }
+    let (perf_outcomes, bench_outcomes) = rest.split_at(suite.len());
+    let figures: Vec<Figure> = match perftest::figures(&suite, perf_outcomes) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(false);
+        }
+    };
+    let mut ok = echo.success();
+    let mut results = Vec::new();
+    for (&(size, concurrency), outcome) in points.iter().zip(bench_outcomes) {
+        match parse_bench(outcome) {
+            Ok(result) => results.push(result),
+            Err(e) => {
+                ok = false;
+                eprintln!("error: rpc-bench {size} B x{concurrency}: {e}");
+            }
+        }
+    }
+    let tcp = run_tcp_compare(&rpc_bench);
+    let report = DemoReport::new(figures, results, tcp);
+    print!("{}", report.table());
+    std::fs::create_dir_all(out_dir).map_err(|e| VmError::io("creating the output folder", e))?;
+    let json_path = out_dir.join("results.json");
+    let text = serde_json::to_string_pretty(&report).map_err(|e| VmError::Parse(e.to_string()))?;
+    std::fs::write(&json_path, text + "\n").map_err(|e| VmError::io("writing results.json", e))?;
+    let svg_path = out_dir.join("latency.svg");
+    if let Err(e) = plot::latency_svg(&report, &svg_path) {
+        eprintln!("warning: could not draw the plot: {e}");
+    }
+    println!("wrote {} and {}", json_path.display(), svg_path.display());
+    Ok(ok)
+}
+
+fn build_release(root: &Path) -> Result<(), VmError> {
+    eprintln!("[xtask demo] building release binaries");
+    let status = Command::new(crate::workspace::cargo())
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "rpc-examples",
+            "-p",
+            "rpc-bench",
+        ])
+        .current_dir(root)
+        .status()
+        .map_err(|e| VmError::io("running cargo build", e))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(VmError::Command {
+            what: "cargo build --release".into(),
+            detail: status.to_string(),
+        })
+    }
+}
+
+fn host_has_rdma_device() -> bool {
+    std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
+}
+
+/// One shell command: start the echo server, call it, stop it (SIGTERM), keep the client's
+/// exit code.
+fn echo_demo(bin_dir: &Path, addr: &str) -> Vec<String> {
+    let url = format!("rdma://{addr}:{DEMO_PORT}");
+    let server = bin_dir.join("echo-server");
+    let client = bin_dir.join("echo-client");
+    let script = format!(
+        "{server} {url} >/dev/null & s=$!; sleep 2; \
+         {client} {url} --message 'hello over RDMA' && {client} {url} --count 2000 --size 32; \
+         rc=$?; kill $s; wait $s; exit $rc",
+        server = server.display(),
+        client = client.display(),
+    );
+    vec!["sh".into(), "-c".into(), script]
+}
+
+fn run_in_vm(
+    opts: &VmOptions,
+    suite: &[Perftest],
+    points: &[(u64, u32)],
+    bin_dir: &Path,
+    root: &Path,
+) -> Result<Vec<StepOutcome>, VmError> {
+    let addr = vm::GUEST_ADDR;
+    let mut plan = GuestPlan::new(root);
+    plan.steps.push(
+        Step::run("echo demo", GuestCommand::new(echo_demo(bin_dir, addr)))
+            .with_timeout(Duration::from_secs(120)),
+    );
+    plan.steps.extend(suite.iter().map(Perftest::step));
+    for &(size, concurrency) in points {
+        let argv = bench_args(&bin_dir.join("rpc-bench"), size, concurrency, addr);
+        plan.steps.push(
+            Step::run(
+                format!("rpc-bench {size} B x{concurrency}"),
+                GuestCommand::new(argv),
+            )
+            .with_timeout(Duration::from_secs(300)),
+        );
+    }
+    let mut opts = opts.clone();
+    opts.echo = false;
+    let report = vm::run(&plan, &opts)?;
+    eprintln!(
+        "[xtask demo] VM boot {:.1} s, total {:.1} s",
+        report.boot_time.as_secs_f64(),
+        report.total_time.as_secs_f64()
+    );
+    Ok(report.steps)
+}
+
+fn run_on_host(
+    suite: &[Perftest],
+    points: &[(u64, u32)],
+    bin_dir: &Path,
+) -> Result<Vec<StepOutcome>, VmError> {
+    let addr = std::env::var("RDMA_RPC_TEST_ADDR").map_err(|_| {
+        VmError::Parse("set RDMA_RPC_TEST_ADDR to the IP address of the host's RDMA device".into())
+    })?;
+    let device = std::env::var("RDMA_RPC_DEVICE").unwrap_or_else(|_| first_device());
+    let mut outcomes = Vec::new();
+    outcomes.push(host::run("echo demo", &echo_demo(bin_dir, &addr)));
+    for test in suite {
+        let argv = |client: bool| {
+            let mut v = vec![
+                test.tool.clone(),
+                "-d".into(),
+                device.clone(),
+                "-s".into(),
+                test.size.to_string(),
+                "-n".into(),
+                test.iterations.to_string(),
+                "-F".into(),
+            ];
+            if client {
+                v.push(addr.clone());
+            }
+            v
+        };
+        outcomes.push(host::client_server(
+            &test.label(),
+            &argv(false),
+            &argv(true),
+            Duration::from_secs(1),
+        ));
+    }
+    for &(size, concurrency) in points {
+        let argv = bench_args(&bin_dir.join("rpc-bench"), size, concurrency, &addr);
+        outcomes.push(host::run(
+            &format!("rpc-bench {size} B x{concurrency}"),
+            &argv,
+        ));
+    }
+    Ok(outcomes)
+}
+
+fn first_device() -> String {
+    std::fs::read_dir("/sys/class/infiniband")
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .map_or_else(
+            || "mlx5_0".into(),
+            |e| e.file_name().to_string_lossy().into_owned(),
+        )
+}
+
+mod host {
+    //! Running plan-like steps directly on a host that has an RDMA device.
+
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    use crate::vm::StepOutcome;
+
+    fn outcome(
+        label: &str,
+        started: Instant,
+        result: std::io::Result<std::process::Output>,
+    ) -> StepOutcome {
+        let (exit_code, output) = match result {
+            Ok(out) => (
+                out.status.code().unwrap_or(1),
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .chain(String::from_utf8_lossy(&out.stderr).lines())
+                    .map(String::from)
+                    .collect(),
+            ),
+            Err(e) => (127, vec![e.to_string()]),
+        };
+        StepOutcome {
+            label: label.into(),
+            exit_code,
+            elapsed: started.elapsed(),
+            output,
+            server_output: None,
+        }
+    }
+
+    pub(super) fn run(label: &str, argv: &[String]) -> StepOutcome {
+        let started = Instant::now();
+        outcome(
+            label,
+            started,
+            Command::new(&argv[0]).args(&argv[1..]).output(),
+        )
+    }
+
+    pub(super) fn client_server(
+        label: &str,
+        server: &[String],
+        client: &[String],
+        delay: Duration,
+    ) -> StepOutcome {
+        let started = Instant::now();
+        let mut srv = match Command::new(&server[0])
+            .args(&server[1..])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+        {
+            Ok(child) => child,
+            Err(e) => return outcome(label, started, Err(e)),
+        };
+        std::thread::sleep(delay);
+        let result = Command::new(&client[0]).args(&client[1..]).output();
+        let _ = srv.kill();
+        let _ = srv.wait();
+        outcome(label, started, result)
+    }
+}
+
+fn parse_bench(outcome: &StepOutcome) -> Result<BenchJson, String> {
+    if !outcome.success() {
+        return Err(format!(
+            "exit {}: {}",
+            outcome.exit_code,
+            outcome.output.join("\n")
+        ));
+    }
+    outcome
+        .output
+        .iter()
+        .rev()
+        .find_map(|line| serde_json::from_str::<BenchJson>(line.trim()).ok())
+        .ok_or_else(|| format!("no JSON result in: {}", outcome.output.join("\n")))
+}
+
+fn run_tcp_compare(rpc_bench: &PathBuf) -> Option<serde_json::Value> {
+    eprintln!("[xtask demo] TCP loopback on the host: ours vs tonic vs raw socket");
+    let output = Command::new(rpc_bench)
+        .args(["tcp-compare", "--size", "32", "--iters", "20000", "--json"])
+        .output()
+        .ok()?;
+    if !output.status.success() {
+        eprintln!(
+            "warning: tcp-compare failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        return None;
+    }
+    serde_json::from_slice(&output.stdout).ok()
+}
