@@ -2,10 +2,10 @@
 //! `std::net::TcpStream` with `TCP_NODELAY`, against a thread that echoes them. No RPC
 //! layer at all: what the kernel's loopback costs.
 
+use quanta::Instant;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::thread::JoinHandle;
-use std::time::Instant;
 
 use crate::error::BenchError;
 use crate::payload::Payloads;

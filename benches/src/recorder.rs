@@ -1,7 +1,12 @@
 //! Per-call latency recording, the progress line, and the summary.
 
 use std::io::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// Timed with quanta (the TSC where it is usable), as perftest times with the cycle counter:
+// a clock read must not cost more than the thing measured, and under emulation the
+// kernel's clock can cost microseconds.
+use quanta::Instant;
 
 use hdrhistogram::Histogram;
 

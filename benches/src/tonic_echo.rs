@@ -2,7 +2,7 @@
 //! tonic-prost-build (see `build.rs`), served and called over HTTP/2 on a tokio runtime,
 //! unary calls one at a time.
 
-use std::time::Instant;
+use quanta::Instant;
 
 use tonic::transport::server::TcpIncoming;
 

@@ -24,7 +24,7 @@ use crate::verbs::{CmId, SendFlags, SendOp, SendRequest, Sge, WorkCompletion};
 /// Completions taken from the CQ per poll.
 const POLL_BATCH: usize = 32;
 /// Empty polls between two looks at the clock while spinning.
-pub(crate) const CLOCK_EVERY: u32 = 64;
+pub(crate) const CLOCK_EVERY: u32 = 1024;
 
 /// Where a connection's received frames and failures go.
 pub(crate) trait FrameSink: Send + Sync {
@@ -55,15 +55,14 @@ pub(crate) struct Conn {
     sink: Mutex<Option<Arc<dyn FrameSink>>>,
     /// Blocking callers currently polling the CQ themselves.
     self_polling: AtomicUsize,
-    /// When a blocking caller last polled, in ns since `created`.
-    last_self_poll: AtomicU64,
+    /// Bumped each time a blocking caller's own polling received something.
+    self_poll_epoch: AtomicU64,
     /// Batches of completions processed, by anyone.
     completions_seen: AtomicU64,
     /// Wakes the poller out of its caller-driven (unarmed) sleep.
     pub(crate) kick: Kick,
     /// The poller sleeps without arming the CQ because callers drive it.
     pub(crate) poller_unarmed: AtomicBool,
-    created: Instant,
     peer: String,
 }
 
@@ -94,11 +93,10 @@ impl Conn {
             closed: AtomicBool::new(false),
             sink: Mutex::new(None),
             self_polling: AtomicUsize::new(0),
-            last_self_poll: AtomicU64::new(0),
+            self_poll_epoch: AtomicU64::new(0),
             completions_seen: AtomicU64::new(0),
             kick: Kick::new()?,
             poller_unarmed: AtomicBool::new(false),
-            created: Instant::now(),
             peer,
         }))
     }
@@ -407,46 +405,49 @@ impl Conn {
 
     /// Spins on the CQ for up to `budget` (`None`: until something arrives) on the caller's
     /// thread: the run-to-completion path of blocking calls. True once anything was
-    /// received, by this thread or another.
+    /// received, by this thread or another. Reads no clock unless the wait is long.
     pub(crate) fn spin_progress(self: &Arc<Self>, budget: Option<Duration>) -> bool {
         self.self_polling.fetch_add(1, Ordering::AcqRel);
         let seen = self.completions_seen.load(Ordering::Acquire);
-        let started = Instant::now();
+        let mut started: Option<Instant> = None;
         let mut spins: u32 = 0;
         let progressed = loop {
             if self.progress() || self.completions_seen.load(Ordering::Acquire) != seen {
                 break true;
             }
             spins = spins.wrapping_add(1);
-            // Clock reads are not free everywhere: look at the time now and then.
-            if spins.is_multiple_of(CLOCK_EVERY)
-                && (self.is_closed() || budget.is_some_and(|b| started.elapsed() >= b))
-            {
-                break false;
+            // Clock reads are not free everywhere (an emulated HPET costs microseconds):
+            // look at the time only now and then, and only once the wait is not short.
+            if spins.is_multiple_of(CLOCK_EVERY) {
+                if self.is_closed() {
+                    break false;
+                }
+                if let Some(budget) = budget {
+                    if started.get_or_insert_with(Instant::now).elapsed() >= budget {
+                        break false;
+                    }
+                }
             }
             std::hint::spin_loop();
         };
-        // A caller that goes on to park no longer drives the CQ: the poller takes over.
-        let last = if progressed {
-            self.created.elapsed().as_nanos() as u64
-        } else {
-            0
-        };
-        self.last_self_poll.store(last, Ordering::Release);
+        if progressed {
+            self.self_poll_epoch.fetch_add(1, Ordering::AcqRel);
+        }
         self.self_polling.fetch_sub(1, Ordering::AcqRel);
         if !progressed {
+            // The caller is about to park: the poller must take over the CQ.
             self.kick.kick();
         }
         progressed
     }
 
-    /// Whether blocking callers drive the CQ now or did within `window`.
-    pub(crate) fn callers_drive(&self, window: Duration) -> bool {
-        if self.self_polling.load(Ordering::Acquire) > 0 {
-            return true;
-        }
-        let last = Duration::from_nanos(self.last_self_poll.load(Ordering::Acquire));
-        last > Duration::ZERO && self.created.elapsed().saturating_sub(last) < window
+    /// Whether blocking callers drive the CQ: one is polling now, or one received something
+    /// since the poller's last look (`last_seen`, updated here).
+    pub(crate) fn callers_drive(&self, last_seen: &mut u64) -> bool {
+        let epoch = self.self_poll_epoch.load(Ordering::Acquire);
+        let recent = epoch != *last_seen;
+        *last_seen = epoch;
+        recent || self.self_polling.load(Ordering::Acquire) > 0
     }
 }
 

@@ -15,7 +15,7 @@ use crate::verbs::{CmEventKind, EventChannel};
 /// waits before re-checking for shutdown.
 const CM_CHECK: Duration = Duration::from_millis(1);
 const SLEEP_SLICE: Duration = Duration::from_millis(100);
-/// How recently a blocking caller must have polled for the poller to leave the CQ to it.
+/// How long the poller sleeps between looks at whether blocking callers still drive the CQ.
 const CALLER_WINDOW: Duration = Duration::from_millis(1);
 
 /// Starts the poller of `conn`. `cm` is the connection's own rdma_cm channel (clients);
@@ -40,8 +40,10 @@ fn run(conn: &Arc<Conn>, mode: PollMode, cm: Option<&Arc<EventChannel>>) {
     let mut last_cm_check = Instant::now();
     let mut kicked = false;
     let mut idle_spins: u32 = 0;
+    let mut callers_epoch = 0;
     while !conn.is_closed() {
-        if !kicked && conn.callers_drive(CALLER_WINDOW) {
+        // A kick (or a completion event) buys exactly one pass over the CQ.
+        if !std::mem::take(&mut kicked) && conn.callers_drive(&mut callers_epoch) {
             // Blocking callers poll the CQ themselves: stay off the CPU and the CQ, unarmed
             // (armed, every completion would wake us for nothing). A caller about to park,
             // or an async call about to wait, kicks us awake.
@@ -61,14 +63,15 @@ fn run(conn: &Arc<Conn>, mode: PollMode, cm: Option<&Arc<EventChannel>>) {
             idle_spins = 0;
             continue;
         }
-        if idle_spins == 0 {
-            last_activity = Instant::now();
-        }
         idle_spins = idle_spins.wrapping_add(1);
-        // Clock reads are not free everywhere: look at the time now and then.
+        // Clock reads are not free everywhere: look at the time now and then, never right
+        // after a completion (the next one may be close behind).
         if !idle_spins.is_multiple_of(CLOCK_EVERY) {
             std::hint::spin_loop();
             continue;
+        }
+        if idle_spins == CLOCK_EVERY {
+            last_activity = Instant::now();
         }
         if last_cm_check.elapsed() >= CM_CHECK {
             last_cm_check = Instant::now();
@@ -81,7 +84,6 @@ fn run(conn: &Arc<Conn>, mode: PollMode, cm: Option<&Arc<EventChannel>>) {
             std::hint::spin_loop();
             continue;
         }
-        kicked = false;
         if let Err(e) = res.cq.req_notify(false) {
             conn.close(Status::unavailable(format!("ibv_req_notify_cq: {e}")));
             return;
