@@ -34,7 +34,21 @@ mount -t devtmpfs devtmpfs $R/dev || die "mounting /dev"
 mkdir -p $R/dev/pts $R/dev/shm
 mount -t devpts devpts $R/dev/pts
 mount -t tmpfs tmpfs $R/dev/shm
+# The guest gets its own /tmp. A workspace that lives under the host's /tmp (a CI clone,
+# say) would vanish under it, so keep a handle on it and put it back on top.
+WS=$(dirname "$SHARE")
+case "$WS" in
+    /tmp/*)
+        mkdir -p /mnt/ws
+        mount --bind "$R$WS" /mnt/ws || die "keeping the workspace $WS"
+        ;;
+    *) WS= ;;
+esac
 mount -t tmpfs tmpfs $R/tmp || die "mounting /tmp"
+if [ -n "$WS" ]; then
+    mkdir -p "$R$WS"
+    mount --bind /mnt/ws "$R$WS" || die "restoring the workspace $WS"
+fi
 mount -t tmpfs tmpfs $R/run || die "mounting /run"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 results "$R$SHARE" \
     || die "mounting the writable share at $SHARE"
