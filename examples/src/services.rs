@@ -87,6 +87,10 @@ impl tester_server::Tester for Tester {
         Err(Status::new(code, message))
     }
 
+    async fn panic(&self, _request: Request<()>) -> Result<Response<()>, Status> {
+        panic!("the Tester was asked to panic")
+    }
+
     async fn now(&self, _request: Request<()>) -> Result<Response<prost_types::Timestamp>, Status> {
         Ok(Response::new(SystemTime::now().into()))
     }

@@ -94,6 +94,12 @@ async fn echo_over_rdma_through_generated_stubs() {
     request.metadata_mut().insert("x-trace", "rdma").unwrap();
     let response = tester.echo(request).await.unwrap();
     assert_eq!(response.metadata().get("x-trace"), Some(&b"rdma"[..]));
+
+    // A handler that panics on the server's poller thread answers INTERNAL; the
+    // connection lives on.
+    let err = tester.panic(()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Internal, "{err}");
+    tester.echo(EchoRequest::default()).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

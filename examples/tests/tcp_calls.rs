@@ -223,6 +223,24 @@ async fn handler_errors_reach_the_client_as_their_status() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_answers_internal_and_the_server_lives_on() {
+    let server = start(&Tester::default());
+    let client = TesterClient::new(rdma_rpc::connect(server.local_url()).await.unwrap());
+    for _ in 0..3 {
+        let err = client.panic(()).await.unwrap_err();
+        assert_eq!(err.code(), Code::Internal, "{err}");
+        assert!(err.message().contains("panicked"), "{err}");
+    }
+    let blocking = client.clone();
+    let err = tokio::task::spawn_blocking(move || blocking.panic_blocking(()))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Internal, "{err}");
+    client.echo(EchoRequest::default()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_dropped_mid_call_leaves_the_server_healthy() {
     let tester = Tester::default();
     let server = start(&tester);

@@ -132,23 +132,20 @@ impl CallTable {
         None
     }
 
-    /// Whether call `id` has a result waiting.
-    pub fn is_complete(&self, id: u64) -> bool {
-        self.inner
-            .lock()
-            .calls
-            .get(&id)
-            .is_none_or(|slot| slot.result.is_some())
-    }
-
     /// Forgets call `id`. Returns true if it was still waiting for its response, i.e. the
     /// peer may still be working on it and deserves a cancel.
     pub fn remove(&self, id: u64) -> bool {
-        self.inner
-            .lock()
-            .calls
-            .remove(&id)
-            .is_some_and(|slot| slot.result.is_none())
+        // The slot may hold a response whose buffers belong to the transport; it is dropped
+        // after the lock is released, since releasing them may call back into this table.
+        let slot = self.inner.lock().calls.remove(&id);
+        slot.is_some_and(|slot| slot.result.is_none())
+    }
+
+    /// Ends call `id` at its deadline: its result if one arrived in time, else `None` (and
+    /// the call is forgotten, so a late answer is dropped).
+    pub fn expire(&self, id: u64) -> Option<CallResult> {
+        let slot = self.inner.lock().calls.remove(&id);
+        slot.and_then(|slot| slot.result)
     }
 
     /// Fails every pending call with `status` and refuses new ones: the connection is gone.

@@ -184,7 +184,8 @@ impl Channel {
             .checked_encoded_len()
             .map_err(Status::from)?;
         let timeout = request.timeout().or(self.inner.config.default_timeout);
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A budget too large to add to the clock is no deadline at all.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
 
         let id = self.inner.calls.register()?;
         let mut call = PendingCall {
@@ -200,7 +201,12 @@ impl Channel {
         let metadata: &MetadataMap = request.metadata();
         let mut frame = OutgoingFrame::new(header, metadata, request.get_ref())
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-        self.inner.transport.send(&mut frame)?;
+        if let Err(status) = self.inner.transport.send(&mut frame) {
+            // Never sent, so nothing to cancel at the server.
+            call.finished = true;
+            self.inner.calls.remove(id);
+            return Err(status);
+        }
         if let (Some(at), true) = (deadline, async_deadline) {
             call.timer = Some(DeadlineTimer::global().schedule(at, &self.inner.calls, id));
         }
@@ -271,10 +277,13 @@ impl PendingCall {
                 Some(at) => {
                     let now = Instant::now();
                     if now >= at {
-                        inner.calls.remove(self.id);
-                        return self.finish(Err(Status::deadline_exceeded(
-                            "deadline exceeded before the response arrived",
-                        )));
+                        // A response that won the race with the deadline still counts.
+                        let result = inner.calls.expire(self.id).unwrap_or_else(|| {
+                            Err(Status::deadline_exceeded(
+                                "deadline exceeded before the response arrived",
+                            ))
+                        });
+                        return self.finish(result);
                     }
                     std::thread::park_timeout(at - now);
                 }

@@ -8,8 +8,9 @@ use rpc_core::{Header, HeaderError, HEADER_LEN, MAX_METADATA_LEN};
 
 /// Initial capacity of the read and write buffers.
 const READ_CHUNK: usize = 64 * 1024;
-/// Fewest bytes asked of the socket per read, so small frames arrive in few syscalls.
-const MIN_READ: usize = 16 * 1024;
+/// Size of the scratch buffer small reads go through, so small frames arrive in few
+/// syscalls without zero-filling fresh memory for every read.
+const SCRATCH: usize = 16 * 1024;
 /// A write buffer grown beyond this by a large message is shrunk back afterwards.
 const WRITE_BUFFER_KEEP: usize = 1024 * 1024;
 
@@ -50,6 +51,7 @@ pub enum Inbound {
 pub struct FrameReader<R> {
     stream: R,
     buf: BytesMut,
+    scratch: Box<[u8]>,
     max_payload: usize,
 }
 
@@ -59,6 +61,7 @@ impl<R: Read> FrameReader<R> {
         FrameReader {
             stream,
             buf: BytesMut::with_capacity(READ_CHUNK),
+            scratch: vec![0; SCRATCH].into_boxed_slice(),
             max_payload,
         }
     }
@@ -102,16 +105,21 @@ impl<R: Read> FrameReader<R> {
     fn fill(&mut self, want: usize) -> Result<bool, ReadError> {
         while self.buf.len() < want {
             let had = self.buf.len();
-            // Zero-filling a small chunk costs less than the syscall and needs no unsafe.
-            self.buf.resize(had + (want - had).max(MIN_READ), 0);
-            let read = loop {
-                match self.stream.read(&mut self.buf[had..]) {
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    other => break other,
-                }
+            let n = if want - had >= SCRATCH {
+                // A large payload: read straight into its place. The zero-fill is as large as
+                // the data, and it avoids a second copy.
+                self.buf.resize(want, 0);
+                let n = read_retrying(&mut self.stream, &mut self.buf[had..])
+                    .inspect_err(|_| self.buf.truncate(had))?;
+                self.buf.truncate(had + n);
+                n
+            } else {
+                // Small reads go through the initialized scratch buffer: one copy of the bytes
+                // that arrived instead of zeroing a fresh chunk per read.
+                let n = read_retrying(&mut self.stream, &mut self.scratch)?;
+                self.buf.extend_from_slice(&self.scratch[..n]);
+                n
             };
-            let n = read.inspect_err(|_| self.buf.truncate(had))?;
-            self.buf.truncate(had + n);
             if n == 0 {
                 if had == 0 {
                     return Ok(false);
@@ -132,6 +140,15 @@ impl<R: Read> FrameReader<R> {
             return Err(unexpected_eof().into());
         }
         Ok(())
+    }
+}
+
+fn read_retrying(stream: &mut impl Read, into: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match stream.read(into) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
     }
 }
 

@@ -88,9 +88,14 @@ impl TcpServer {
             return;
         };
         self.shared.draining.store(true, Ordering::SeqCst);
-        // The accept thread is blocked in accept(): a connection of our own wakes it.
-        let _ = TcpStream::connect_timeout(&self.shared.local_addr, Duration::from_secs(1));
-        let _ = acceptor.join();
+        // The accept thread is blocked in accept(): a connection of our own wakes it. If
+        // even that fails, leave the thread behind rather than hang here.
+        match TcpStream::connect_timeout(&self.shared.local_addr, Duration::from_secs(1)) {
+            Ok(_) => {
+                let _ = acceptor.join();
+            }
+            Err(e) => tracing::warn!(%e, "could not wake the accept thread; leaving it"),
+        }
         for conn in self.shared.connections.lock().values() {
             let _ = conn.stream.shutdown(Shutdown::Read);
         }

@@ -9,7 +9,11 @@ use std::sync::Arc;
 use std::task::Context;
 use std::time::{Duration, Instant};
 
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use futures::future::{AbortHandle, Abortable};
+use futures::FutureExt;
 use parking_lot::{Condvar, Mutex};
 
 use crate::body::RawBody;
@@ -178,6 +182,10 @@ pub struct ConnectionDispatch {
     dispatcher: Arc<Dispatcher>,
     sink: Arc<dyn ReplySink>,
     running: Mutex<HashMap<u64, AbortHandle>>,
+    /// New requests are refused (the server is shutting down); running ones finish.
+    draining: AtomicBool,
+    /// The connection is gone: frames still in flight inside the transport are ignored.
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for ConnectionDispatch {
@@ -195,6 +203,8 @@ impl ConnectionDispatch {
             dispatcher,
             sink,
             running: Mutex::new(HashMap::new()),
+            draining: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -226,8 +236,15 @@ impl ConnectionDispatch {
         );
     }
 
+    /// Refuses new requests with `UNAVAILABLE` from now on; running handlers still answer.
+    /// For transports that cannot stop reading one connection alone (RDMA).
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
     /// The connection is gone: stop every handler still running for it.
     pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
         for (_, handle) in self.running.lock().drain() {
             handle.abort();
         }
@@ -237,6 +254,18 @@ impl ConnectionDispatch {
         let header = frame.header;
         let call_id = header.call_id;
         let dispatcher = &self.dispatcher;
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        if self.draining.load(Ordering::Acquire) {
+            return self.send_status(call_id, &Status::unavailable("the server is shutting down"));
+        }
+        if self.running.lock().contains_key(&call_id) {
+            return self.send_status(
+                call_id,
+                &Status::already_exists(format!("call id {call_id} is already running")),
+            );
+        }
         let limit = dispatcher.config.max_message_size;
         if frame.payload.len() > limit {
             return self.reject_oversized(&header, frame.payload.len() as u64);
@@ -267,6 +296,13 @@ impl ConnectionDispatch {
 
         let guard = dispatcher.enter();
         let conn = self.clone();
+        // A panicking handler answers INTERNAL instead of taking the connection down with
+        // the thread it ran on (the transport's receive thread when run inline).
+        let handler = AssertUnwindSafe(handler)
+            .catch_unwind()
+            .map(move |outcome| {
+                outcome.unwrap_or_else(|_| Err(Status::internal(format!("{path} panicked"))))
+            });
         let run = async move {
             let result = match timeout {
                 Some(t) => tokio::time::timeout(t, handler).await.unwrap_or_else(|_| {

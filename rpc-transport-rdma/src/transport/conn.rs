@@ -26,6 +26,26 @@ const POLL_BATCH: usize = 32;
 /// Empty polls between two looks at the clock while spinning.
 pub(crate) const CLOCK_EVERY: u32 = 1024;
 
+thread_local! {
+    /// This thread is inside the upper layer's code for some connection (delivering frames,
+    /// or dropping a received buffer): progress made here must not re-enter it.
+    static UPPER_LAYER_LOCKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The connection (its address) whose frames this thread is delivering, running
+    /// handlers inline; 0 for none.
+    static DELIVERING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// What one look at the completion queue found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Polled {
+    /// Completions were processed.
+    Some,
+    /// The queue was empty.
+    Empty,
+    /// Another thread is polling it right now.
+    Busy,
+}
+
 /// Where a connection's received frames and failures go.
 pub(crate) trait FrameSink: Send + Sync {
     /// A frame arrived.
@@ -63,6 +83,11 @@ pub(crate) struct Conn {
     pub(crate) kick: Kick,
     /// The poller sleeps without arming the CQ because callers drive it.
     pub(crate) poller_unarmed: AtomicBool,
+    /// The protocol closed; the poller must run `close` (see `after_engine`).
+    close_pending: AtomicBool,
+    /// Frames received by a thread that was already delivering (a handler that polled while
+    /// waiting for send credits); its outermost delivery loop hands them over, in order.
+    deferred: Mutex<Vec<Received>>,
     peer: String,
 }
 
@@ -97,6 +122,8 @@ impl Conn {
             completions_seen: AtomicU64::new(0),
             kick: Kick::new()?,
             poller_unarmed: AtomicBool::new(false),
+            close_pending: AtomicBool::new(false),
+            deferred: Mutex::new(Vec::new()),
             peer,
         }))
     }
@@ -121,6 +148,11 @@ impl Conn {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// Every committed frame has been posted (nothing waits for credits).
+    pub(crate) fn sends_drained(&self) -> bool {
+        self.engine.lock().proto.stats().send_unposted == 0
+    }
+
     /// Largest frame this connection can send in one slot.
     pub(crate) fn max_frame(&self) -> usize {
         self.engine.lock().proto.geometry().max_send_frame as usize
@@ -139,7 +171,16 @@ impl Conn {
                         // SAFETY: the engine lock is held and the slot was just reserved, so no
                         // posted work request reads it.
                         let slot = unsafe { self.res.send_buffer(reservation.target()) };
-                        frame.write_to(&mut slot[..len]);
+                        let written =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                frame.write_to(&mut slot[..len])
+                            }));
+                        if let Err(panic) = written {
+                            // A reservation left behind would block every later send.
+                            engine.proto.abort_send(reservation);
+                            drop(engine);
+                            std::panic::resume_unwind(panic);
+                        }
                         let committed = engine.proto.commit_send(reservation, frame.header());
                         self.run_actions(&mut engine);
                         drop(engine);
@@ -253,6 +294,21 @@ impl Conn {
     fn after_engine(&self) {
         let wakers = std::mem::take(&mut *self.write_wakers.lock());
         wakers.into_iter().for_each(Waker::wake);
+        if UPPER_LAYER_LOCKED.get() {
+            // Called while the upper layer may hold its own locks (a receive buffer dropped
+            // inside the call table, say): no callbacks from here; the poller closes.
+            if self.engine.lock().proto.is_closed() {
+                self.close_pending.store(true, Ordering::Release);
+                self.kick.kick();
+            }
+            return;
+        }
+        self.report_dropped_and_close();
+    }
+
+    /// Reports frames the protocol dropped and, if it closed the connection, closes it.
+    /// Calls back into the upper layer: never from under its locks.
+    pub(crate) fn report_dropped_and_close(&self) {
         let (dropped, reason) = {
             let mut engine = self.engine.lock();
             let reason = engine.proto.close_reason().map(|r| format!("{r:?}"));
@@ -280,19 +336,25 @@ impl Conn {
     /// Polls the completion queue once (if no other thread is) and delivers what arrived.
     /// Returns whether anything completed.
     pub(crate) fn progress(self: &Arc<Self>) -> bool {
+        self.poll_once() == Polled::Some
+    }
+
+    /// Polls the completion queue once and delivers what arrived, telling an empty queue
+    /// apart from one another thread is polling.
+    pub(crate) fn poll_once(self: &Arc<Self>) -> Polled {
         let Some(mut completions) = self.completions.try_lock() else {
-            return false;
+            return Polled::Busy;
         };
         let polled = match self.res.cq.poll(&mut completions) {
             Ok(polled) => polled,
             Err(e) => {
                 drop(completions);
                 self.close(verbs_status("ibv_poll_cq", e));
-                return false;
+                return Polled::Empty;
             }
         };
         if polled.is_empty() {
-            return false;
+            return Polled::Empty;
         }
         self.completions_seen.fetch_add(1, Ordering::AcqRel);
         let mut received: Vec<Received> = Vec::new();
@@ -306,9 +368,15 @@ impl Conn {
         drop(completions);
         self.after_engine();
         if !received.is_empty() {
-            self.deliver(received);
+            if DELIVERING.get() == self.address() {
+                // A handler on this thread is waiting for send credits: hand these frames
+                // to the delivery loop it runs in rather than nesting handlers.
+                self.deferred.lock().extend(received);
+            } else {
+                self.deliver(received);
+            }
         }
-        true
+        Polled::Some
     }
 
     fn on_completion(
@@ -351,6 +419,23 @@ impl Conn {
         let Some(sink) = self.sink() else {
             return;
         };
+        let outer = DELIVERING.replace(self.address());
+        let mut batch = received;
+        loop {
+            self.deliver_batch(&*sink, batch);
+            batch = std::mem::take(&mut *self.deferred.lock());
+            if batch.is_empty() {
+                break;
+            }
+        }
+        DELIVERING.set(outer);
+    }
+
+    fn address(&self) -> usize {
+        self as *const Conn as usize
+    }
+
+    fn deliver_batch(self: &Arc<Self>, sink: &dyn FrameSink, received: Vec<Received>) {
         for rx in received {
             let owner = RecvSlot {
                 conn: Arc::clone(self),
@@ -374,7 +459,10 @@ impl Conn {
             }
             self.run_actions(&mut engine);
         }
+        // Buffers are dropped wherever the upper layer drops them, possibly under its locks.
+        let outer = UPPER_LAYER_LOCKED.replace(true);
         self.after_engine();
+        UPPER_LAYER_LOCKED.set(outer);
     }
 
     /// Closes the connection: fails what is queued, disconnects, tells the sink.
@@ -391,23 +479,37 @@ impl Conn {
         let _ = self.id.disconnect();
         *self.writable_epoch.lock() += 1;
         self.writable.notify_all();
-        std::mem::take(&mut *self.write_wakers.lock())
-            .into_iter()
-            .for_each(Waker::wake);
+        let wakers = std::mem::take(&mut *self.write_wakers.lock());
+        wakers.into_iter().for_each(Waker::wake);
         let sink = self.sink.lock().take();
+        let dropped = std::mem::take(&mut self.engine.lock().dropped);
         if let Some(sink) = sink {
-            for (call_id, kind) in std::mem::take(&mut self.engine.lock().dropped) {
+            for (call_id, kind) in dropped {
                 sink.dropped(call_id, kind);
             }
             sink.closed(status);
         }
     }
 
+    /// The protocol closed the connection (violation, failed completion) and a thread that
+    /// must not call back into the upper layer saw it: the poller finishes the job.
+    pub(crate) fn close_pending(&self) -> bool {
+        self.close_pending.load(Ordering::Acquire)
+    }
+
     /// Spins on the CQ for up to `budget` (`None`: until something arrives) on the caller's
     /// thread: the run-to-completion path of blocking calls. True once anything was
     /// received, by this thread or another. Reads no clock unless the wait is long.
     pub(crate) fn spin_progress(self: &Arc<Self>, budget: Option<Duration>) -> bool {
+        /// Keeps the count right even if a handler panics inside `progress`.
+        struct Polling<'a>(&'a AtomicUsize);
+        impl Drop for Polling<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
         self.self_polling.fetch_add(1, Ordering::AcqRel);
+        let polling = Polling(&self.self_polling);
         let seen = self.completions_seen.load(Ordering::Acquire);
         let mut started: Option<Instant> = None;
         let mut spins: u32 = 0;
@@ -433,7 +535,7 @@ impl Conn {
         if progressed {
             self.self_poll_epoch.fetch_add(1, Ordering::AcqRel);
         }
-        self.self_polling.fetch_sub(1, Ordering::AcqRel);
+        drop(polling);
         if !progressed {
             // The caller is about to park: the poller must take over the CQ.
             self.kick.kick();

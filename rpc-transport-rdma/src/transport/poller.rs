@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use rpc_core::Status;
 
 use crate::transport::config::PollMode;
-use crate::transport::conn::{Conn, CLOCK_EVERY};
+use crate::transport::conn::{Conn, Polled, CLOCK_EVERY};
 use crate::transport::events::wait_readable;
 use crate::verbs::{CmEventKind, EventChannel};
 
@@ -16,7 +16,10 @@ use crate::verbs::{CmEventKind, EventChannel};
 const CM_CHECK: Duration = Duration::from_millis(1);
 const SLEEP_SLICE: Duration = Duration::from_millis(100);
 /// How long the poller sleeps between looks at whether blocking callers still drive the CQ.
-const CALLER_WINDOW: Duration = Duration::from_millis(1);
+/// Long on purpose: every case that needs the poller sooner wakes it (a caller about to
+/// park, an async call about to wait, an rdma_cm event), and each needless wake-up steals a
+/// core from the callers.
+const CALLER_WINDOW: Duration = Duration::from_millis(50);
 
 /// Starts the poller of `conn`. `cm` is the connection's own rdma_cm channel (clients);
 /// servers watch their listener's channel elsewhere.
@@ -42,6 +45,10 @@ fn run(conn: &Arc<Conn>, mode: PollMode, cm: Option<&Arc<EventChannel>>) {
     let mut idle_spins: u32 = 0;
     let mut callers_epoch = 0;
     while !conn.is_closed() {
+        if conn.close_pending() {
+            conn.report_dropped_and_close();
+            return;
+        }
         // A kick (or a completion event) buys exactly one pass over the CQ.
         if !std::mem::take(&mut kicked) && conn.callers_drive(&mut callers_epoch) {
             // Blocking callers poll the CQ themselves: stay off the CPU and the CQ, unarmed
@@ -88,8 +95,9 @@ fn run(conn: &Arc<Conn>, mode: PollMode, cm: Option<&Arc<EventChannel>>) {
             conn.close(Status::unavailable(format!("ibv_req_notify_cq: {e}")));
             return;
         }
-        // A completion that arrived before arming raised no event: look once more.
-        if conn.progress() {
+        // A completion that arrived before arming raised no event: look once more, and
+        // do not sleep while another thread is in the middle of polling.
+        if conn.poll_once() != Polled::Empty {
             continue;
         }
         let [comp_ready, cm_ready, kick] = wait_readable([comp_fd, cm_fd, kick_fd], SLEEP_SLICE);

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rpc_core::body::RawBody;
@@ -21,13 +21,21 @@ use crate::transport::resources::{verbs_status, Resources};
 use crate::verbs::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel};
 
 const LISTEN_BACKLOG: u32 = 128;
+/// Least time a shutdown gives queued answers to leave.
+const DRAIN_SENDS: Duration = Duration::from_millis(100);
 
 struct Shared {
     dispatcher: Arc<Dispatcher>,
     config: RdmaConfig,
     channel: Arc<EventChannel>,
     stop: AtomicBool,
-    connections: Mutex<Vec<Arc<Conn>>>,
+    connections: Mutex<Vec<Served>>,
+}
+
+/// A connection and the dispatch of its calls.
+struct Served {
+    conn: Arc<Conn>,
+    dispatch: Arc<ConnectionDispatch>,
 }
 
 /// A running RDMA server. Dropping it shuts it down gracefully.
@@ -96,13 +104,26 @@ impl RdmaServer {
         let Some(listener) = self.listener.take() else {
             return;
         };
+        let started = Instant::now();
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = listener.join();
+        let served = std::mem::take(&mut *self.shared.connections.lock());
+        // A queue pair cannot stop receiving alone: answer new requests UNAVAILABLE instead.
+        for s in &served {
+            s.dispatch.drain();
+        }
         if !self.shared.dispatcher.wait_idle(grace) {
             tracing::warn!("shutdown grace period over with handlers still running");
         }
-        for conn in std::mem::take(&mut *self.shared.connections.lock()) {
-            conn.close(Status::unavailable("server shut down"));
+        // Let answers queued for credits go out before the queue pairs are torn down.
+        let until = started + grace.max(DRAIN_SENDS);
+        for s in &served {
+            while !s.conn.sends_drained() && Instant::now() < until && !s.conn.is_closed() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        for s in served {
+            s.conn.close(Status::unavailable("server shut down"));
         }
     }
 }
@@ -126,7 +147,7 @@ fn listen_loop(listener: &CmId, shared: &Arc<Shared>) {
                 }
             }
         }
-        shared.connections.lock().retain(|c| !c.is_closed());
+        shared.connections.lock().retain(|s| !s.conn.is_closed());
     }
 }
 
@@ -146,18 +167,19 @@ fn on_event(listener: &CmId, mut event: CmEvent, shared: &Arc<Shared>) {
         }
         CmEventKind::Established => {}
         kind => {
-            let conns = shared.connections.lock();
-            if let Some(conn) = conns.iter().find(|c| event.is_for(c.id())) {
-                if matches!(
-                    kind,
-                    CmEventKind::Disconnected
-                        | CmEventKind::DeviceRemoval
-                        | CmEventKind::TimewaitExit
-                        | CmEventKind::ConnectError
-                        | CmEventKind::Unreachable
-                ) {
-                    conn.close(Status::unavailable(format!("{} disconnected", conn.peer())));
-                }
+            // Anything else about a connection (disconnected, rejected, unreachable, device
+            // gone, ...) ends it.
+            let conn = shared
+                .connections
+                .lock()
+                .iter()
+                .find(|s| event.is_for(s.conn.id()))
+                .map(|s| s.conn.clone());
+            if let Some(conn) = conn {
+                conn.close(Status::unavailable(format!(
+                    "{} disconnected ({kind})",
+                    conn.peer()
+                )));
             }
         }
     }
@@ -172,18 +194,26 @@ fn accept(id: CmId, private_data: &[u8], peer: String, shared: &Shared) -> Resul
         shared.dispatcher.clone(),
         Arc::new(RdmaReplySink(conn.clone())),
     );
-    conn.set_sink(Arc::new(ServerFrames(dispatch)));
-    conn.id()
+    conn.set_sink(Arc::new(ServerFrames(dispatch.clone())));
+    let started = conn
+        .id()
         .accept(&ConnParam {
             private_data: &params,
             retry_count: config.retry_count,
             rnr_retry_count: config.rnr_retry,
             ..ConnParam::default()
         })
-        .map_err(|e| verbs_status("rdma_accept", e))?;
-    poller::spawn(conn.clone(), config.poll_mode, None)
-        .map_err(|e| Status::internal(format!("cannot start a poller thread: {e}")))?;
-    shared.connections.lock().push(conn);
+        .map_err(|e| verbs_status("rdma_accept", e))
+        .and_then(|()| {
+            poller::spawn(conn.clone(), config.poll_mode, None)
+                .map_err(|e| Status::internal(format!("cannot start a poller thread: {e}")))
+        });
+    if let Err(status) = started {
+        // Breaks the connection <-> dispatch cycle and releases the verbs resources.
+        conn.close(status.clone());
+        return Err(status);
+    }
+    shared.connections.lock().push(Served { conn, dispatch });
     Ok(())
 }
 
