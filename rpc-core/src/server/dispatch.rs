@@ -294,8 +294,6 @@ impl ConnectionDispatch {
         let handler = route.service.call(header.method_id, call);
         let path = route.path;
 
-        let guard = dispatcher.enter();
-        let conn = self.clone();
         // A panicking handler answers INTERNAL instead of taking the connection down with
         // the thread it ran on (the transport's receive thread when run inline).
         let handler = AssertUnwindSafe(handler)
@@ -303,7 +301,9 @@ impl ConnectionDispatch {
             .map(move |outcome| {
                 outcome.unwrap_or_else(|_| Err(Status::internal(format!("{path} panicked"))))
             });
-        let run = async move {
+        let guard = dispatcher.enter();
+        let conn = self.clone();
+        let mut run = Box::pin(async move {
             let result = match timeout {
                 Some(t) => tokio::time::timeout(t, handler).await.unwrap_or_else(|_| {
                     Err(Status::deadline_exceeded(format!(
@@ -312,20 +312,24 @@ impl ConnectionDispatch {
                 }),
                 None => handler.await,
             };
-            conn.running.lock().remove(&call_id);
             conn.send_reply(call_id, result);
             drop(guard);
-        };
-        let (abort, registration) = AbortHandle::new_pair();
-        let mut task = Box::pin(Abortable::new(run, registration));
+        });
 
         if dispatcher.config.inline_handlers {
+            // The fast path: a handler that finishes without waiting answers right here,
+            // with no task, no abort handle and no bookkeeping.
             let _runtime = dispatcher.runtime.handle().enter();
             let mut cx = Context::from_waker(futures::task::noop_waker_ref());
-            if task.as_mut().poll(&mut cx).is_ready() {
+            if run.as_mut().poll(&mut cx).is_ready() {
                 return;
             }
         }
+        let (abort, registration) = AbortHandle::new_pair();
+        let conn = self.clone();
+        let task = Abortable::new(run, registration).map(move |_| {
+            conn.running.lock().remove(&call_id);
+        });
         // Registered before spawning, so the task's own removal can never precede it.
         self.running.lock().insert(call_id, abort);
         dispatcher.runtime.handle().spawn(task);

@@ -68,9 +68,15 @@ pub(crate) struct Conn {
     id: CmId,
     engine: Mutex<Engine>,
     completions: Mutex<Vec<WorkCompletion>>,
-    writable_epoch: Mutex<u64>,
+    /// Bumped on every `Writable`; senders waiting for slots watch it.
+    writable_epoch: AtomicU64,
+    writable_lock: Mutex<()>,
     writable: Condvar,
     write_wakers: Mutex<Vec<Waker>>,
+    /// `write_wakers` is not empty.
+    has_wakers: AtomicBool,
+    /// The protocol dropped frames or closed: `after_engine` has work to do.
+    attention: AtomicBool,
     closed: AtomicBool,
     sink: Mutex<Option<Arc<dyn FrameSink>>>,
     /// Blocking callers currently polling the CQ themselves.
@@ -112,9 +118,12 @@ impl Conn {
                 dropped: Vec::new(),
             }),
             completions: Mutex::new(WorkCompletion::array(POLL_BATCH)),
-            writable_epoch: Mutex::new(0),
+            writable_epoch: AtomicU64::new(0),
+            writable_lock: Mutex::new(()),
             writable: Condvar::new(),
             write_wakers: Mutex::new(Vec::new()),
+            has_wakers: AtomicBool::new(false),
+            attention: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             sink: Mutex::new(None),
             self_polling: AtomicUsize::new(0),
@@ -163,7 +172,7 @@ impl Conn {
     pub(crate) fn send(self: &Arc<Self>, frame: &OutgoingFrame<'_>) -> Result<(), Status> {
         let len = frame.len();
         loop {
-            let epoch = *self.writable_epoch.lock();
+            let epoch = self.writable_epoch.load(Ordering::Acquire);
             {
                 let mut engine = self.engine.lock();
                 match engine.proto.reserve_send(len) {
@@ -196,10 +205,9 @@ impl Conn {
             if self.progress() {
                 continue;
             }
-            let mut current = self.writable_epoch.lock();
-            if *current == epoch && !self.is_closed() {
-                self.writable
-                    .wait_for(&mut current, Duration::from_millis(1));
+            let mut guard = self.writable_lock.lock();
+            if self.writable_epoch.load(Ordering::Acquire) == epoch && !self.is_closed() {
+                self.writable.wait_for(&mut guard, Duration::from_millis(1));
             }
         }
     }
@@ -232,6 +240,7 @@ impl Conn {
             return Poll::Ready(Ok(()));
         }
         self.write_wakers.lock().push(cx.waker().clone());
+        self.has_wakers.store(true, Ordering::Release);
         // Re-check: `Writable` may have fired between the look and the registration.
         if self.engine.lock().proto.stats().send_free > 0 {
             return Poll::Ready(Ok(()));
@@ -273,8 +282,7 @@ impl Conn {
                     unsafe { res.qp.post_send(&request) }
                 }
                 Action::Writable => {
-                    *self.writable_epoch.lock() += 1;
-                    self.writable.notify_all();
+                    self.wake_writers();
                     Ok(())
                 }
                 Action::SendDropped { call_id, kind, .. } => {
@@ -287,20 +295,33 @@ impl Conn {
                 engine.proto.close();
             }
         }
+        if !engine.dropped.is_empty() || engine.proto.is_closed() {
+            self.attention.store(true, Ordering::Release);
+        }
     }
 
     /// Work that must happen without the engine lock: waking async senders, reporting
     /// dropped frames, tearing down a connection the protocol closed.
+    fn wake_writers(&self) {
+        self.writable_epoch.fetch_add(1, Ordering::AcqRel);
+        // Under the lock, so a sender between its check and its wait cannot miss this.
+        let _guard = self.writable_lock.lock();
+        self.writable.notify_all();
+    }
+
     fn after_engine(&self) {
-        let wakers = std::mem::take(&mut *self.write_wakers.lock());
-        wakers.into_iter().for_each(Waker::wake);
+        if self.has_wakers.swap(false, Ordering::AcqRel) {
+            let wakers = std::mem::take(&mut *self.write_wakers.lock());
+            wakers.into_iter().for_each(Waker::wake);
+        }
+        if !self.attention.swap(false, Ordering::AcqRel) {
+            return;
+        }
         if UPPER_LAYER_LOCKED.get() {
             // Called while the upper layer may hold its own locks (a receive buffer dropped
             // inside the call table, say): no callbacks from here; the poller closes.
-            if self.engine.lock().proto.is_closed() {
-                self.close_pending.store(true, Ordering::Release);
-                self.kick.kick();
-            }
+            self.close_pending.store(true, Ordering::Release);
+            self.kick.kick();
             return;
         }
         self.report_dropped_and_close();
@@ -477,8 +498,7 @@ impl Conn {
         }
         // Tell the peer; fails harmlessly if the peer disconnected first.
         let _ = self.id.disconnect();
-        *self.writable_epoch.lock() += 1;
-        self.writable.notify_all();
+        self.wake_writers();
         let wakers = std::mem::take(&mut *self.write_wakers.lock());
         wakers.into_iter().for_each(Waker::wake);
         let sink = self.sink.lock().take();
@@ -491,10 +511,11 @@ impl Conn {
         }
     }
 
-    /// The protocol closed the connection (violation, failed completion) and a thread that
-    /// must not call back into the upper layer saw it: the poller finishes the job.
-    pub(crate) fn close_pending(&self) -> bool {
-        self.close_pending.load(Ordering::Acquire)
+    /// Whether a thread that must not call back into the upper layer left the reporting of
+    /// dropped frames or a protocol close to the poller (which then calls
+    /// [`Conn::report_dropped_and_close`]). Clears the flag.
+    pub(crate) fn take_deferred_report(&self) -> bool {
+        self.close_pending.swap(false, Ordering::AcqRel)
     }
 
     /// Spins on the CQ for up to `budget` (`None`: until something arrives) on the caller's

@@ -15,6 +15,8 @@ use crate::verbs::{CmEventKind, EventChannel};
 /// waits before re-checking for shutdown.
 const CM_CHECK: Duration = Duration::from_millis(1);
 const SLEEP_SLICE: Duration = Duration::from_millis(100);
+/// Empty polls between two yields of the CPU while spinning.
+const YIELD_EVERY: u32 = 128;
 /// How long the poller sleeps between looks at whether blocking callers still drive the CQ.
 /// Long on purpose: every case that needs the poller sooner wakes it (a caller about to
 /// park, an async call about to wait, an rdma_cm event), and each needless wake-up steals a
@@ -45,9 +47,9 @@ fn run(conn: &Arc<Conn>, mode: PollMode, cm: Option<&Arc<EventChannel>>) {
     let mut idle_spins: u32 = 0;
     let mut callers_epoch = 0;
     while !conn.is_closed() {
-        if conn.close_pending() {
+        if conn.take_deferred_report() {
             conn.report_dropped_and_close();
-            return;
+            continue;
         }
         // A kick (or a completion event) buys exactly one pass over the CQ.
         if !std::mem::take(&mut kicked) && conn.callers_drive(&mut callers_epoch) {
@@ -74,7 +76,13 @@ fn run(conn: &Arc<Conn>, mode: PollMode, cm: Option<&Arc<EventChannel>>) {
         // Clock reads are not free everywhere: look at the time now and then, never right
         // after a completion (the next one may be close behind).
         if !idle_spins.is_multiple_of(CLOCK_EVERY) {
-            std::hint::spin_loop();
+            if idle_spins.is_multiple_of(YIELD_EVERY) {
+                // Spinning must not starve the threads our completions wake (an async
+                // runtime, a handler) when cores are scarce.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             continue;
         }
         if idle_spins == CLOCK_EVERY {
