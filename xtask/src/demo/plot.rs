@@ -25,7 +25,14 @@ pub fn latency_svg(report: &DemoReport, path: &Path) -> Result<(), String> {
         .chain(&perf)
         .map(|&(_, y)| y)
         .fold(1.0, f64::max)
-        * 1.2;
+        * 1.5;
+    let min_y = ours
+        .iter()
+        .chain(&perf)
+        .map(|&(_, y)| y)
+        .fold(f64::MAX, f64::min)
+        .max(0.1)
+        / 1.5;
     let min_x = ours.iter().map(|&(x, _)| x).fold(f64::MAX, f64::min);
     let max_x = ours.iter().map(|&(x, _)| x).fold(1.0, f64::max);
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
@@ -38,12 +45,12 @@ pub fn latency_svg(report: &DemoReport, path: &Path) -> Result<(), String> {
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d((min_x..max_x * 1.5).log_scale(), 0.0..max_y)
+        .build_cartesian_2d((min_x..max_x * 1.5).log_scale(), (min_y..max_y).log_scale())
         .map_err(|e| e.to_string())?;
     chart
         .configure_mesh()
         .x_desc("message size (bytes, log scale)")
-        .y_desc("µs")
+        .y_desc("µs (log scale)")
         .draw()
         .map_err(|e| e.to_string())?;
     chart
