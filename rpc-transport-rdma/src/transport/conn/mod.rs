@@ -5,21 +5,25 @@
 //! thread, or a blocking caller doing run-to-completion) feeds completions to the protocol
 //! and hands received frames to the upper layer *after* dropping the locks, so a handler run
 //! inline can send its response at once.
+//!
+//! This file holds the connection, its send path and teardown; `recv.rs` the completion
+//! side (polling, delivery, receive-slot release, run-to-completion spinning).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::{FrameKind, Status};
 
-use crate::protocol::{self, Action, Received, SendError, SendTarget, WorkId};
+use crate::protocol::{self, Action, Received, SendError};
 use crate::transport::kick::Kick;
-use crate::transport::resources::{verbs_status, Resources};
+use crate::transport::resources::Resources;
 use crate::verbs::{CmId, SendFlags, SendOp, SendRequest, Sge, WorkCompletion};
+
+mod recv;
 
 /// Completions taken from the CQ per poll.
 const POLL_BATCH: usize = 32;
@@ -354,136 +358,8 @@ impl Conn {
         self.sink.lock().clone()
     }
 
-    /// Polls the completion queue once (if no other thread is) and delivers what arrived.
-    /// Returns whether anything completed.
-    pub(crate) fn progress(self: &Arc<Self>) -> bool {
-        self.poll_once() == Polled::Some
-    }
-
-    /// Polls the completion queue once and delivers what arrived, telling an empty queue
-    /// apart from one another thread is polling.
-    pub(crate) fn poll_once(self: &Arc<Self>) -> Polled {
-        let Some(mut completions) = self.completions.try_lock() else {
-            return Polled::Busy;
-        };
-        let polled = match self.res.cq.poll(&mut completions) {
-            Ok(polled) => polled,
-            Err(e) => {
-                drop(completions);
-                self.close(verbs_status("ibv_poll_cq", e));
-                return Polled::Empty;
-            }
-        };
-        if polled.is_empty() {
-            return Polled::Empty;
-        }
-        self.completions_seen.fetch_add(1, Ordering::AcqRel);
-        let mut received: Vec<Received> = Vec::new();
-        {
-            let mut engine = self.engine.lock();
-            for wc in polled.iter() {
-                self.on_completion(&mut engine, wc, &mut received);
-            }
-            self.run_actions(&mut engine);
-        }
-        drop(completions);
-        self.after_engine();
-        if !received.is_empty() {
-            if DELIVERING.get() == self.address() {
-                // A handler on this thread is waiting for send credits: hand these frames
-                // to the delivery loop it runs in rather than nesting handlers.
-                self.deferred.lock().extend(received);
-            } else {
-                self.deliver(received);
-            }
-        }
-        Polled::Some
-    }
-
-    fn on_completion(
-        &self,
-        engine: &mut Engine,
-        wc: &WorkCompletion,
-        received: &mut Vec<Received>,
-    ) {
-        let Some((_, work)) = WorkId::from_wr_id(wc.wr_id()) else {
-            tracing::error!(wr_id = wc.wr_id(), "completion for an unknown work request");
-            engine.proto.close();
-            return;
-        };
-        if let Err(err) = wc.status() {
-            if !err.is_flush() {
-                tracing::warn!(peer = %self.peer, ?work, %err, "work request failed");
-            }
-            engine.proto.on_completion_error(work);
-            return;
-        }
-        let outcome = match work {
-            WorkId::Send(slot) => engine.proto.on_send_complete(SendTarget::Ring(slot)),
-            WorkId::Control => engine.proto.on_send_complete(SendTarget::Control),
-            WorkId::Recv(slot) => {
-                // SAFETY: the receive into `slot` just completed; the slot is not posted again
-                // until the protocol's `PostRecv` for it, which comes after `release_recv`.
-                let bytes = unsafe { self.res.recv_slot(slot) };
-                engine
-                    .proto
-                    .on_recv_complete(slot, wc.byte_len(), bytes)
-                    .map(|frame| received.extend(frame))
-            }
-        };
-        if let Err(violation) = outcome {
-            tracing::warn!(peer = %self.peer, %violation, "peer violated the protocol");
-        }
-    }
-
-    fn deliver(self: &Arc<Self>, received: Vec<Received>) {
-        let Some(sink) = self.sink() else {
-            return;
-        };
-        let outer = DELIVERING.replace(self.address());
-        let mut batch = received;
-        loop {
-            self.deliver_batch(&*sink, batch);
-            batch = std::mem::take(&mut *self.deferred.lock());
-            if batch.is_empty() {
-                break;
-            }
-        }
-        DELIVERING.set(outer);
-    }
-
     fn address(&self) -> usize {
         self as *const Conn as usize
-    }
-
-    fn deliver_batch(self: &Arc<Self>, sink: &dyn FrameSink, received: Vec<Received>) {
-        for rx in received {
-            let owner = RecvSlot {
-                conn: Arc::clone(self),
-                slot: rx.slot,
-                len: rx.len as usize,
-            };
-            let frame_bytes = Bytes::from_owner(owner);
-            sink.deliver(InboundFrame {
-                header: rx.header,
-                metadata: frame_bytes.slice(rx.metadata_range()),
-                payload: frame_bytes.slice(rx.payload_range()),
-            });
-        }
-    }
-
-    fn release_recv(&self, slot: u32) {
-        {
-            let mut engine = self.engine.lock();
-            if let Err(violation) = engine.proto.release_recv(slot) {
-                tracing::error!(%violation, "releasing a receive slot");
-            }
-            self.run_actions(&mut engine);
-        }
-        // Buffers are dropped wherever the upper layer drops them, possibly under its locks.
-        let outer = UPPER_LAYER_LOCKED.replace(true);
-        self.after_engine();
-        UPPER_LAYER_LOCKED.set(outer);
     }
 
     /// Closes the connection: fails what is queued, disconnects, tells the sink.
@@ -516,82 +392,5 @@ impl Conn {
     /// [`Conn::report_dropped_and_close`]). Clears the flag.
     pub(crate) fn take_deferred_report(&self) -> bool {
         self.close_pending.swap(false, Ordering::AcqRel)
-    }
-
-    /// Spins on the CQ for up to `budget` (`None`: until something arrives) on the caller's
-    /// thread: the run-to-completion path of blocking calls. True once anything was
-    /// received, by this thread or another. Reads no clock unless the wait is long.
-    pub(crate) fn spin_progress(self: &Arc<Self>, budget: Option<Duration>) -> bool {
-        /// Keeps the count right even if a handler panics inside `progress`.
-        struct Polling<'a>(&'a AtomicUsize);
-        impl Drop for Polling<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        self.self_polling.fetch_add(1, Ordering::AcqRel);
-        let polling = Polling(&self.self_polling);
-        let seen = self.completions_seen.load(Ordering::Acquire);
-        let mut started: Option<Instant> = None;
-        let mut spins: u32 = 0;
-        let progressed = loop {
-            if self.progress() || self.completions_seen.load(Ordering::Acquire) != seen {
-                break true;
-            }
-            spins = spins.wrapping_add(1);
-            // Clock reads are not free everywhere (an emulated HPET costs microseconds):
-            // look at the time only now and then, and only once the wait is not short.
-            if spins.is_multiple_of(CLOCK_EVERY) {
-                if self.is_closed() {
-                    break false;
-                }
-                if let Some(budget) = budget {
-                    if started.get_or_insert_with(Instant::now).elapsed() >= budget {
-                        break false;
-                    }
-                }
-            }
-            std::hint::spin_loop();
-        };
-        if progressed {
-            self.self_poll_epoch.fetch_add(1, Ordering::AcqRel);
-        }
-        drop(polling);
-        if !progressed {
-            // The caller is about to park: the poller must take over the CQ.
-            self.kick.kick();
-        }
-        progressed
-    }
-
-    /// Whether blocking callers drive the CQ: one is polling now, or one received something
-    /// since the poller's last look (`last_seen`, updated here).
-    pub(crate) fn callers_drive(&self, last_seen: &mut u64) -> bool {
-        let epoch = self.self_poll_epoch.load(Ordering::Acquire);
-        let recent = epoch != *last_seen;
-        *last_seen = epoch;
-        recent || self.self_polling.load(Ordering::Acquire) > 0
-    }
-}
-
-/// Keeps a receive slot out of the ring while the upper layer reads the frame in it; the
-/// `Bytes` views of metadata and payload share it and release the slot when the last drops.
-struct RecvSlot {
-    conn: Arc<Conn>,
-    slot: u32,
-    len: usize,
-}
-
-impl AsRef<[u8]> for RecvSlot {
-    fn as_ref(&self) -> &[u8] {
-        // SAFETY: the slot stays un-posted until this owner's drop releases it.
-        let bytes = unsafe { self.conn.res.recv_slot(self.slot) };
-        &bytes[..self.len]
-    }
-}
-
-impl Drop for RecvSlot {
-    fn drop(&mut self) {
-        self.conn.release_recv(self.slot);
     }
 }
