@@ -102,7 +102,13 @@ impl RdmaClient {
         })
         .map_err(|e| verbs_status(&what, e))?;
         let established = expect_event(&channel, CmEventKind::Established, deadline, &what)?;
-        let conn = Conn::new(res, id, established.private_data(), peer.clone())?;
+        let conn = Conn::new(
+            res,
+            id,
+            established.private_data(),
+            peer.clone(),
+            config.stall_limit,
+        )?;
         conn.set_sink(Arc::new(ClientFrames(calls)));
         poller::spawn(conn.clone(), config.poll_mode, Some(channel))
             .map_err(|e| Status::internal(format!("cannot start the poller thread: {e}")))?;

@@ -68,6 +68,10 @@ pub struct RdmaConfig {
     pub connect_timeout: Duration,
     /// Inline data the queue pairs are asked to support; the device may grant less.
     pub max_inline: u32,
+    /// Longest a sender waits for a free slot or credit. A peer that holds every receive
+    /// slot that long is stuck (or hostile): the connection is closed rather than letting
+    /// it pin the sending threads.
+    pub stall_limit: Duration,
 }
 
 impl Default for RdmaConfig {
@@ -80,6 +84,7 @@ impl Default for RdmaConfig {
             retry_count: 7,
             connect_timeout: Duration::from_secs(5),
             max_inline: 256,
+            stall_limit: Duration::from_secs(10),
         }
     }
 }

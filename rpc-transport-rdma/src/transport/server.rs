@@ -189,7 +189,7 @@ fn accept(id: CmId, private_data: &[u8], peer: String, shared: &Shared) -> Resul
     let config = &shared.config;
     let res = Resources::create(&id, config)?;
     let params = res.protocol.connect_params().encode();
-    let conn = Conn::new(res, id, private_data, peer)?;
+    let conn = Conn::new(res, id, private_data, peer, config.stall_limit)?;
     let dispatch = ConnectionDispatch::new(
         shared.dispatcher.clone(),
         Arc::new(RdmaReplySink(conn.clone())),

@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
@@ -99,6 +99,8 @@ pub(crate) struct Conn {
     /// waiting for send credits); its outermost delivery loop hands them over, in order.
     deferred: Mutex<Vec<Received>>,
     peer: String,
+    /// Longest a sender waits for a slot before the peer is declared stuck.
+    stall_limit: Duration,
 }
 
 impl Conn {
@@ -107,6 +109,7 @@ impl Conn {
         id: CmId,
         peer_params: &[u8],
         peer: String,
+        stall_limit: Duration,
     ) -> Result<Arc<Conn>, Status> {
         let params = protocol::ConnectParams::decode(peer_params).map_err(|e| {
             Status::unavailable(format!("{peer} sent unusable connection parameters: {e}"))
@@ -138,6 +141,7 @@ impl Conn {
             close_pending: AtomicBool::new(false),
             deferred: Mutex::new(Vec::new()),
             peer,
+            stall_limit,
         }))
     }
 
@@ -175,6 +179,7 @@ impl Conn {
     /// waiting for credits). Blocks while the ring and queue are full.
     pub(crate) fn send(self: &Arc<Self>, frame: &OutgoingFrame<'_>) -> Result<(), Status> {
         let len = frame.len();
+        let mut blocked_since: Option<Instant> = None;
         loop {
             let epoch = self.writable_epoch.load(Ordering::Acquire);
             {
@@ -208,6 +213,15 @@ impl Conn {
             // for the protocol to report `Writable`.
             if self.progress() {
                 continue;
+            }
+            let stalled = *blocked_since.get_or_insert_with(Instant::now);
+            if stalled.elapsed() >= self.stall_limit {
+                let status = Status::unavailable(format!(
+                    "{} took no frame for {:?}: the peer stopped consuming",
+                    self.peer, self.stall_limit
+                ));
+                self.close(status.clone());
+                return Err(status);
             }
             let mut guard = self.writable_lock.lock();
             if self.writable_epoch.load(Ordering::Acquire) == epoch && !self.is_closed() {
