@@ -13,9 +13,6 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// The transport is not available in this build or on this machine.
-    #[error("{0}")]
-    TransportUnavailable(String),
     /// The server could not be built (duplicate methods, runtime creation).
     #[error(transparent)]
     Core(#[from] rpc_core::Error),
@@ -32,7 +29,6 @@ impl From<Error> for Status {
         match err {
             Error::Connect(status) => status,
             Error::InvalidUrl { .. } => Status::invalid_argument(err.to_string()),
-            Error::TransportUnavailable(_) => Status::unavailable(err.to_string()),
             Error::Core(core) => core.into(),
             Error::Io(io) => io.into(),
         }
