@@ -3,7 +3,7 @@
 //! Call ids are never reused on a connection, so a late response for a call that was
 //! cancelled or timed out finds no entry and is dropped.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::thread::Thread;
@@ -27,7 +27,8 @@ struct Slot {
 }
 
 struct Inner {
-    calls: HashMap<u64, Slot>,
+    /// Ids are ours and sequential, so a fast non-keyed hash is safe here.
+    calls: FxHashMap<u64, Slot>,
     closed: Option<Status>,
 }
 
@@ -57,7 +58,7 @@ impl CallTable {
         CallTable {
             next_id: AtomicU64::new(1),
             inner: Mutex::new(Inner {
-                calls: HashMap::new(),
+                calls: FxHashMap::default(),
                 closed: None,
             }),
         }

@@ -181,6 +181,8 @@ impl Dispatcher {
 pub struct ConnectionDispatch {
     dispatcher: Arc<Dispatcher>,
     sink: Arc<dyn ReplySink>,
+    /// Keyed by peer-chosen call ids: std's randomly keyed hasher keeps a hostile client
+    /// from flooding one bucket.
     running: Mutex<HashMap<u64, AbortHandle>>,
     /// New requests are refused (the server is shutting down); running ones finish.
     draining: AtomicBool,

@@ -1,6 +1,6 @@
 //! Method id → service lookup, checked for collisions when the server is built.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use crate::error::Error;
@@ -13,7 +13,7 @@ pub(crate) struct Route {
 
 #[derive(Default)]
 pub(crate) struct Router {
-    routes: HashMap<u32, Route>,
+    routes: FxHashMap<u32, Route>,
 }
 
 impl Router {

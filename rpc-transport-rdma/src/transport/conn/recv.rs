@@ -8,11 +8,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rpc_core::frame::InboundFrame;
+use smallvec::SmallVec;
 
 use super::{Conn, Engine, FrameSink, Polled, CLOCK_EVERY, DELIVERING, UPPER_LAYER_LOCKED};
 use crate::protocol::{Received, SendTarget, WorkId};
 use crate::transport::resources::verbs_status;
 use crate::verbs::WorkCompletion;
+
+/// Frames taken from one poll of the completion queue.
+type Batch = SmallVec<[Received; 4]>;
 
 impl Conn {
     /// Polls the completion queue once (if no other thread is) and delivers what arrived.
@@ -39,7 +43,8 @@ impl Conn {
             return Polled::Empty;
         }
         self.completions_seen.fetch_add(1, Ordering::AcqRel);
-        let mut received: Vec<Received> = Vec::new();
+        // Most batches hold a frame or two: no allocation for them.
+        let mut received: Batch = SmallVec::new();
         {
             let mut engine = self.engine.lock();
             for wc in polled.iter() {
@@ -61,12 +66,7 @@ impl Conn {
         Polled::Some
     }
 
-    fn on_completion(
-        &self,
-        engine: &mut Engine,
-        wc: &WorkCompletion,
-        received: &mut Vec<Received>,
-    ) {
+    fn on_completion(&self, engine: &mut Engine, wc: &WorkCompletion, received: &mut Batch) {
         let Some((_, work)) = WorkId::from_wr_id(wc.wr_id()) else {
             tracing::error!(wr_id = wc.wr_id(), "completion for an unknown work request");
             engine.proto.close();
@@ -97,23 +97,27 @@ impl Conn {
         }
     }
 
-    fn deliver(self: &Arc<Self>, received: Vec<Received>) {
+    fn deliver(self: &Arc<Self>, received: Batch) {
         let Some(sink) = self.sink() else {
             return;
         };
         let outer = DELIVERING.replace(self.address());
-        let mut batch = received;
+        self.deliver_batch(&*sink, received);
         loop {
-            self.deliver_batch(&*sink, batch);
-            batch = std::mem::take(&mut *self.deferred.lock());
-            if batch.is_empty() {
+            let deferred = std::mem::take(&mut *self.deferred.lock());
+            if deferred.is_empty() {
                 break;
             }
+            self.deliver_batch(&*sink, deferred);
         }
         DELIVERING.set(outer);
     }
 
-    fn deliver_batch(self: &Arc<Self>, sink: &dyn FrameSink, received: Vec<Received>) {
+    fn deliver_batch(
+        self: &Arc<Self>,
+        sink: &dyn FrameSink,
+        received: impl IntoIterator<Item = Received>,
+    ) {
         for rx in received {
             let owner = RecvSlot {
                 conn: Arc::clone(self),
