@@ -354,13 +354,25 @@ impl ConnectionDispatch {
             return self.send_status(call_id, &Status::internal(format!("response {e}")));
         }
         let metadata: &MetadataMap = &reply.metadata;
-        match OutgoingFrame::new(
+        let mut frame = match OutgoingFrame::new(
             Header::new(FrameKind::Response, call_id),
             metadata,
             &*reply.body,
         ) {
-            Ok(mut frame) => self.send(&mut frame, call_id),
-            Err(e) => self.send_status(call_id, &Status::resource_exhausted(e.to_string())),
+            Ok(frame) => frame,
+            Err(e) => return self.send_status(call_id, &Status::resource_exhausted(e.to_string())),
+        };
+        match self.sink.send(&mut frame) {
+            // Too large for what the transport can carry (an RDMA slot, say): the call still
+            // gets an answer, with the reason.
+            Err(status) if status.code() == Code::ResourceExhausted => self.send_status(
+                call_id,
+                &Status::resource_exhausted(format!("response {}", status.message())),
+            ),
+            Err(status) => {
+                tracing::debug!(call_id, %status, "response not sent: connection gone");
+            }
+            Ok(()) => {}
         }
     }
 

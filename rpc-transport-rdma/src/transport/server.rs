@@ -7,10 +7,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use rpc_core::body::RawBody;
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::{ConnectionDispatch, Dispatcher, ReplySink};
-use rpc_core::{Code, FrameKind, Header, MetadataMap, Status};
+use rpc_core::{FrameKind, Status};
 
 use crate::transport::client::resolve;
 use crate::transport::config::RdmaConfig;
@@ -236,22 +235,6 @@ struct RdmaReplySink(Arc<Conn>);
 
 impl ReplySink for RdmaReplySink {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        match self.0.send(frame) {
-            // A response too large for a slot still answers its call, with the reason.
-            Err(status)
-                if status.code() == Code::ResourceExhausted
-                    && frame.header().kind == FrameKind::Response =>
-            {
-                let mut header = Header::new(FrameKind::Response, frame.header().call_id);
-                header.status = Code::ResourceExhausted;
-                let message = format!("response {}", status.message());
-                let empty = MetadataMap::new();
-                let body = RawBody(message.as_bytes());
-                let error = OutgoingFrame::new(header, &empty, &body)
-                    .map_err(|e| Status::internal(e.to_string()))?;
-                self.0.send(&error)
-            }
-            other => other,
-        }
+        self.0.send(frame)
     }
 }
