@@ -125,6 +125,7 @@ impl Pair {
                 }
                 Action::Writable => {}
                 Action::SendDropped { .. } => panic!("connection closed"),
+                other => panic!("no large bodies in this benchmark: {other:?}"),
             }
         }
         any

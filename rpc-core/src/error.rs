@@ -27,7 +27,7 @@ pub enum HeaderError {
     /// A status code outside the gRPC set.
     #[error("invalid status code {0}")]
     InvalidStatus(u16),
-    /// Only responses carry a status.
+    /// Only responses (and refused grants) carry a status.
     #[error("{kind:?} frame carries a status code")]
     StatusOnNonResponse {
         /// Kind of the frame.
@@ -53,11 +53,13 @@ pub enum HeaderError {
         /// Kind of the frame.
         kind: FrameKind,
     },
-    /// A payload both inline and by RDMA WRITE.
-    #[error("large-payload frame also declares {payload_len} inline payload bytes")]
-    InlinePayloadWithLarge {
-        /// Declared inline length.
-        payload_len: u32,
+    /// A large-payload descriptor that breaks the rules of its kind.
+    #[error("{kind:?} frame carries a bad large-payload descriptor: {reason}")]
+    BadDescriptor {
+        /// Kind of the frame.
+        kind: FrameKind,
+        /// What is wrong with it.
+        reason: &'static str,
     },
     /// Credit-only frames belong to no call.
     #[error("credit-only frame names call {0}")]

@@ -42,9 +42,12 @@ pub enum FrameKind {
     Cancel = 3,
     /// Carries only returned credits (RDMA); no call, no payload.
     CreditOnly = 4,
-    /// Asks the peer for a registered buffer of `remote_len` bytes (RDMA rendezvous).
+    /// Asks the peer for a registered buffer of `remote.len` bytes to RDMA WRITE the body
+    /// (metadata and message) of this call's request or response into (RDMA rendezvous).
     LargeRequest = 5,
-    /// Grants a registered buffer described by the large-payload descriptor (RDMA rendezvous).
+    /// Answers a [`FrameKind::LargeRequest`]: grants the buffer the descriptor names, or
+    /// refuses with a non-OK status, no buffer, and the receiver's limit (0: not said) as
+    /// the descriptor's length (RDMA rendezvous).
     LargeGrant = 6,
 }
 
@@ -70,10 +73,12 @@ pub struct Flags(u16);
 impl Flags {
     /// No flags.
     pub const NONE: Flags = Flags(0);
-    /// The payload was placed by RDMA WRITE at the descriptor's address instead of following
-    /// the header; `payload_len` is 0 and `remote_len` holds the payload size.
+    /// The body (`metadata_len` bytes of metadata, then `payload_len` bytes of payload) was
+    /// placed by RDMA WRITE at the start of the buffer the receiver granted for this call;
+    /// nothing follows the header. RDMA only.
     pub const LARGE_PAYLOAD: Flags = Flags(1 << 0);
-    /// The descriptor advertises a registered buffer the peer may WRITE its response into.
+    /// The descriptor of a request advertises a registered buffer the server may WRITE the
+    /// response body into (sparing the rendezvous). RDMA only.
     pub const RESPONSE_BUFFER: Flags = Flags(1 << 1);
     const KNOWN: u16 = Self::LARGE_PAYLOAD.0 | Self::RESPONSE_BUFFER.0;
 
@@ -98,14 +103,16 @@ impl Flags {
     }
 }
 
-/// Where a payload too large for the inline path lives in the sender's or receiver's memory.
+/// A registered buffer the peer may RDMA WRITE into: the large-payload descriptor of
+/// rendezvous grants and advertised response buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct RemoteBuffer {
     /// Virtual address in the owner's registered memory.
     pub addr: u64,
     /// Remote key of the registration.
     pub rkey: u32,
-    /// Generation of the grant; a stale generation identifies a late or forged access.
+    /// The grantor's sequence number of this grant, for diagnostics (the rkey itself is what
+    /// is revoked when the grant ends).
     pub generation: u32,
     /// Length in bytes.
     pub len: u64,
@@ -164,9 +171,26 @@ impl Header {
         }
     }
 
-    /// Bytes that follow the header in the same frame (metadata plus inline payload).
+    /// Bytes that follow the header in the same frame: metadata plus payload, or nothing
+    /// when [`Flags::LARGE_PAYLOAD`] says the body was placed by RDMA WRITE.
     pub fn body_len(&self) -> u64 {
+        if self.flags.contains(Flags::LARGE_PAYLOAD) {
+            0
+        } else {
+            self.message_len()
+        }
+    }
+
+    /// Bytes of the body (metadata plus payload) wherever it travels.
+    pub fn message_len(&self) -> u64 {
         u64::from(self.metadata_len) + u64::from(self.payload_len)
+    }
+
+    /// Whether the frame uses RDMA-only features (rendezvous kinds, placed bodies, response
+    /// buffers), which a byte-stream transport must refuse.
+    pub fn is_rdma_only(&self) -> bool {
+        self.flags.bits() != 0
+            || matches!(self.kind, FrameKind::LargeRequest | FrameKind::LargeGrant)
     }
 
     /// Writes the header into the first [`HEADER_LEN`] bytes of `dst`.
@@ -253,37 +277,67 @@ impl Header {
     /// Cross-field rules: what each kind may carry.
     fn validate(&self) -> Result<(), HeaderError> {
         let kind = self.kind;
-        if self.status != Code::Ok && kind != FrameKind::Response {
+        let status_allowed = matches!(kind, FrameKind::Response | FrameKind::LargeGrant);
+        if self.status != Code::Ok && !status_allowed {
             return Err(HeaderError::StatusOnNonResponse { kind });
         }
         let carries_body = matches!(kind, FrameKind::Request | FrameKind::Response);
-        if !carries_body && self.body_len() != 0 {
+        if !carries_body && self.message_len() != 0 {
             return Err(HeaderError::UnexpectedBody { kind });
         }
-        let descriptor_allowed = match kind {
-            FrameKind::Request => true,
-            FrameKind::Response => !self.flags.contains(Flags::RESPONSE_BUFFER),
-            FrameKind::LargeRequest | FrameKind::LargeGrant => true,
-            FrameKind::Cancel | FrameKind::CreditOnly => false,
+        let allowed_flags = match kind {
+            FrameKind::Request => Flags::LARGE_PAYLOAD.with(Flags::RESPONSE_BUFFER),
+            FrameKind::Response => Flags::LARGE_PAYLOAD,
+            _ => Flags::NONE,
         };
-        let uses_descriptor = self.flags.bits() != 0
-            || matches!(kind, FrameKind::LargeRequest | FrameKind::LargeGrant);
-        if !descriptor_allowed && self.flags.bits() != 0 {
+        if self.flags.bits() & !allowed_flags.bits() != 0 {
             return Err(HeaderError::FlagsNotAllowed {
                 kind,
                 flags: self.flags.bits(),
             });
         }
-        if !uses_descriptor && !self.remote.is_empty_descriptor() {
-            return Err(HeaderError::StrayDescriptor { kind });
-        }
-        if self.flags.contains(Flags::LARGE_PAYLOAD) && self.payload_len != 0 {
-            return Err(HeaderError::InlinePayloadWithLarge {
-                payload_len: self.payload_len,
-            });
-        }
         if kind == FrameKind::CreditOnly && self.call_id != 0 {
             return Err(HeaderError::CallIdOnCreditOnly(self.call_id));
+        }
+        self.validate_descriptor()
+    }
+
+    /// Which kinds and flags give the large-payload descriptor a meaning, and what it must
+    /// then hold.
+    fn validate_descriptor(&self) -> Result<(), HeaderError> {
+        let kind = self.kind;
+        let d = &self.remote;
+        let bad = |reason| Err(HeaderError::BadDescriptor { kind, reason });
+        match kind {
+            FrameKind::Request if self.flags.contains(Flags::RESPONSE_BUFFER) => {
+                if d.len == 0 {
+                    return bad("an advertised response buffer has no length");
+                }
+            }
+            FrameKind::LargeRequest => {
+                if d.len == 0 {
+                    return bad("a buffer request asks for 0 bytes");
+                }
+                if d.addr != 0 || d.rkey != 0 || d.generation != 0 {
+                    return bad("a buffer request names a buffer");
+                }
+            }
+            FrameKind::LargeGrant if self.status == Code::Ok => {
+                if d.len == 0 {
+                    return bad("a grant of 0 bytes");
+                }
+            }
+            FrameKind::LargeGrant => {
+                // A refusal's length is the receiver's limit; it names no buffer.
+                if d.addr != 0 || d.rkey != 0 || d.generation != 0 {
+                    return bad("a refusal names a buffer");
+                }
+            }
+            _ => {
+                if !d.is_empty_descriptor() {
+                    return Err(HeaderError::StrayDescriptor { kind });
+                }
+            }
         }
         Ok(())
     }
@@ -382,13 +436,50 @@ mod tests {
                 kind: FrameKind::Request
             })
         );
-        let mut large = Header::new(FrameKind::Request, 1);
-        large.flags = Flags::LARGE_PAYLOAD;
-        large.payload_len = 10;
+        let mut grant_flags = Header::new(FrameKind::LargeGrant, 1);
+        grant_flags.flags = Flags::LARGE_PAYLOAD;
+        grant_flags.remote.len = 10;
         assert_eq!(
-            Header::decode(&large.to_bytes()),
-            Err(HeaderError::InlinePayloadWithLarge { payload_len: 10 })
+            Header::decode(&grant_flags.to_bytes()),
+            Err(HeaderError::FlagsNotAllowed {
+                kind: FrameKind::LargeGrant,
+                flags: 1
+            })
         );
+        let mut ask = Header::new(FrameKind::LargeRequest, 1);
+        ask.remote.len = 100;
+        assert_eq!(Header::decode(&ask.to_bytes()), Ok(ask));
+        ask.remote.rkey = 5;
+        assert!(matches!(
+            Header::decode(&ask.to_bytes()),
+            Err(HeaderError::BadDescriptor { .. })
+        ));
+        let mut refusal = Header::new(FrameKind::LargeGrant, 1);
+        refusal.status = Code::ResourceExhausted;
+        assert_eq!(Header::decode(&refusal.to_bytes()), Ok(refusal));
+        refusal.remote.addr = 4096;
+        assert!(matches!(
+            Header::decode(&refusal.to_bytes()),
+            Err(HeaderError::BadDescriptor { .. })
+        ));
+        let mut placed_response = Header::new(FrameKind::Response, 1);
+        placed_response.flags = Flags::RESPONSE_BUFFER;
+        assert!(matches!(
+            Header::decode(&placed_response.to_bytes()),
+            Err(HeaderError::FlagsNotAllowed { .. })
+        ));
+    }
+
+    #[test]
+    fn placed_bodies_do_not_follow_the_header() {
+        let mut h = Header::new(FrameKind::Response, 3);
+        h.flags = Flags::LARGE_PAYLOAD;
+        h.metadata_len = 10;
+        h.payload_len = 1 << 20;
+        assert_eq!(Header::decode(&h.to_bytes()), Ok(h));
+        assert_eq!((h.body_len(), h.message_len()), (0, 10 + (1 << 20)));
+        assert!(h.is_rdma_only());
+        assert!(!sample().is_rdma_only());
     }
 
     proptest! {

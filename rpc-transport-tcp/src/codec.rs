@@ -23,6 +23,14 @@ pub enum ReadError {
     /// The peer sent a header that fails validation: it is not speaking our protocol.
     #[error("protocol violation: {0}")]
     Header(#[from] HeaderError),
+    /// The peer sent a frame only the RDMA transport defines (rendezvous, placed body).
+    #[error("protocol violation: {kind:?} frame with flags 0x{flags:04x} is RDMA-only")]
+    RdmaOnly {
+        /// Kind of the frame.
+        kind: rpc_core::FrameKind,
+        /// Its flag bits.
+        flags: u16,
+    },
     /// The peer declared more metadata than any peer may send.
     #[error("protocol violation: {len} bytes of metadata (limit {MAX_METADATA_LEN})")]
     MetadataTooLarge {
@@ -72,6 +80,12 @@ impl<R: Read> FrameReader<R> {
             return Ok(None);
         }
         let header = Header::decode(&self.buf[..HEADER_LEN])?;
+        if header.is_rdma_only() {
+            return Err(ReadError::RdmaOnly {
+                kind: header.kind,
+                flags: header.flags.bits(),
+            });
+        }
         if header.metadata_len as usize > MAX_METADATA_LEN {
             return Err(ReadError::MetadataTooLarge {
                 len: header.metadata_len,
@@ -250,5 +264,21 @@ mod tests {
         let garbage = [0xABu8; 200];
         let mut reader = FrameReader::new(&garbage[..], 1 << 20);
         assert!(matches!(reader.read(), Err(ReadError::Header(_))));
+    }
+
+    #[test]
+    fn rdma_only_frames_are_refused() {
+        let mut placed = Header::new(FrameKind::Request, 1);
+        placed.flags = rpc_core::Flags::LARGE_PAYLOAD;
+        placed.payload_len = 1 << 20;
+        let wire = placed.to_bytes();
+        let mut reader = FrameReader::new(&wire[..], 1 << 30);
+        assert!(matches!(
+            reader.read(),
+            Err(ReadError::RdmaOnly {
+                kind: FrameKind::Request,
+                flags: 1
+            })
+        ));
     }
 }

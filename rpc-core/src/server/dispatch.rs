@@ -238,6 +238,12 @@ impl ConnectionDispatch {
         );
     }
 
+    /// Answers `call_id` with an error status in place of a response the transport could
+    /// not deliver (a large body the client refused a buffer for, say).
+    pub fn fail_call(&self, call_id: u64, status: &Status) {
+        self.send_status(call_id, status);
+    }
+
     /// Refuses new requests with `UNAVAILABLE` from now on; running handlers still answer.
     /// For transports that cannot stop reading one connection alone (RDMA).
     pub fn drain(&self) {

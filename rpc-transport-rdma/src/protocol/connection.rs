@@ -4,12 +4,13 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rpc_core::{FrameKind, Header, HEADER_LEN};
+use rpc_core::{Code, Flags, FrameKind, Header, HEADER_LEN};
 
 use super::action::{Action, Received, SendTarget, SendWork, WorkId};
 use super::credits::Credits;
 use super::error::{ProtocolViolation, SendError};
 use super::geometry::{Geometry, CONTROL_BUF_LEN};
+use super::large::{Large, LocalBuffer};
 use super::recv_ring::RecvRing;
 use super::send_ring::{Pending, SendRing};
 
@@ -86,6 +87,10 @@ pub struct Stats {
     pub signaled_sends: u64,
     /// [`SendError::WouldBlock`] results.
     pub would_block: u64,
+    /// Large transfers under way (this side writing).
+    pub large_transfers: u32,
+    /// Grants open or asked for (the peer writing).
+    pub large_grants: u32,
 }
 
 /// The sans-IO state machine of one RDMA connection. See the module documentation for the
@@ -97,6 +102,7 @@ pub struct Connection {
     credits: Credits,
     send: SendRing,
     recv: RecvRing,
+    large: Large,
     control_busy: bool,
     want_writable: bool,
     actions: VecDeque<Action>,
@@ -125,6 +131,7 @@ impl Connection {
                 geometry.max_queued,
             ),
             recv: RecvRing::new(geometry.recv_slots, geometry.recv_slot_size),
+            large: Large::new(geometry.large),
             control_busy: false,
             want_writable: false,
             actions: VecDeque::with_capacity(capacity),
@@ -155,7 +162,10 @@ impl Connection {
 
     /// Counters and gauges.
     pub fn stats(&self) -> Stats {
+        let (large_transfers, large_grants) = self.large.counts();
         Stats {
+            large_transfers,
+            large_grants,
             send_credits: self.credits.available(),
             pending_credit_return: self.credits.returnable(),
             recv_held: self.recv.held(),
@@ -226,16 +236,24 @@ impl Connection {
             len: (HEADER_LEN as u64 + header.body_len()) as u32,
             kind: header.kind,
             call_id: header.call_id,
+            frame: None,
         };
         let committed = self.send.commit(seq, pending);
         debug_assert!(committed);
+        if header.kind == FrameKind::Cancel {
+            self.large.abort(header.call_id, &mut self.actions);
+        }
         self.flush();
         Ok(())
     }
 
     fn check_frame(header: &Header, capacity: u32) -> Result<(), SendError> {
-        if header.kind == FrameKind::CreditOnly {
-            return Err(SendError::ReservedKind);
+        let protocol_owned = matches!(
+            header.kind,
+            FrameKind::CreditOnly | FrameKind::LargeRequest | FrameKind::LargeGrant
+        ) || header.flags.contains(Flags::LARGE_PAYLOAD);
+        if protocol_owned {
+            return Err(SendError::ReservedKind(header.kind));
         }
         Header::decode(&header.to_bytes()).map_err(SendError::InvalidHeader)?;
         let len = HEADER_LEN as u64 + header.body_len();
@@ -302,11 +320,37 @@ impl Connection {
         self.stats.frames_received += 1;
         if credit_only {
             self.stats.credit_only_received += 1;
-            let released = self.recv.release(slot);
-            debug_assert!(released.is_ok());
-            self.repost(slot);
-            self.flush();
-            return Ok(None);
+        }
+        let consumed = match header.kind {
+            FrameKind::CreditOnly => Ok(true),
+            FrameKind::LargeRequest => self
+                .large
+                .on_buffer_request(&header, &mut self.actions)
+                .map(|()| true),
+            FrameKind::LargeGrant => self
+                .large
+                .on_grant(&header, &mut self.actions)
+                .map(|()| true),
+            _ if header.flags.contains(Flags::LARGE_PAYLOAD) => self
+                .large
+                .on_placed(&header, &mut self.actions)
+                .map(|()| true),
+            FrameKind::Cancel => {
+                self.large.on_peer_cancel(header.call_id, &mut self.actions);
+                Ok(false)
+            }
+            _ => Ok(false),
+        };
+        match consumed {
+            Err(violation) => return Err(self.fail(violation)),
+            Ok(true) => {
+                let released = self.recv.release(slot);
+                debug_assert!(released.is_ok());
+                self.repost(slot);
+                self.flush();
+                return Ok(None);
+            }
+            Ok(false) => {}
         }
         self.flush();
         Ok(Some(Received {
@@ -314,6 +358,78 @@ impl Connection {
             header,
             len: byte_len,
         }))
+    }
+
+    /// Starts sending a body too large for a slot: `notice` is the request or response
+    /// header (lengths describe the body: metadata, then payload), `local` the registered
+    /// memory the body was encoded into, which the driver keeps until
+    /// [`Action::TransferDone`] or [`Action::TransferFailed`] names the returned transfer.
+    pub fn start_large(&mut self, notice: &Header, local: LocalBuffer) -> Result<u32, SendError> {
+        if self.closed.is_some() {
+            return Err(SendError::Closed);
+        }
+        let id = self.large.start(*notice, local)?;
+        self.flush();
+        Ok(id)
+    }
+
+    /// Answers [`Action::GrantNeeded`]: the driver lent `len` bytes at `addr` and will bind a
+    /// memory window over them with `rkey` ([`Action::BindWindow`] follows). `None` if the
+    /// request went away meanwhile (its call was cancelled): take the buffer back.
+    pub fn grant(&mut self, call_id: u64, addr: u64, rkey: u32, len: u64) -> Option<u32> {
+        if self.closed.is_some() {
+            return None;
+        }
+        let id = self
+            .large
+            .grant(call_id, addr, rkey, len, &mut self.actions)?;
+        self.flush();
+        Some(id)
+    }
+
+    /// Answers [`Action::GrantNeeded`] with a refusal (`status`, e.g. `RESOURCE_EXHAUSTED`
+    /// when the buffer budget is spent, and the most that could be lent, 0 if unknown); the
+    /// peer fails the call with it.
+    pub fn refuse(&mut self, call_id: u64, status: Code, limit: u64) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.large.refuse(call_id, status, limit, &mut self.actions);
+        self.flush();
+    }
+
+    /// An RDMA WRITE of `transfer` completed.
+    pub fn on_write_complete(&mut self, transfer: u32) -> Result<(), ProtocolViolation> {
+        if self.closed.is_some() {
+            return Ok(());
+        }
+        if let Err(violation) = self.large.on_write_complete(transfer, &mut self.actions) {
+            return Err(self.fail(violation));
+        }
+        self.flush();
+        Ok(())
+    }
+
+    /// The window bind of `grant` completed.
+    pub fn on_bind_complete(&mut self, grant: u32) -> Result<(), ProtocolViolation> {
+        if self.closed.is_some() {
+            return Ok(());
+        }
+        self.large
+            .on_bind_complete(grant)
+            .map_err(|violation| self.fail(violation))
+    }
+
+    /// The invalidation of `grant`'s rkey completed.
+    pub fn on_invalidated(&mut self, grant: u32) -> Result<(), ProtocolViolation> {
+        if self.closed.is_some() {
+            return Ok(());
+        }
+        if let Err(violation) = self.large.on_invalidated(grant, &mut self.actions) {
+            return Err(self.fail(violation));
+        }
+        self.flush();
+        Ok(())
     }
 
     /// The upper layer is done with a received slot: it is re-posted and its credit becomes
@@ -393,6 +509,24 @@ impl Connection {
     /// Posts every frame that can go now, then returns credits explicitly if they are due and
     /// no frame carried them, then wakes a blocked sender.
     fn flush(&mut self) {
+        self.large.pump_writes(&mut self.actions);
+        while let Some(frame) = self.large.next_frame() {
+            let Some((_, seq)) = self.send.reserve() else {
+                break;
+            };
+            let frame = *frame;
+            self.large.pop_frame();
+            let committed = self.send.commit(
+                seq,
+                Pending {
+                    len: HEADER_LEN as u32,
+                    kind: frame.kind,
+                    call_id: frame.call_id,
+                    frame: Some(frame),
+                },
+            );
+            debug_assert!(committed);
+        }
         let max_inline = self.geometry.max_inline;
         while self.credits.can_send_data() {
             let Some(pending) = self.send.next_committed() else {
@@ -409,6 +543,7 @@ impl Connection {
                 inline: pending.len <= max_inline,
                 kind: pending.kind,
                 call_id: pending.call_id,
+                frame: pending.frame,
             });
         }
         if !self.control_busy && self.credits.return_due() && self.credits.can_send_control() {
@@ -425,6 +560,7 @@ impl Connection {
                 inline: CONTROL_BUF_LEN as u32 <= max_inline,
                 kind: FrameKind::CreditOnly,
                 call_id: 0,
+                frame: None,
             });
         }
         if self.want_writable && self.send.can_reserve() {
@@ -439,13 +575,19 @@ impl Connection {
         self.actions.push_back(Action::PostSend(work));
     }
 
+    /// Nothing of the large-body path is under way or remembered (tests only).
+    #[cfg(test)]
+    pub(crate) fn large_idle(&self) -> bool {
+        self.large.is_idle()
+    }
+
     /// Panics if the bookkeeping is inconsistent (tests only).
     #[cfg(test)]
     pub(crate) fn assert_invariants(&self) {
         self.send.assert_invariants();
         assert!(self.credits.available() <= self.geometry.peer_recv_slots);
         assert!(self.credits.returnable() + self.recv.held() <= self.geometry.recv_slots);
-        if self.closed.is_none() {
+        if self.closed.is_none() && self.large.is_idle() {
             let cap = self.geometry.recv_slots as usize + 2 * self.geometry.send_slots as usize + 2;
             assert!(
                 self.actions.len() <= cap,

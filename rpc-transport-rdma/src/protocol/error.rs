@@ -6,7 +6,7 @@
 //! * [`ParamsError`]: connection parameters failed validation or negotiation; refuse the
 //!   connection.
 
-use rpc_core::HeaderError;
+use rpc_core::{FrameKind, HeaderError};
 
 /// The peer or the completion stream contradicted the protocol. Fatal for the connection:
 /// the state machine closes itself before returning one of these.
@@ -112,6 +112,52 @@ pub enum ProtocolViolation {
     /// A send completion for the control buffer while no credit-only frame is outstanding.
     #[error("send completion for the control buffer, which has no send outstanding")]
     UnexpectedControlCompletion,
+    /// A buffer grant for a call that asked for none (or already has one).
+    #[error("peer granted a buffer for call {call_id}, which asked for none")]
+    UnexpectedGrant {
+        /// Call named by the grant.
+        call_id: u64,
+    },
+    /// A buffer grant smaller than the body it is for.
+    #[error("peer granted {granted} bytes for call {call_id}, whose body needs {needed}")]
+    GrantTooSmall {
+        /// Call named by the grant.
+        call_id: u64,
+        /// Bytes granted.
+        granted: u64,
+        /// Bytes asked for.
+        needed: u64,
+    },
+    /// A second buffer request for a call that has one pending or granted.
+    #[error("peer asked again for a buffer for call {call_id}")]
+    DuplicateBufferRequest {
+        /// Call named by the request.
+        call_id: u64,
+    },
+    /// A frame says its body was written into a buffer, but none is granted for its call.
+    #[error("peer placed a body for call {call_id} without a grant")]
+    PlacedWithoutGrant {
+        /// Call named by the frame.
+        call_id: u64,
+    },
+    /// A frame says its body is larger than the buffer granted for it.
+    #[error("peer placed {len} bytes for call {call_id} in a grant of {granted}")]
+    PlacedBeyondGrant {
+        /// Call named by the frame.
+        call_id: u64,
+        /// Body length the frame declares.
+        len: u64,
+        /// Bytes granted.
+        granted: u64,
+    },
+    /// A completion for an RDMA WRITE, window bind or invalidation nothing is waiting for.
+    #[error("completion of {what} {id}, which is not outstanding")]
+    UnexpectedLargeCompletion {
+        /// What completed: "write", "bind" or "invalidate".
+        what: &'static str,
+        /// Transfer or grant id.
+        id: u32,
+    },
 }
 
 /// A send the connection cannot accept.
@@ -138,9 +184,22 @@ pub enum SendError {
     /// The header would be rejected by the peer's decoder.
     #[error("header would be rejected by the peer: {0}")]
     InvalidHeader(#[source] HeaderError),
-    /// Credit-only frames belong to the protocol; callers may not send them.
-    #[error("credit-only frames are emitted by the protocol, not by callers")]
-    ReservedKind,
+    /// Credit-only and rendezvous frames, and placed bodies, belong to the protocol;
+    /// callers may not send them.
+    #[error("{0:?} frames and placed bodies are emitted by the protocol, not by callers")]
+    ReservedKind(FrameKind),
+    /// A large transfer for this call is already under way.
+    #[error("call {call_id} already has a large transfer under way")]
+    DuplicateTransfer {
+        /// The call.
+        call_id: u64,
+    },
+    /// A large transfer needs a body larger than a slot frame.
+    #[error("a large transfer of {len} bytes is too small for the rendezvous")]
+    NotLarge {
+        /// Body length.
+        len: u64,
+    },
     /// The reservation is not outstanding on this connection.
     #[error("reservation for send slot {slot} is not outstanding on this connection")]
     UnknownReservation {

@@ -9,6 +9,7 @@
 use super::action::SendTarget;
 use super::credits::RESERVED_CREDITS;
 use super::error::ParamsError;
+use super::large::LargeConfig;
 use super::params::{validate_ring, ConnectParams, TRANSPORT_VERSION};
 
 /// Bytes of the per-connection control buffer that carries credit-only frames. It sits right
@@ -37,6 +38,8 @@ pub struct Config {
     /// Largest send the QP accepts with `IBV_SEND_INLINE` (the `max_inline_data` the QP was
     /// created with); 0 disables inline hints.
     pub max_inline: u32,
+    /// The large-body path (RDMA WRITE rendezvous).
+    pub large: LargeConfig,
 }
 
 impl Default for Config {
@@ -50,6 +53,7 @@ impl Default for Config {
             credit_return_threshold: None,
             max_queued: None,
             max_inline: 0,
+            large: LargeConfig::default(),
         }
     }
 }
@@ -71,6 +75,17 @@ impl Config {
     /// Checks ring sizes and tuning knobs.
     pub fn validate(&self) -> Result<(), ParamsError> {
         self.resolve().map(|_| ())
+    }
+
+    /// Send-queue depth the QP needs: every ring slot and the control buffer, plus the
+    /// WRITEs, window binds and invalidations of the large-body path (all signaled).
+    pub fn sq_depth(&self) -> u32 {
+        self.send_slots + 1 + self.large.write_window + 2 * self.large.max_grants
+    }
+
+    /// Completion-queue depth for one QP on one CQ: the send queue plus every receive.
+    pub fn cq_depth(&self) -> u32 {
+        self.sq_depth() + self.recv_slots
     }
 
     /// Validates and returns (signal_interval, credit_return_threshold, max_queued).
@@ -107,6 +122,10 @@ impl Config {
             r - 1,
         )?;
         let queued = knob("max_queued", self.max_queued, s, 1, s)?;
+        let large = &self.large;
+        knob("large.chunk_size", Some(large.chunk_size), 0, 4096, 1 << 30)?;
+        knob("large.write_window", Some(large.write_window), 0, 1, 64)?;
+        knob("large.max_grants", Some(large.max_grants), 0, 1, 1024)?;
         Ok((signal, threshold, queued))
     }
 }
@@ -139,6 +158,8 @@ pub struct Geometry {
     pub max_queued: u32,
     /// Largest send posted with an inline hint.
     pub max_inline: u32,
+    /// The large-body path.
+    pub large: LargeConfig,
 }
 
 impl Geometry {
@@ -160,6 +181,7 @@ impl Geometry {
             credit_return_threshold,
             max_queued,
             max_inline: local.max_inline,
+            large: local.large,
         })
     }
 
@@ -193,10 +215,9 @@ impl Geometry {
         slot as usize * self.recv_slot_size as usize
     }
 
-    /// Send-queue depth the QP needs: every ring slot plus the control buffer may be
-    /// outstanding at once.
+    /// Send-queue depth the QP needs (see [`Config::sq_depth`]).
     pub fn sq_depth(&self) -> u32 {
-        self.send_slots + 1
+        self.send_slots + 1 + self.large.write_window + 2 * self.large.max_grants
     }
 
     /// Receive-queue depth the QP needs.
@@ -234,7 +255,7 @@ mod tests {
         assert_eq!(g.send_offset(SendTarget::Control), 64 * 8192);
         assert_eq!(g.send_region_len(), 64 * 8192 + CONTROL_BUF_LEN);
         assert_eq!(g.recv_offset(63) + 8192, g.recv_region_len());
-        assert_eq!(g.sq_depth(), 65);
+        assert_eq!(g.sq_depth(), 65 + 2 + 2 * 16);
     }
 
     #[test]

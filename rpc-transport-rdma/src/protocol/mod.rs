@@ -11,6 +11,8 @@
 //! * [`credits`]: one credit per posted peer receive slot, one of them reserved for
 //!   credit-only frames.
 //! * `send_ring` / `recv_ring`: slot bookkeeping, selective signaling, frame validation.
+//! * [`large`]: bodies too large for a slot: rendezvous, chunked RDMA WRITEs, grants
+//!   revoked by memory-window invalidation.
 //! * [`connection`]: the state machine tying them together.
 //! * [`action`]: what the driver is asked to do, and `wr_id` packing.
 //! * [`error`]: [`ProtocolViolation`], [`SendError`], [`ParamsError`].
@@ -45,6 +47,7 @@ pub mod connection;
 pub mod credits;
 pub mod error;
 pub mod geometry;
+pub mod large;
 pub mod params;
 mod recv_ring;
 mod send_ring;
@@ -52,9 +55,10 @@ mod send_ring;
 #[cfg(test)]
 mod tests;
 
-pub use action::{Action, Received, SendTarget, SendWork, WorkId, CREDITS_OFFSET};
+pub use action::{Action, Received, SendTarget, SendWork, WorkId, WriteWork, CREDITS_OFFSET};
 pub use connection::{CloseReason, Connection, SendReservation, Stats};
 pub use credits::RESERVED_CREDITS;
 pub use error::{ParamsError, ProtocolViolation, SendError};
 pub use geometry::{Config, Geometry, CONTROL_BUF_LEN};
+pub use large::{LargeConfig, LocalBuffer};
 pub use params::{ConnectParams, CONNECT_PARAMS_LEN, TRANSPORT_VERSION};

@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 
-use rpc_core::FrameKind;
+use rpc_core::{FrameKind, Header};
 
 use super::error::ProtocolViolation;
 
@@ -29,6 +29,8 @@ pub(crate) struct Pending {
     pub(crate) kind: FrameKind,
     /// Call id.
     pub(crate) call_id: u64,
+    /// The whole frame, when the protocol generated it (header-only).
+    pub(crate) frame: Option<Header>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,6 +270,7 @@ mod tests {
         len: 64,
         kind: FrameKind::Request,
         call_id: 1,
+        frame: None,
     };
 
     fn post_one(r: &mut SendRing) -> (u32, bool) {

@@ -57,6 +57,12 @@ impl FrameSink for ClientFrames {
         }
     }
 
+    fn transfer_failed(&self, call_id: u64, kind: FrameKind, status: Status) {
+        if kind == FrameKind::Request {
+            self.0.complete(call_id, Err(status));
+        }
+    }
+
     fn closed(&self, status: Status) {
         self.0.close(status);
     }

@@ -72,6 +72,21 @@ pub struct RdmaConfig {
     /// slot that long is stuck (or hostile): the connection is closed rather than letting
     /// it pin the sending threads.
     pub stall_limit: Duration,
+    /// Bodies larger than a slot go by RDMA WRITE in chunks of this many bytes, so that
+    /// small frames of other calls pass between them.
+    pub large_chunk: u32,
+    /// RDMA WRITE chunks outstanding at once per connection.
+    pub large_write_window: u32,
+    /// Largest body (metadata plus message) a peer may send us by RDMA WRITE; larger ones
+    /// are refused before any byte moves, with `RESOURCE_EXHAUSTED` naming both sizes.
+    pub large_max_message: u64,
+    /// Registered memory a connection may lend to large bodies at once (both directions).
+    /// Registered lazily: a connection that never moves a large body registers nothing.
+    pub large_budget: u64,
+    /// Registered large-body memory a connection keeps for reuse once idle.
+    pub large_cache: u64,
+    /// Buffers the peer may be writing into at once; further requests wait their turn.
+    pub large_max_grants: u32,
 }
 
 impl Default for RdmaConfig {
@@ -85,6 +100,12 @@ impl Default for RdmaConfig {
             connect_timeout: Duration::from_secs(5),
             max_inline: 256,
             stall_limit: Duration::from_secs(10),
+            large_chunk: 256 * 1024,
+            large_write_window: 2,
+            large_max_message: 1 << 31,
+            large_budget: 4 << 30,
+            large_cache: 64 << 20,
+            large_max_grants: 16,
         }
     }
 }
@@ -102,6 +123,12 @@ impl RdmaConfig {
             recv_slots: self.slots,
             recv_slot_size: self.slot_size,
             max_inline,
+            large: crate::protocol::LargeConfig {
+                chunk_size: self.large_chunk,
+                write_window: self.large_write_window,
+                max_grants: self.large_max_grants,
+                max_message: self.large_max_message,
+            },
             ..crate::protocol::Config::default()
         }
     }

@@ -9,6 +9,7 @@ mod config;
 mod conn;
 mod events;
 mod kick;
+mod large_pool;
 mod poller;
 mod resources;
 mod server;

@@ -7,6 +7,7 @@ use rpc_core::Status;
 use crate::protocol::Config;
 use crate::protocol::WorkId;
 use crate::transport::config::RdmaConfig;
+use crate::transport::large_pool::LargePool;
 use crate::verbs::{
     AccessFlags, CmId, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain,
     QpCapabilities, QpInitAttr, QueuePair, RecvRequest, Sge, VerbsError,
@@ -21,6 +22,9 @@ pub(crate) struct Resources {
     pub(crate) qp: QueuePair,
     pub(crate) send_mr: MemoryRegion,
     pub(crate) recv_mr: MemoryRegion,
+    /// Buffers and windows of large bodies (shared with the `Bytes` of delivered bodies,
+    /// which keep their registration alive after the connection is gone).
+    pub(crate) large: Arc<LargePool>,
     pub(crate) cq: Arc<CompletionQueue>,
     pub(crate) channel: Arc<CompletionChannel>,
     pub(crate) protocol: Config,
@@ -43,8 +47,10 @@ impl Resources {
         channel
             .set_nonblocking(true)
             .map_err(|e| verbs_status("completion channel", e))?;
-        let depth = config.slots + 1;
-        let cq = CompletionQueue::new(&ctx, depth + config.slots, Some(&channel), 0)
+        // Sized from the configuration before the QP exists; the inline limit the device
+        // grants does not change the queue depths.
+        let sizing = config.protocol(config.max_inline);
+        let cq = CompletionQueue::new(&ctx, sizing.cq_depth(), Some(&channel), 0)
             .map_err(|e| verbs_status("ibv_create_cq", e))?;
         let qp = QueuePair::new(
             id,
@@ -53,7 +59,7 @@ impl Resources {
                 send_cq: cq.clone(),
                 recv_cq: cq.clone(),
                 caps: QpCapabilities {
-                    max_send_wr: depth,
+                    max_send_wr: sizing.sq_depth(),
                     max_recv_wr: config.slots,
                     max_send_sge: 1,
                     max_recv_sge: 1,
@@ -74,10 +80,12 @@ impl Resources {
             .map_err(|e| verbs_status("registering the send ring", e))?;
         let recv_mr = MemoryRegion::alloc(&pd, recv_len, AccessFlags::LOCAL_WRITE)
             .map_err(|e| verbs_status("registering the receive ring", e))?;
+        let large = LargePool::new(pd.clone(), config.large_budget, config.large_cache);
         let resources = Resources {
             qp,
             send_mr,
             recv_mr,
+            large,
             cq,
             channel,
             protocol,

@@ -225,6 +225,12 @@ impl FrameSink for ServerFrames {
 
     fn dropped(&self, _call_id: u64, _kind: FrameKind) {}
 
+    fn transfer_failed(&self, call_id: u64, kind: FrameKind, status: Status) {
+        if kind == FrameKind::Response {
+            self.0.fail_call(call_id, &status);
+        }
+    }
+
     fn closed(&self, status: Status) {
         tracing::debug!(%status, "rdma connection closed");
         self.0.close();

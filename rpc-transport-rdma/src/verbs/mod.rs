@@ -9,6 +9,7 @@
 //! | device context (query device/port/GID) | [`Context`] | `context.rs` |
 //! | protection domain | [`ProtectionDomain`] | `pd.rs` |
 //! | memory region, page-aligned buffer | [`MemoryRegion`], [`AlignedBuffer`] | `mr.rs` |
+//! | memory window (type 2) | [`MemoryWindow`] | `mw.rs` |
 //! | completion channel | [`CompletionChannel`] | `comp_channel.rs` |
 //! | completion queue | [`CompletionQueue`] | `cq.rs` |
 //! | work completion, its errors | [`WorkCompletion`], [`WcError`] | `wc.rs`, `error.rs` |
@@ -25,7 +26,7 @@
 //! QueuePair ──> CompletionQueue ──> CompletionChannel ──> Context
 //!     │    └──> ProtectionDomain ──────────────────────────┘
 //!     └──────> CmId (rdma_cm_id) ──> EventChannel
-//! MemoryRegion ──> ProtectionDomain
+//! MemoryRegion ──> ProtectionDomain <── MemoryWindow
 //! ```
 //!
 //! A QP is destroyed before its CQs, PD and `cm_id`; an MR is deregistered before its PD and
@@ -66,6 +67,7 @@ mod device;
 mod error;
 mod event_channel;
 mod mr;
+mod mw;
 mod pd;
 mod qp;
 mod sockaddr;
@@ -84,6 +86,7 @@ pub use device::{devices, DeviceInfo};
 pub use error::{Result, VerbsError, WcError};
 pub use event_channel::{CmEvent, CmEventKind, EventChannel, PeerConnParam};
 pub use mr::{AccessFlags, AlignedBuffer, MemoryRegion, StableBuffer};
+pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
 pub use qp::{QpCapabilities, QpInitAttr, QueuePair};
 pub use wc::{WcOpcode, WorkCompletion};

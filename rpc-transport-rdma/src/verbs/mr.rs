@@ -28,6 +28,10 @@ impl AccessFlags {
     /// The peer may run atomics on it (needs `LOCAL_WRITE` too).
     pub const REMOTE_ATOMIC: AccessFlags =
         AccessFlags(ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0);
+    /// Memory windows may be bound to it ([`super::MemoryWindow`]); as a window's access,
+    /// nothing. A region with this and `LOCAL_WRITE` only is remotely writable exactly where
+    /// and while a window grants it.
+    pub const MW_BIND: AccessFlags = AccessFlags(ibv_access_flags::IBV_ACCESS_MW_BIND.0);
 
     /// Whether all flags of `other` are set.
     pub fn contains(self, other: AccessFlags) -> bool {
@@ -300,6 +304,10 @@ impl<B: StableBuffer> MemoryRegion<B> {
             length,
             self.lkey(),
         ))
+    }
+
+    pub(crate) fn as_raw(&self) -> *mut ibv_mr {
+        self.raw.as_ptr()
     }
 
     /// Where the peer finds this region (address and rkey), to send it over.

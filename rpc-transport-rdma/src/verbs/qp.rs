@@ -5,13 +5,16 @@ use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
 use rdma_sys::{
-    ibv_post_recv, ibv_post_send, ibv_qp, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr,
-    ibv_send_wr, ibv_sge, ibv_wr_opcode, rdma_create_qp, rdma_destroy_qp, rdma_t,
+    bind_mw_t, ibv_mw_bind_info, ibv_post_recv, ibv_post_send, ibv_qp, ibv_qp_cap,
+    ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wr_opcode,
+    rdma_create_qp, rdma_destroy_qp, rdma_t,
 };
 
 use super::cm_id::{CmId, CmIdInner};
 use super::cq::CompletionQueue;
 use super::error::{check, Result, VerbsError};
+use super::mr::{AccessFlags, MemoryRegion, StableBuffer};
+use super::mw::MemoryWindow;
 use super::pd::ProtectionDomain;
 use super::wr::{RecvRequest, SendFlags, SendOp, SendRequest, Sge};
 
@@ -244,6 +247,69 @@ impl QueuePair {
         unsafe { self.post_send(&wr) }
     }
 
+    /// Binds `window` to bytes `range` of `region` with `access` (remote rights, e.g.
+    /// `REMOTE_WRITE`), under a fresh rkey ([`MemoryWindow::next_rkey`]), which is returned.
+    /// The bind is a send-queue work request: work requests posted after it on this queue
+    /// pair run after it, so a frame that carries the new rkey to the peer can follow at once.
+    ///
+    /// # Safety
+    /// From the post until an invalidation of the returned rkey has completed (or the QP is
+    /// destroyed), the peer may write the range at any time: `region` must stay registered,
+    /// and its bytes there must not be read as settled data before the protocol says the
+    /// peer is done.
+    pub unsafe fn post_bind_window<B: StableBuffer>(
+        &self,
+        wr_id: u64,
+        window: &MemoryWindow,
+        region: &MemoryRegion<B>,
+        range: std::ops::Range<usize>,
+        access: AccessFlags,
+        flags: SendFlags,
+    ) -> Result<u32> {
+        if range.start > range.end || range.end > region.len() || range.is_empty() {
+            return Err(VerbsError::invalid(
+                "ibv_post_send(BIND_MW)",
+                format!(
+                    "range {range:?} outside the region of {} bytes",
+                    region.len()
+                ),
+            ));
+        }
+        let rkey = window.next_rkey();
+        let mut raw = empty_send_wr(wr_id, flags);
+        raw.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
+        raw.bind_mw_tso_union.bind_mw = bind_mw_t {
+            mw: window.as_ptr(),
+            rkey,
+            bind_info: ibv_mw_bind_info {
+                mr: region.as_raw(),
+                addr: region.addr() + range.start as u64,
+                length: (range.end - range.start) as u64,
+                mw_access_flags: access.bits(),
+            },
+        };
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: the QP, window and region are alive for the call; the range is inside the
+        // region (checked above); what the peer may do afterwards is the caller's contract.
+        let ret = unsafe { ibv_post_send(self.raw.as_ptr(), &mut raw, &mut bad) };
+        post_result("ibv_post_send(BIND_MW)", ret, 0)?;
+        window.set_rkey(rkey);
+        Ok(rkey)
+    }
+
+    /// Invalidates `rkey` (of a memory window bound on this queue pair). Once its completion
+    /// is polled, no peer operation with that rkey can reach memory any more; one that tries
+    /// fails with a remote access error. Safe: it only ever takes access away.
+    pub fn post_local_invalidate(&self, wr_id: u64, rkey: u32, flags: SendFlags) -> Result<()> {
+        let mut raw = empty_send_wr(wr_id, flags);
+        raw.opcode = ibv_wr_opcode::IBV_WR_LOCAL_INV;
+        raw.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: the QP is alive; the request names no memory.
+        let ret = unsafe { ibv_post_send(self.raw.as_ptr(), &mut raw, &mut bad) };
+        post_result("ibv_post_send(LOCAL_INV)", ret, 0)
+    }
+
     /// Posts one receive.
     ///
     /// # Safety
@@ -287,6 +353,16 @@ impl Drop for QueuePair {
         // `new`, and is destroyed once. The CQs and PD are still alive (fields drop later).
         unsafe { rdma_destroy_qp(raw_id) };
     }
+}
+
+/// A send work request with no SGEs, opcode 0 and everything else zeroed.
+fn empty_send_wr(wr_id: u64, flags: SendFlags) -> ibv_send_wr {
+    // SAFETY: `ibv_send_wr` is plain old data (integers, pointers, unions of those); all-zero
+    // is valid (NULL pointers, zero opcode and flags).
+    let mut raw: ibv_send_wr = unsafe { std::mem::zeroed() };
+    raw.wr_id = wr_id;
+    raw.send_flags = flags.bits();
+    raw
 }
 
 fn build_send_wr(wr: &SendRequest<'_>) -> Result<ibv_send_wr> {

@@ -19,13 +19,13 @@
 //!   numbered messages whose payload is a pattern of the call id, verified on delivery and
 //!   again on release.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
-use rpc_core::{FrameKind, Header, HEADER_LEN};
+use rpc_core::{Code, FrameKind, Header, HEADER_LEN};
 
 use crate::protocol::{
-    Action, Config, Connection, Geometry, Received, SendError, SendReservation, SendTarget,
-    CREDITS_OFFSET,
+    Action, Config, Connection, Geometry, LocalBuffer, Received, SendError, SendReservation,
+    SendTarget, WorkId, WriteWork, CREDITS_OFFSET,
 };
 
 /// A SEND on the wire.
@@ -35,6 +35,61 @@ struct InFlight {
     len: u32,
     signaled: bool,
     credits: u32,
+}
+
+/// A work request on the wire, in send-queue order (RC executes a send queue in order).
+#[derive(Debug, Clone, Copy)]
+enum Wire {
+    Send(InFlight),
+    Write(WriteWork),
+    /// A local operation (window bind or invalidation): takes effect in queue order.
+    Local(WorkId, Option<u32>),
+}
+
+/// A memory window at the receiver: the range its current rkey grants, while valid.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    addr: u64,
+    len: u64,
+    valid: bool,
+}
+
+/// The large-body side of an endpoint: registered buffers, windows, and what the upper
+/// layer saw.
+#[derive(Debug, Default)]
+pub(crate) struct LargeSide {
+    /// Registered buffers by base address.
+    pub(crate) mem: HashMap<u64, Vec<u8>>,
+    next_addr: u64,
+    /// Source buffers of our transfers.
+    sources: HashMap<u32, u64>,
+    /// Granted buffers: grant id -> (addr, rkey).
+    grants: HashMap<u32, (u64, u32)>,
+    windows: HashMap<u32, Window>,
+    next_rkey: u32,
+    /// Grants refused once this many bytes are lent.
+    pub(crate) budget: Option<u64>,
+    lent: u64,
+    /// Call ids whose large body was handed up, with their lengths.
+    pub(crate) delivered: Vec<(u64, u64)>,
+    /// Grants revoked by a cancel.
+    pub(crate) released: u32,
+    /// Transfers the peer refused: (call, status).
+    pub(crate) failed: Vec<(u64, Code)>,
+    /// Calls whose transfers finished (source returned).
+    pub(crate) done: u32,
+    /// Remote access errors seen (WRITEs that found no valid window).
+    pub(crate) access_errors: u32,
+    /// The last WRITE posted, for replaying it late.
+    last_write: Option<WriteWork>,
+}
+
+impl LargeSide {
+    fn alloc(&mut self, len: u64) -> u64 {
+        self.next_addr += 0x1_0000_0000;
+        self.mem.insert(self.next_addr, vec![0; len as usize]);
+        self.next_addr
+    }
 }
 
 /// A receive completion waiting to be polled.
@@ -62,9 +117,10 @@ pub(crate) struct Endpoint {
     /// Actions taken from the connection, not yet executed.
     pending: VecDeque<Action>,
     rq: VecDeque<u32>,
-    wire: VecDeque<InFlight>,
-    sq: VecDeque<(SendTarget, bool)>,
-    send_cq: VecDeque<SendTarget>,
+    wire: VecDeque<Wire>,
+    sq: VecDeque<(WorkId, bool)>,
+    send_cq: VecDeque<WorkId>,
+    pub(crate) large: LargeSide,
     recv_cq: VecDeque<RecvCqe>,
     /// Frames the upper layer holds.
     pub(crate) held: Vec<Received>,
@@ -102,6 +158,7 @@ impl Endpoint {
             wire: VecDeque::new(),
             sq: VecDeque::new(),
             send_cq: VecDeque::new(),
+            large: LargeSide::default(),
             recv_cq: VecDeque::new(),
             held: Vec::new(),
             written: VecDeque::new(),
@@ -130,7 +187,75 @@ impl Endpoint {
     }
 
     fn in_sq(&self, target: SendTarget) -> bool {
-        self.sq.iter().any(|&(t, _)| t == target)
+        let id = match target {
+            SendTarget::Ring(slot) => WorkId::Send(slot),
+            SendTarget::Control => WorkId::Control,
+        };
+        self.sq.iter().any(|&(t, _)| t == id)
+    }
+
+    fn push_sq(&mut self, id: WorkId, signaled: bool) {
+        assert!(
+            self.sq.len() < self.geom.sq_depth() as usize,
+            "send queue overflow: depth {}",
+            self.geom.sq_depth()
+        );
+        self.sq.push_back((id, signaled));
+    }
+
+    /// Encodes a request of `len` payload bytes into a fresh registered buffer and starts
+    /// sending it by the large-body path. Returns its call id.
+    pub(crate) fn send_large(&mut self, len: u64) -> Result<u64, SendError> {
+        let call_id = self.next_call;
+        self.next_call += 1;
+        let addr = self.large.alloc(len);
+        let buf = self.large.mem.get_mut(&addr).expect("just allocated");
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = pattern(call_id, i);
+        }
+        let mut notice = Header::new(FrameKind::Request, call_id);
+        notice.method_id = 7;
+        notice.payload_len = u32::try_from(len).expect("test bodies fit u32");
+        match self
+            .conn
+            .start_large(&notice, LocalBuffer { addr, lkey: 1 })
+        {
+            Ok(transfer) => {
+                self.large.sources.insert(transfer, addr);
+                self.absorb();
+                Ok(call_id)
+            }
+            Err(e) => {
+                self.large.mem.remove(&addr);
+                Err(e)
+            }
+        }
+    }
+
+    /// Puts a copy of the last WRITE on the wire again, as a late or forged WRITE would
+    /// arrive (from a fresh source buffer full of 0xEE).
+    pub(crate) fn replay_last_write(&mut self) {
+        let w = self.large.last_write.expect("a WRITE was posted");
+        let addr = self.large.alloc(u64::from(w.len));
+        self.large.mem.get_mut(&addr).expect("allocated").fill(0xEE);
+        self.large.sources.insert(u32::MAX, addr);
+        self.wire.push_back(Wire::Write(WriteWork {
+            transfer: u32::MAX,
+            local_addr: addr,
+            ..w
+        }));
+    }
+
+    /// Sends a Cancel for `call_id` (a plain frame through the ring).
+    pub(crate) fn cancel(&mut self, call_id: u64) -> Result<(), SendError> {
+        let reservation = self.conn.reserve_send(HEADER_LEN)?;
+        let header = Header::new(FrameKind::Cancel, call_id);
+        let off = self.geom.send_offset(reservation.target());
+        header.encode(&mut self.send_mem[off..off + HEADER_LEN]);
+        self.conn.commit_send(reservation, &header)?;
+        self.committed.push(call_id);
+        self.absorb();
+        Ok(())
     }
 
     /// Reserves a slot and writes a numbered request with `payload` bytes into it.
@@ -225,11 +350,6 @@ impl Endpoint {
             }
             Action::PostSend(work) => {
                 assert!(
-                    self.sq.len() < self.geom.sq_depth() as usize,
-                    "send queue overflow: depth {}",
-                    self.geom.sq_depth()
-                );
-                assert!(
                     !self.in_sq(work.target),
                     "{:?} re-posted while outstanding",
                     work.target
@@ -241,13 +361,120 @@ impl Endpoint {
                 assert!(work.len <= cap && work.len <= self.geom.max_send_frame);
                 let off = self.geom.send_offset(work.target);
                 work.prepare(&mut self.send_mem[off..off + cap as usize]);
-                self.sq.push_back((work.target, work.signaled));
-                self.wire.push_back(InFlight {
+                self.push_sq(work.work_id(), work.signaled);
+                self.wire.push_back(Wire::Send(InFlight {
                     target: work.target,
                     len: work.len,
                     signaled: work.signaled,
                     credits: work.credits,
-                });
+                }));
+            }
+            Action::PostWrite(w) => {
+                let base = self.large.sources[&w.transfer];
+                let src = &self.large.mem[&base];
+                let start = w.local_addr - base;
+                assert!(
+                    start + u64::from(w.len) <= src.len() as u64,
+                    "WRITE source outside its buffer"
+                );
+                self.push_sq(WorkId::Write(w.transfer), true);
+                self.wire.push_back(Wire::Write(w));
+                self.large.last_write = Some(w);
+            }
+            Action::TransferDone { transfer } => {
+                let addr = self
+                    .large
+                    .sources
+                    .remove(&transfer)
+                    .expect("known transfer");
+                assert!(
+                    !self.sq.iter().any(|&(id, _)| id == WorkId::Write(transfer)),
+                    "source buffer returned while a WRITE still reads it"
+                );
+                self.large.mem.remove(&addr);
+                self.large.done += 1;
+            }
+            Action::TransferFailed {
+                transfer,
+                call_id,
+                status,
+                ..
+            } => {
+                let addr = self
+                    .large
+                    .sources
+                    .remove(&transfer)
+                    .expect("known transfer");
+                self.large.mem.remove(&addr);
+                self.large.failed.push((call_id, status));
+            }
+            Action::GrantNeeded { call_id, len } => {
+                if self.large.budget.is_some_and(|b| self.large.lent + len > b) {
+                    let budget = self.large.budget.unwrap_or(0);
+                    self.conn.refuse(call_id, Code::ResourceExhausted, budget);
+                } else {
+                    let addr = self.large.alloc(len);
+                    self.large.next_rkey += 0x101;
+                    let rkey = self.large.next_rkey;
+                    match self.conn.grant(call_id, addr, rkey, len) {
+                        Some(grant) => {
+                            self.large.lent += len;
+                            self.large.grants.insert(grant, (addr, rkey));
+                            self.large.windows.insert(
+                                rkey,
+                                Window {
+                                    addr,
+                                    len,
+                                    valid: false,
+                                },
+                            );
+                        }
+                        None => {
+                            self.large.mem.remove(&addr);
+                        }
+                    }
+                }
+                // Actions the answer produced run after the ones already queued.
+                while let Some(action) = self.conn.poll_action() {
+                    self.pending.push_back(action);
+                }
+            }
+            Action::BindWindow { grant } => {
+                let (_, rkey) = self.large.grants[&grant];
+                self.push_sq(WorkId::Bind(grant), true);
+                self.wire
+                    .push_back(Wire::Local(WorkId::Bind(grant), Some(rkey)));
+            }
+            Action::Invalidate { grant, rkey } => {
+                assert_eq!(self.large.grants[&grant].1, rkey);
+                self.push_sq(WorkId::Invalidate(grant), true);
+                self.wire
+                    .push_back(Wire::Local(WorkId::Invalidate(grant), Some(rkey)));
+            }
+            Action::DeliverLarge { grant, header } => {
+                let (addr, rkey) = self.large.grants.remove(&grant).expect("known grant");
+                assert!(
+                    !self.large.windows[&rkey].valid,
+                    "body handed up while still remotely writable"
+                );
+                let buf = self.large.mem.remove(&addr).expect("granted buffer");
+                let len = header.message_len();
+                assert_eq!(header.kind, FrameKind::Request);
+                for (i, &b) in buf[..len as usize].iter().enumerate() {
+                    assert_eq!(b, pattern(header.call_id, i), "large body corrupted");
+                }
+                self.large.lent -= buf.len() as u64;
+                self.large.delivered.push((header.call_id, len));
+            }
+            Action::ReleaseGrant { grant } => {
+                let (addr, rkey) = self.large.grants.remove(&grant).expect("known grant");
+                assert!(
+                    !self.large.windows[&rkey].valid,
+                    "buffer reused while still remotely writable"
+                );
+                let buf = self.large.mem.remove(&addr).expect("granted buffer");
+                self.large.lent -= buf.len() as u64;
+                self.large.released += 1;
             }
             Action::Writable => {
                 self.blocked = false;
@@ -260,7 +487,7 @@ impl Endpoint {
 
     /// Polls one send completion.
     pub(crate) fn poll_send(&mut self) -> bool {
-        let Some(target) = self.send_cq.pop_front() else {
+        let Some(id) = self.send_cq.pop_front() else {
             return false;
         };
         // Everything up to and including this WR left the send queue.
@@ -269,12 +496,20 @@ impl Endpoint {
                 .sq
                 .pop_front()
                 .expect("completion for a WR not in the SQ");
-            if t == target {
+            if t == id {
                 assert!(signaled);
                 break;
             }
         }
-        self.conn.on_send_complete(target).expect("send completion");
+        let outcome = match id {
+            WorkId::Send(slot) => self.conn.on_send_complete(SendTarget::Ring(slot)),
+            WorkId::Control => self.conn.on_send_complete(SendTarget::Control),
+            WorkId::Write(transfer) => self.conn.on_write_complete(transfer),
+            WorkId::Bind(grant) => self.conn.on_bind_complete(grant),
+            WorkId::Invalidate(grant) => self.conn.on_invalidated(grant),
+            WorkId::Recv(_) => unreachable!("receives complete on the receive CQ"),
+        };
+        outcome.expect("send-queue completion");
         self.absorb();
         true
     }
@@ -315,7 +550,10 @@ impl Endpoint {
             "slot {} overwritten while held",
             rx.slot
         );
-        assert_eq!(rx.header.kind, FrameKind::Request);
+        assert!(matches!(
+            rx.header.kind,
+            FrameKind::Request | FrameKind::Cancel
+        ));
         assert_eq!(rx.payload_range().len(), rx.header.payload_len as usize);
         for (i, &b) in frame[rx.payload_range()].iter().enumerate() {
             assert_eq!(
@@ -345,12 +583,68 @@ impl Endpoint {
             _ => None,
         })
     }
+
+    fn wire_sends(&self) -> impl Iterator<Item = &InFlight> {
+        self.wire.iter().filter_map(|w| match w {
+            Wire::Send(f) => Some(f),
+            _ => None,
+        })
+    }
+
+    /// Kinds of the work requests on the wire, oldest first ("S" send, "W" write, "L" local).
+    pub(crate) fn wire_shape(&self) -> String {
+        self.wire
+            .iter()
+            .map(|w| match w {
+                Wire::Send(_) => 'S',
+                Wire::Write(_) => 'W',
+                Wire::Local(..) => 'L',
+            })
+            .collect()
+    }
 }
 
-/// Moves the oldest SEND on `from`'s wire into `to`'s oldest posted RECV.
+/// Executes the oldest work request on `from`'s wire: a SEND lands in `to`'s oldest posted
+/// RECV, a WRITE in `to`'s memory through a valid window, a local operation on `from`.
 fn transmit(from: &mut Endpoint, to: &mut Endpoint) -> bool {
-    let Some(frame) = from.wire.pop_front() else {
+    let Some(wr) = from.wire.pop_front() else {
         return false;
+    };
+    let frame = match wr {
+        Wire::Send(frame) => frame,
+        Wire::Write(w) => {
+            let window = to.large.windows.get(&w.rkey).copied();
+            let fits = window.is_some_and(|win| {
+                win.valid
+                    && w.remote_addr >= win.addr
+                    && w.remote_addr + u64::from(w.len) <= win.addr + win.len
+            });
+            if !fits {
+                // A real responder NAKs and both QPs go to the error state.
+                to.large.access_errors += 1;
+                return true;
+            }
+            let win = window.expect("checked");
+            let base = from.large.sources[&w.transfer];
+            let src_at = (w.local_addr - base) as usize;
+            let data = from.large.mem[&base][src_at..src_at + w.len as usize].to_vec();
+            let dst = to
+                .large
+                .mem
+                .get_mut(&win.addr)
+                .expect("window over a live buffer");
+            let dst_at = (w.remote_addr - win.addr) as usize;
+            dst[dst_at..dst_at + data.len()].copy_from_slice(&data);
+            from.send_cq.push_back(WorkId::Write(w.transfer));
+            return true;
+        }
+        Wire::Local(id, rkey) => {
+            let window = rkey.and_then(|k| from.large.windows.get_mut(&k));
+            let window = window.expect("local operation on a known window");
+            window.valid = matches!(id, WorkId::Bind(_));
+            from.send_cq.push_back(id);
+            return true;
+        }
     };
     let Some(slot) = to.rq.pop_front() else {
         panic!("RNR: {frame:?} arrived but the peer has no RECV posted");
@@ -375,7 +669,10 @@ fn transmit(from: &mut Endpoint, to: &mut Endpoint) -> bool {
         credits: frame.credits,
     });
     if frame.signaled {
-        from.send_cq.push_back(frame.target);
+        from.send_cq.push_back(match frame.target {
+            SendTarget::Ring(slot) => WorkId::Send(slot),
+            SendTarget::Control => WorkId::Control,
+        });
     }
     true
 }
@@ -449,9 +746,9 @@ impl Pair {
     /// queue. Granting a credit before its RECV is posted breaks this at once, even if no
     /// schedule happens to turn it into an RNR.
     fn rnr_free(tx: &Endpoint, rx: &Endpoint) {
-        let grants_sent = rx.wire.iter().map(|f| u64::from(f.credits)).sum::<u64>()
+        let grants_sent = rx.wire_sends().map(|f| u64::from(f.credits)).sum::<u64>()
             + tx.recv_cq.iter().map(|c| u64::from(c.credits)).sum::<u64>();
-        let frames_coming = (tx.pending_sends().count() + tx.wire.len()) as u64;
+        let frames_coming = (tx.pending_sends().count() + tx.wire_sends().count()) as u64;
         let claimed = u64::from(tx.conn.stats().send_credits) + grants_sent + frames_coming;
         assert!(
             rx.rq.len() as u64 >= claimed,
@@ -467,10 +764,10 @@ impl Pair {
             .pending_sends()
             .map(|w| u64::from(w.credits))
             .sum::<u64>()
-            + rx.wire.iter().map(|f| u64::from(f.credits)).sum::<u64>()
+            + rx.wire_sends().map(|f| u64::from(f.credits)).sum::<u64>()
             + tx.recv_cq.iter().map(|c| u64::from(c.credits)).sum::<u64>();
         let frames_in_flight =
-            (tx.pending_sends().count() + tx.wire.len() + rx.recv_cq.len()) as u64;
+            (tx.pending_sends().count() + tx.wire_sends().count() + rx.recv_cq.len()) as u64;
         let stats_tx = tx.conn.stats();
         let stats_rx = rx.conn.stats();
         assert_eq!(stats_rx.recv_held as usize, rx.held.len());

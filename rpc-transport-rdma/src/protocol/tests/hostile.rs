@@ -321,3 +321,107 @@ proptest! {
         c.assert_invariants();
     }
 }
+
+/// Feeds `h` into receive slot `slot` as a header-only frame and returns the outcome.
+fn feed(c: &mut Connection, slot: u32, h: &Header) -> Result<(), ProtocolViolation> {
+    c.on_recv_complete(slot, 64, &frame(h)).map(|_| ())
+}
+
+fn ask(call_id: u64, len: u64) -> Header {
+    let mut h = Header::new(FrameKind::LargeRequest, call_id);
+    h.remote.len = len;
+    h
+}
+
+fn placed(call_id: u64, payload_len: u32) -> Header {
+    let mut h = Header::new(FrameKind::Request, call_id);
+    h.flags = rpc_core::Flags::LARGE_PAYLOAD;
+    h.payload_len = payload_len;
+    h
+}
+
+fn grant_of(call_id: u64, len: u64) -> Header {
+    let mut h = Header::new(FrameKind::LargeGrant, call_id);
+    h.remote = rpc_core::RemoteBuffer {
+        addr: 0x10_0000,
+        rkey: 0x1234,
+        generation: 1,
+        len,
+    };
+    h
+}
+
+#[test]
+fn a_body_placed_without_a_grant_is_a_violation() {
+    let mut c = conn();
+    let expected = ProtocolViolation::PlacedWithoutGrant { call_id: 9 };
+    assert_eq!(feed(&mut c, 0, &placed(9, 1000)), Err(expected.clone()));
+    assert_closed_by(&mut c, expected);
+}
+
+#[test]
+fn a_body_larger_than_its_grant_is_a_violation() {
+    let mut c = conn();
+    feed(&mut c, 0, &ask(3, 1000)).expect("buffer request");
+    assert_eq!(
+        c.poll_action(),
+        Some(Action::GrantNeeded {
+            call_id: 3,
+            len: 1000
+        })
+    );
+    c.grant(3, 0x10_0000, 0x77, 1000).expect("granted");
+    while c.poll_action().is_some() {}
+    let expected = ProtocolViolation::PlacedBeyondGrant {
+        call_id: 3,
+        len: 1001,
+        granted: 1000,
+    };
+    assert_eq!(feed(&mut c, 1, &placed(3, 1001)), Err(expected.clone()));
+    assert_closed_by(&mut c, expected);
+}
+
+#[test]
+fn a_second_buffer_request_for_a_call_is_a_violation() {
+    let mut c = conn();
+    feed(&mut c, 0, &ask(5, 1000)).expect("buffer request");
+    let expected = ProtocolViolation::DuplicateBufferRequest { call_id: 5 };
+    assert_eq!(feed(&mut c, 1, &ask(5, 1000)), Err(expected.clone()));
+    assert_closed_by(&mut c, expected);
+}
+
+#[test]
+fn grants_nobody_asked_for_or_too_small_are_violations() {
+    let mut c = conn();
+    let expected = ProtocolViolation::UnexpectedGrant { call_id: 4 };
+    assert_eq!(feed(&mut c, 0, &grant_of(4, 1000)), Err(expected.clone()));
+    assert_closed_by(&mut c, expected);
+
+    let mut c = conn();
+    let mut notice = Header::new(FrameKind::Request, 4);
+    notice.payload_len = 5000;
+    c.start_large(
+        &notice,
+        crate::protocol::LocalBuffer {
+            addr: 0x1000,
+            lkey: 1,
+        },
+    )
+    .expect("start");
+    let expected = ProtocolViolation::GrantTooSmall {
+        call_id: 4,
+        granted: 100,
+        needed: 5000,
+    };
+    assert_eq!(feed(&mut c, 0, &grant_of(4, 100)), Err(expected.clone()));
+    assert_closed_by(&mut c, expected);
+}
+
+#[test]
+fn callers_cannot_send_protocol_owned_frames() {
+    let mut c = conn();
+    for h in [ask(1, 10), grant_of(1, 10), placed(1, 10)] {
+        let r = c.reserve_send(64).expect("slot");
+        assert_eq!(c.commit_send(r, &h), Err(SendError::ReservedKind(h.kind)));
+    }
+}

@@ -3,5 +3,6 @@
 
 mod fabric;
 mod hostile;
+mod large;
 mod random;
 mod scenarios;

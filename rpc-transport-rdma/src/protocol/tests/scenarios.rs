@@ -107,7 +107,7 @@ fn caller_headers_are_validated_before_they_reach_the_wire() {
     let credit_only = Header::new(FrameKind::CreditOnly, 0);
     assert_eq!(
         p.a.conn.commit_send(r, &credit_only),
-        Err(SendError::ReservedKind)
+        Err(SendError::ReservedKind(FrameKind::CreditOnly))
     );
     let r = p.a.conn.reserve_send(64).unwrap();
     let mut cancel = Header::new(FrameKind::Cancel, 1);

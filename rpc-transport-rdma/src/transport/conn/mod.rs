@@ -18,12 +18,15 @@ use parking_lot::{Condvar, Mutex};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::{FrameKind, Status};
 
-use crate::protocol::{self, Action, Received, SendError};
+use crate::protocol::{self, Action, SendError};
 use crate::transport::kick::Kick;
 use crate::transport::resources::Resources;
 use crate::verbs::{CmId, SendFlags, SendOp, SendRequest, Sge, WorkCompletion};
 
+mod large;
 mod recv;
+
+use large::{Arrival, LargeState};
 
 /// Completions taken from the CQ per poll.
 const POLL_BATCH: usize = 32;
@@ -56,6 +59,9 @@ pub(crate) trait FrameSink: Send + Sync {
     fn deliver(&self, frame: InboundFrame);
     /// A committed frame was never sent because the connection closed.
     fn dropped(&self, call_id: u64, kind: FrameKind);
+    /// A large body (`kind`: request or response) could not be sent: the peer refused a
+    /// buffer for it. Its call fails with `status`.
+    fn transfer_failed(&self, call_id: u64, kind: FrameKind, status: Status);
     /// The connection is closed; no more frames will come.
     fn closed(&self, status: Status);
 }
@@ -64,6 +70,8 @@ struct Engine {
     proto: protocol::Connection,
     /// Calls whose queued frames the protocol dropped, reported outside the lock.
     dropped: Vec<(u64, FrameKind)>,
+    /// Buffers and windows of large bodies in flight.
+    large: LargeState,
 }
 
 pub(crate) struct Conn {
@@ -97,10 +105,12 @@ pub(crate) struct Conn {
     close_pending: AtomicBool,
     /// Frames received by a thread that was already delivering (a handler that polled while
     /// waiting for send credits); its outermost delivery loop hands them over, in order.
-    deferred: Mutex<Vec<Received>>,
+    deferred: Mutex<Vec<Arrival>>,
     peer: String,
     /// Longest a sender waits for a slot before the peer is declared stuck.
     stall_limit: Duration,
+    /// Largest frame one SEND carries (negotiated; larger bodies go by RDMA WRITE).
+    max_send_frame: usize,
 }
 
 impl Conn {
@@ -117,12 +127,15 @@ impl Conn {
         let geometry = protocol::Geometry::negotiate(&res.protocol, &params).map_err(|e| {
             Status::unavailable(format!("cannot agree on ring geometry with {peer}: {e}"))
         })?;
+        let max_send_frame = geometry.max_send_frame as usize;
         Ok(Arc::new(Conn {
+            max_send_frame,
             res,
             id,
             engine: Mutex::new(Engine {
                 proto: protocol::Connection::new(geometry),
                 dropped: Vec::new(),
+                large: LargeState::default(),
             }),
             completions: Mutex::new(WorkCompletion::array(POLL_BATCH)),
             writable_epoch: AtomicU64::new(0),
@@ -172,13 +185,20 @@ impl Conn {
 
     /// Largest frame this connection can send in one slot.
     pub(crate) fn max_frame(&self) -> usize {
-        self.engine.lock().proto.geometry().max_send_frame as usize
+        self.max_frame_cached()
+    }
+
+    fn max_frame_cached(&self) -> usize {
+        self.max_send_frame
     }
 
     /// Encodes `frame` into a send slot and posts it (or queues it behind earlier frames
     /// waiting for credits). Blocks while the ring and queue are full.
     pub(crate) fn send(self: &Arc<Self>, frame: &OutgoingFrame<'_>) -> Result<(), Status> {
         let len = frame.len();
+        if len > self.max_frame_cached() && large::is_body_kind(frame.header().kind) {
+            return self.send_large(frame);
+        }
         let mut blocked_since: Option<Instant> = None;
         loop {
             let epoch = self.writable_epoch.load(Ordering::Acquire);
@@ -234,6 +254,9 @@ impl Conn {
         match err {
             SendError::TooLarge { max, .. } => Status::resource_exhausted(format!(
                 "frame of {len} bytes exceeds the RDMA slot size of {max} bytes"
+            )),
+            SendError::DuplicateTransfer { call_id } => Status::already_exists(format!(
+                "call {call_id} already has a large body on its way"
             )),
             SendError::Closed => self.closed_status(),
             other => Status::internal(format!("rdma send: {other}")),
@@ -307,13 +330,14 @@ impl Conn {
                     engine.dropped.push((call_id, kind));
                     Ok(())
                 }
+                other => self.run_large_action(engine, other),
             };
             if let Err(e) = posted {
                 tracing::warn!(peer = %self.peer, %e, "posting a work request failed");
                 engine.proto.close();
             }
         }
-        if !engine.dropped.is_empty() || engine.proto.is_closed() {
+        if !engine.dropped.is_empty() || engine.large.has_failures() || engine.proto.is_closed() {
             self.attention.store(true, Ordering::Release);
         }
     }
@@ -348,15 +372,19 @@ impl Conn {
     /// Reports frames the protocol dropped and, if it closed the connection, closes it.
     /// Calls back into the upper layer: never from under its locks.
     pub(crate) fn report_dropped_and_close(&self) {
-        let (dropped, reason) = {
+        let (dropped, failed, reason) = {
             let mut engine = self.engine.lock();
             let reason = engine.proto.close_reason().map(|r| format!("{r:?}"));
-            (std::mem::take(&mut engine.dropped), reason)
+            let failed = engine.large.take_failures();
+            (std::mem::take(&mut engine.dropped), failed, reason)
         };
-        if !dropped.is_empty() {
+        if !dropped.is_empty() || !failed.is_empty() {
             if let Some(sink) = self.sink() {
                 for (call_id, kind) in dropped {
                     sink.dropped(call_id, kind);
+                }
+                for (call_id, kind, status) in failed {
+                    sink.transfer_failed(call_id, kind, status);
                 }
             }
         }

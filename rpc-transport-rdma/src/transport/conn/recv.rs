@@ -10,13 +10,14 @@ use bytes::Bytes;
 use rpc_core::frame::InboundFrame;
 use smallvec::SmallVec;
 
+use super::large::{placed_frame, Arrival};
 use super::{Conn, Engine, FrameSink, Polled, CLOCK_EVERY, DELIVERING, UPPER_LAYER_LOCKED};
-use crate::protocol::{Received, SendTarget, WorkId};
+use crate::protocol::{SendTarget, WorkId};
 use crate::transport::resources::verbs_status;
 use crate::verbs::WorkCompletion;
 
 /// Frames taken from one poll of the completion queue.
-type Batch = SmallVec<[Received; 4]>;
+type Batch = SmallVec<[Arrival; 4]>;
 
 impl Conn {
     /// Polls the completion queue once (if no other thread is) and delivers what arrived.
@@ -51,6 +52,13 @@ impl Conn {
                 self.on_completion(&mut engine, wc, &mut received);
             }
             self.run_actions(&mut engine);
+            received.extend(
+                engine
+                    .large
+                    .take_arrived()
+                    .into_iter()
+                    .map(|(header, buffer)| Arrival::Placed(header, buffer)),
+            );
         }
         drop(completions);
         self.after_engine();
@@ -89,8 +97,11 @@ impl Conn {
                 engine
                     .proto
                     .on_recv_complete(slot, wc.byte_len(), bytes)
-                    .map(|frame| received.extend(frame))
+                    .map(|frame| received.extend(frame.map(Arrival::Slot)))
             }
+            WorkId::Write(transfer) => engine.proto.on_write_complete(transfer),
+            WorkId::Bind(grant) => engine.proto.on_bind_complete(grant),
+            WorkId::Invalidate(grant) => engine.proto.on_invalidated(grant),
         };
         if let Err(violation) = outcome {
             tracing::warn!(peer = %self.peer, %violation, "peer violated the protocol");
@@ -116,9 +127,16 @@ impl Conn {
     fn deliver_batch(
         self: &Arc<Self>,
         sink: &dyn FrameSink,
-        received: impl IntoIterator<Item = Received>,
+        received: impl IntoIterator<Item = Arrival>,
     ) {
-        for rx in received {
+        for arrival in received {
+            let rx = match arrival {
+                Arrival::Slot(rx) => rx,
+                Arrival::Placed(header, buffer) => {
+                    sink.deliver(placed_frame(header, buffer));
+                    continue;
+                }
+            };
             let owner = RecvSlot {
                 conn: Arc::clone(self),
                 slot: rx.slot,

@@ -1,0 +1,574 @@
+//! Large bodies: the rendezvous, RDMA WRITE chunking and peer-writable grants.
+//!
+//! A body (metadata plus message) too large for a ring slot travels by RDMA WRITE into a
+//! buffer the *receiver* grants for that one call:
+//!
+//! ```text
+//! writer                                      receiver
+//!   LargeRequest {call, len}        ───────▶  GrantNeeded → driver leases a buffer,
+//!                                             binds a fresh memory window over it
+//!                                  ◀───────  LargeGrant {call, addr, rkey, len}
+//!   WRITE chunk 0 .. chunk n        ───────▶  (no completion at the receiver)
+//!   Request|Response + LARGE_PAYLOAD ──────▶  local invalidate of the rkey, then deliver
+//! ```
+//!
+//! Every frame of the exchange is header-only and is generated here; they travel through
+//! the send ring under the same credits as any frame. The notification follows the last
+//! WRITE on the same queue pair, so RC ordering puts the data in place before the
+//! receiver sees it. WRITEs are cut into chunks with a bounded number outstanding, so small
+//! frames posted meanwhile wait for at most `write_window` chunks, not for the whole body.
+//!
+//! A grant ends, and its rkey is invalidated, exactly when the writer can no longer write
+//! to it: the notification arrived (the body is complete), or the writer's `Cancel` for the
+//! call arrived (a writer never writes after cancelling, and RC delivers its earlier WRITEs
+//! first). Only after the invalidation completes is the body handed up or the buffer reused,
+//! so a late or forged WRITE fails at the device instead of landing in another call's data.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use rpc_core::{Code, Flags, FrameKind, Header, RemoteBuffer};
+
+use super::action::{Action, WriteWork};
+use super::error::{ProtocolViolation, SendError};
+
+/// Tuning of the large-body path (local policy, never on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LargeConfig {
+    /// Largest RDMA WRITE posted at once. A body goes as several, so that frames of other
+    /// calls pass between them.
+    pub chunk_size: u32,
+    /// RDMA WRITEs outstanding at once on a connection, all transfers together.
+    pub write_window: u32,
+    /// Peer-writable grants (asked for or open) at once; further buffer requests wait.
+    pub max_grants: u32,
+    /// Largest body the peer may ask a buffer for; larger requests are refused with
+    /// `RESOURCE_EXHAUSTED`.
+    pub max_message: u64,
+}
+
+impl Default for LargeConfig {
+    fn default() -> Self {
+        LargeConfig {
+            chunk_size: 256 * 1024,
+            write_window: 2,
+            max_grants: 16,
+            max_message: 2 << 30,
+        }
+    }
+}
+
+/// Registered local memory an outgoing body was encoded into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalBuffer {
+    /// Address of the first byte of the body.
+    pub addr: u64,
+    /// Local key of its registration.
+    pub lkey: u32,
+}
+
+#[derive(Debug)]
+enum TransferState {
+    /// The buffer request is queued or sent; no grant yet.
+    AwaitingGrant,
+    /// Granted: chunks from `next` on are still to be posted.
+    Writing { remote: RemoteBuffer, next: u64 },
+    /// Every chunk and the notification are posted.
+    Written,
+    /// Cancelled while chunks were outstanding; no more are posted.
+    Aborted,
+}
+
+#[derive(Debug)]
+struct Transfer {
+    call_id: u64,
+    /// The frame that announces the placed body.
+    notice: Header,
+    local: LocalBuffer,
+    total: u64,
+    in_flight: u32,
+    state: TransferState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GrantState {
+    /// The peer may write.
+    Open,
+    /// The body arrived; the rkey is being invalidated before it is handed up.
+    Arrived(Header),
+    /// The call was cancelled; the rkey is being invalidated before the buffer is reused.
+    Revoking,
+}
+
+#[derive(Debug)]
+struct Grant {
+    rkey: u32,
+    len: u64,
+    state: GrantState,
+}
+
+/// Both roles of the large-body path on one connection: writer of outgoing bodies and
+/// grantor of incoming ones.
+#[derive(Debug)]
+pub(crate) struct Large {
+    config: LargeConfig,
+    next_transfer: u32,
+    transfers: HashMap<u32, Transfer>,
+    transfer_by_call: HashMap<u64, u32>,
+    /// Calls cancelled while their buffer request was on the wire: the grant that may
+    /// still come is expected, and ignored (the receiver revokes it on our Cancel).
+    abandoned: HashSet<u64>,
+    /// Transfers with chunks left to post, served round robin.
+    writing: VecDeque<u32>,
+    writes_in_flight: u32,
+    next_grant: u32,
+    grants: HashMap<u32, Grant>,
+    grant_by_call: HashMap<u64, u32>,
+    /// Buffer requests handed to the driver (`GrantNeeded`) and not yet answered.
+    asked: HashSet<u64>,
+    /// Buffer requests beyond `max_grants`, in arrival order.
+    waiting: VecDeque<(u64, u64)>,
+    /// Header-only frames to send, in order.
+    frames: VecDeque<Header>,
+}
+
+impl Large {
+    pub(crate) fn new(config: LargeConfig) -> Self {
+        Large {
+            config,
+            next_transfer: 0,
+            transfers: HashMap::new(),
+            transfer_by_call: HashMap::new(),
+            abandoned: HashSet::new(),
+            writing: VecDeque::new(),
+            writes_in_flight: 0,
+            next_grant: 0,
+            grants: HashMap::new(),
+            grant_by_call: HashMap::new(),
+            asked: HashSet::new(),
+            waiting: VecDeque::new(),
+            frames: VecDeque::new(),
+        }
+    }
+
+    /// Nothing is under way in either role.
+    #[cfg(test)]
+    pub(crate) fn is_idle(&self) -> bool {
+        self.transfers.is_empty()
+            && self.abandoned.is_empty()
+            && self.grants.is_empty()
+            && self.asked.is_empty()
+            && self.waiting.is_empty()
+            && self.frames.is_empty()
+    }
+
+    /// Transfers under way, grants open or asked for.
+    pub(crate) fn counts(&self) -> (u32, u32) {
+        (
+            self.transfers.len() as u32,
+            (self.grants.len() + self.asked.len()) as u32,
+        )
+    }
+
+    // ---- writer ----
+
+    /// Starts sending the body announced by `notice` (a request or response whose lengths
+    /// describe the body) from `local`: queues the buffer request.
+    pub(crate) fn start(&mut self, notice: Header, local: LocalBuffer) -> Result<u32, SendError> {
+        let call_id = notice.call_id;
+        if !matches!(notice.kind, FrameKind::Request | FrameKind::Response) {
+            return Err(SendError::ReservedKind(notice.kind));
+        }
+        let total = notice.message_len();
+        if total == 0 {
+            return Err(SendError::NotLarge { len: total });
+        }
+        if self.transfer_by_call.contains_key(&call_id) {
+            return Err(SendError::DuplicateTransfer { call_id });
+        }
+        let notice = Header {
+            flags: notice.flags.with(Flags::LARGE_PAYLOAD),
+            credits: 0,
+            ..notice
+        };
+        Header::decode(&notice.to_bytes()).map_err(SendError::InvalidHeader)?;
+        self.next_transfer = self.next_transfer.wrapping_add(1);
+        while self.transfers.contains_key(&self.next_transfer) {
+            self.next_transfer = self.next_transfer.wrapping_add(1);
+        }
+        let id = self.next_transfer;
+        self.abandoned.remove(&call_id);
+        self.transfers.insert(
+            id,
+            Transfer {
+                call_id,
+                notice,
+                local,
+                total,
+                in_flight: 0,
+                state: TransferState::AwaitingGrant,
+            },
+        );
+        self.transfer_by_call.insert(call_id, id);
+        let mut ask = Header::new(FrameKind::LargeRequest, call_id);
+        ask.remote.len = total;
+        self.frames.push_back(ask);
+        Ok(id)
+    }
+
+    /// The peer answered our buffer request.
+    pub(crate) fn on_grant(
+        &mut self,
+        grant: &Header,
+        out: &mut VecDeque<Action>,
+    ) -> Result<(), ProtocolViolation> {
+        let call_id = grant.call_id;
+        if self.abandoned.remove(&call_id) {
+            return Ok(());
+        }
+        let transfer = self
+            .transfer_by_call
+            .get(&call_id)
+            .and_then(|id| Some((*id, self.transfers.get_mut(id)?)));
+        let Some((id, transfer)) = transfer else {
+            return Err(ProtocolViolation::UnexpectedGrant { call_id });
+        };
+        if !matches!(transfer.state, TransferState::AwaitingGrant) {
+            return Err(ProtocolViolation::UnexpectedGrant { call_id });
+        }
+        if grant.status != Code::Ok {
+            let kind = transfer.notice.kind;
+            let transfer_len = transfer.total;
+            self.transfers.remove(&id);
+            self.transfer_by_call.remove(&call_id);
+            out.push_back(Action::TransferFailed {
+                transfer: id,
+                call_id,
+                kind,
+                status: grant.status,
+                len: transfer_len,
+                limit: grant.remote.len,
+            });
+            return Ok(());
+        }
+        if grant.remote.len < transfer.total {
+            return Err(ProtocolViolation::GrantTooSmall {
+                call_id,
+                granted: grant.remote.len,
+                needed: transfer.total,
+            });
+        }
+        transfer.state = TransferState::Writing {
+            remote: grant.remote,
+            next: 0,
+        };
+        self.writing.push_back(id);
+        Ok(())
+    }
+
+    /// Posts chunks while the write window allows, round robin over transfers; queues a
+    /// transfer's notification right behind its last chunk.
+    pub(crate) fn pump_writes(&mut self, out: &mut VecDeque<Action>) {
+        while self.writes_in_flight < self.config.write_window {
+            let Some(id) = self.writing.pop_front() else {
+                return;
+            };
+            let Some(t) = self.transfers.get_mut(&id) else {
+                continue;
+            };
+            let TransferState::Writing { remote, next } = &mut t.state else {
+                continue;
+            };
+            let len = (t.total - *next).min(u64::from(self.config.chunk_size));
+            out.push_back(Action::PostWrite(WriteWork {
+                transfer: id,
+                local_addr: t.local.addr + *next,
+                lkey: t.local.lkey,
+                len: len as u32,
+                remote_addr: remote.addr + *next,
+                rkey: remote.rkey,
+            }));
+            *next += len;
+            t.in_flight += 1;
+            self.writes_in_flight += 1;
+            if *next == t.total {
+                t.state = TransferState::Written;
+                self.frames.push_back(t.notice);
+            } else {
+                self.writing.push_back(id);
+            }
+        }
+    }
+
+    /// A WRITE of `id` completed.
+    pub(crate) fn on_write_complete(
+        &mut self,
+        id: u32,
+        out: &mut VecDeque<Action>,
+    ) -> Result<(), ProtocolViolation> {
+        let unexpected = ProtocolViolation::UnexpectedLargeCompletion { what: "write", id };
+        let Some(t) = self.transfers.get_mut(&id) else {
+            return Err(unexpected);
+        };
+        if t.in_flight == 0 {
+            return Err(unexpected);
+        }
+        t.in_flight -= 1;
+        self.writes_in_flight -= 1;
+        let finished = matches!(t.state, TransferState::Written | TransferState::Aborted);
+        if finished && t.in_flight == 0 {
+            let call_id = t.call_id;
+            self.transfers.remove(&id);
+            if self.transfer_by_call.get(&call_id) == Some(&id) {
+                self.transfer_by_call.remove(&call_id);
+            }
+            out.push_back(Action::TransferDone { transfer: id });
+        }
+        Ok(())
+    }
+
+    /// The upper layer cancelled `call_id` (its Cancel frame is being committed): stop
+    /// writing its body. Chunks already posted precede the Cancel on the wire.
+    pub(crate) fn abort(&mut self, call_id: u64, out: &mut VecDeque<Action>) {
+        let Some(&id) = self.transfer_by_call.get(&call_id) else {
+            return;
+        };
+        let Some(t) = self.transfers.get_mut(&id) else {
+            return;
+        };
+        match t.state {
+            TransferState::AwaitingGrant => {
+                let queued = self
+                    .frames
+                    .iter()
+                    .position(|h| h.kind == FrameKind::LargeRequest && h.call_id == call_id);
+                match queued {
+                    Some(at) => {
+                        self.frames.remove(at);
+                    }
+                    None => {
+                        self.abandoned.insert(call_id);
+                    }
+                }
+                self.transfers.remove(&id);
+                self.transfer_by_call.remove(&call_id);
+                out.push_back(Action::TransferDone { transfer: id });
+            }
+            TransferState::Writing { .. } => {
+                self.writing.retain(|&w| w != id);
+                if t.in_flight == 0 {
+                    self.transfers.remove(&id);
+                    self.transfer_by_call.remove(&call_id);
+                    out.push_back(Action::TransferDone { transfer: id });
+                } else {
+                    t.state = TransferState::Aborted;
+                }
+            }
+            // The notification is on its way; the receiver revokes on the Cancel after it.
+            TransferState::Written | TransferState::Aborted => {}
+        }
+    }
+
+    // ---- receiver ----
+
+    /// The peer asks for a buffer.
+    pub(crate) fn on_buffer_request(
+        &mut self,
+        ask: &Header,
+        out: &mut VecDeque<Action>,
+    ) -> Result<(), ProtocolViolation> {
+        let call_id = ask.call_id;
+        let known = self.asked.contains(&call_id)
+            || self.grant_by_call.contains_key(&call_id)
+            || self.waiting.iter().any(|&(c, _)| c == call_id);
+        if known {
+            return Err(ProtocolViolation::DuplicateBufferRequest { call_id });
+        }
+        let len = ask.remote.len;
+        if len > self.config.max_message {
+            self.push_refusal(call_id, Code::ResourceExhausted, self.config.max_message);
+            return Ok(());
+        }
+        self.waiting.push_back((call_id, len));
+        self.admit_waiting(out);
+        Ok(())
+    }
+
+    fn admit_waiting(&mut self, out: &mut VecDeque<Action>) {
+        while (self.grants.len() + self.asked.len()) < self.config.max_grants as usize {
+            let Some((call_id, len)) = self.waiting.pop_front() else {
+                return;
+            };
+            self.asked.insert(call_id);
+            out.push_back(Action::GrantNeeded { call_id, len });
+        }
+    }
+
+    /// The driver lent a buffer for `call_id` and will bind a window over it with `rkey`.
+    /// Returns the grant id, or `None` if the request is gone (cancelled meanwhile): the
+    /// driver takes its buffer back.
+    pub(crate) fn grant(
+        &mut self,
+        call_id: u64,
+        addr: u64,
+        rkey: u32,
+        len: u64,
+        out: &mut VecDeque<Action>,
+    ) -> Option<u32> {
+        if !self.asked.remove(&call_id) {
+            return None;
+        }
+        self.next_grant = self.next_grant.wrapping_add(1);
+        while self.next_grant == 0 || self.grants.contains_key(&self.next_grant) {
+            self.next_grant = self.next_grant.wrapping_add(1);
+        }
+        let id = self.next_grant;
+        self.grants.insert(
+            id,
+            Grant {
+                rkey,
+                len,
+                state: GrantState::Open,
+            },
+        );
+        self.grant_by_call.insert(call_id, id);
+        out.push_back(Action::BindWindow { grant: id });
+        let mut frame = Header::new(FrameKind::LargeGrant, call_id);
+        frame.remote = RemoteBuffer {
+            addr,
+            rkey,
+            generation: id,
+            len,
+        };
+        self.frames.push_back(frame);
+        Some(id)
+    }
+
+    /// The driver cannot lend a buffer for `call_id` (budget, registration failure);
+    /// `limit` tells the writer the most it could have lent, 0 if unknown.
+    pub(crate) fn refuse(
+        &mut self,
+        call_id: u64,
+        status: Code,
+        limit: u64,
+        out: &mut VecDeque<Action>,
+    ) {
+        if self.asked.remove(&call_id) {
+            self.push_refusal(call_id, status, limit);
+            self.admit_waiting(out);
+        }
+    }
+
+    /// A refusal is a grant with an error status and no buffer; its length carries the
+    /// receiver's limit, so the writer's error can name both sizes.
+    fn push_refusal(&mut self, call_id: u64, status: Code, limit: u64) {
+        let mut frame = Header::new(FrameKind::LargeGrant, call_id);
+        frame.status = if status == Code::Ok {
+            Code::ResourceExhausted
+        } else {
+            status
+        };
+        frame.remote.len = limit;
+        self.frames.push_back(frame);
+    }
+
+    /// A frame announces that its body was written into the grant of its call.
+    pub(crate) fn on_placed(
+        &mut self,
+        notice: &Header,
+        out: &mut VecDeque<Action>,
+    ) -> Result<(), ProtocolViolation> {
+        let call_id = notice.call_id;
+        let grant = self
+            .grant_by_call
+            .get(&call_id)
+            .and_then(|id| Some((*id, self.grants.get_mut(id)?)));
+        let Some((id, grant)) = grant else {
+            return Err(ProtocolViolation::PlacedWithoutGrant { call_id });
+        };
+        let len = notice.message_len();
+        if len > grant.len {
+            return Err(ProtocolViolation::PlacedBeyondGrant {
+                call_id,
+                len,
+                granted: grant.len,
+            });
+        }
+        grant.state = GrantState::Arrived(*notice);
+        self.grant_by_call.remove(&call_id);
+        out.push_back(Action::Invalidate {
+            grant: id,
+            rkey: grant.rkey,
+        });
+        Ok(())
+    }
+
+    /// The peer cancelled `call_id`: it will not write for it any more. A buffer request
+    /// not granted yet is answered with a refusal, so that every request gets one answer.
+    pub(crate) fn on_peer_cancel(&mut self, call_id: u64, out: &mut VecDeque<Action>) {
+        let was_waiting = self.waiting.iter().any(|&(c, _)| c == call_id);
+        if self.asked.remove(&call_id) || was_waiting {
+            self.waiting.retain(|&(c, _)| c != call_id);
+            self.push_refusal(call_id, Code::Cancelled, 0);
+            self.admit_waiting(out);
+            return;
+        }
+        let Some(id) = self.grant_by_call.remove(&call_id) else {
+            return;
+        };
+        if let Some(grant) = self.grants.get_mut(&id) {
+            grant.state = GrantState::Revoking;
+            out.push_back(Action::Invalidate {
+                grant: id,
+                rkey: grant.rkey,
+            });
+        }
+    }
+
+    /// The bind of grant `id`'s window completed.
+    pub(crate) fn on_bind_complete(&mut self, id: u32) -> Result<(), ProtocolViolation> {
+        if self.grants.contains_key(&id) {
+            Ok(())
+        } else {
+            Err(ProtocolViolation::UnexpectedLargeCompletion { what: "bind", id })
+        }
+    }
+
+    /// The invalidation of grant `id`'s rkey completed: hand the body up, or the buffer back.
+    pub(crate) fn on_invalidated(
+        &mut self,
+        id: u32,
+        out: &mut VecDeque<Action>,
+    ) -> Result<(), ProtocolViolation> {
+        let state = self.grants.get(&id).map(|g| g.state);
+        match state {
+            Some(GrantState::Arrived(header)) => {
+                self.grants.remove(&id);
+                out.push_back(Action::DeliverLarge { grant: id, header });
+            }
+            Some(GrantState::Revoking) => {
+                self.grants.remove(&id);
+                out.push_back(Action::ReleaseGrant { grant: id });
+            }
+            Some(GrantState::Open) | None => {
+                return Err(ProtocolViolation::UnexpectedLargeCompletion {
+                    what: "invalidate",
+                    id,
+                })
+            }
+        }
+        self.admit_waiting(out);
+        Ok(())
+    }
+
+    // ---- frames ----
+
+    /// The next header-only frame to send, if any.
+    pub(crate) fn next_frame(&self) -> Option<&Header> {
+        self.frames.front()
+    }
+
+    /// Removes the frame returned by [`Large::next_frame`] (it was committed to the ring).
+    pub(crate) fn pop_frame(&mut self) {
+        self.frames.pop_front();
+    }
+}

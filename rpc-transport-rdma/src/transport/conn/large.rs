@@ -1,0 +1,269 @@
+//! The driver side of large bodies: encoding into leased registered buffers, posting the
+//! WRITEs, binds and invalidations the protocol asks for, and handing placed bodies up as
+//! zero-copy `Bytes`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use rpc_core::frame::{InboundFrame, OutgoingFrame};
+use rpc_core::{Code, FrameKind, Header, Status};
+
+use super::{Conn, Engine};
+use crate::protocol::{Action, LocalBuffer, Received, WorkId};
+use crate::transport::large_pool::LargeBuffer;
+use crate::transport::resources::CONN_TAG;
+use crate::verbs::{
+    AccessFlags, MemoryWindow, RemoteAddr, SendFlags, SendOp, SendRequest, Sge, VerbsError,
+};
+
+/// Kinds whose body may travel by RDMA WRITE.
+pub(super) fn is_body_kind(kind: FrameKind) -> bool {
+    matches!(kind, FrameKind::Request | FrameKind::Response)
+}
+
+/// A buffer the peer may be writing into, and the window that lets it.
+#[derive(Debug)]
+struct Granted {
+    buffer: LargeBuffer,
+    window: MemoryWindow,
+    rkey: u32,
+}
+
+/// Large-body resources of one connection, kept under the engine lock.
+#[derive(Debug, Default)]
+pub(super) struct LargeState {
+    /// Source buffers of outgoing transfers, until their WRITEs completed.
+    sources: HashMap<u32, LargeBuffer>,
+    grants: HashMap<u32, Granted>,
+    /// Bodies that arrived and are no longer remotely writable, to hand up after the lock.
+    arrived: Vec<(Header, LargeBuffer)>,
+    /// Transfers the peer refused, to report after the lock.
+    failed: Vec<(u64, FrameKind, Status)>,
+}
+
+impl LargeState {
+    pub(super) fn has_failures(&self) -> bool {
+        !self.failed.is_empty()
+    }
+
+    pub(super) fn take_failures(&mut self) -> Vec<(u64, FrameKind, Status)> {
+        std::mem::take(&mut self.failed)
+    }
+
+    pub(super) fn take_arrived(&mut self) -> Vec<(Header, LargeBuffer)> {
+        std::mem::take(&mut self.arrived)
+    }
+}
+
+/// Something to hand to the upper layer.
+#[derive(Debug)]
+pub(super) enum Arrival {
+    /// A frame in a receive slot.
+    Slot(Received),
+    /// A body placed by RDMA WRITE, announced by the header.
+    Placed(Header, LargeBuffer),
+}
+
+impl Conn {
+    /// Sends a request or response whose frame exceeds a slot: encodes the body straight
+    /// into a leased registered buffer (metadata, then payload) and starts the rendezvous.
+    /// Returns at once; the WRITEs go out when the peer grants a buffer.
+    pub(super) fn send_large(self: &Arc<Self>, frame: &OutgoingFrame<'_>) -> Result<(), Status> {
+        let header = *frame.header();
+        let metadata_len = header.metadata_len as usize;
+        let total = header.message_len() as usize;
+        let mut buffer = self.res.large.lease(total).map_err(|e| {
+            Status::resource_exhausted(format!("cannot send a body of {total} bytes: {e}"))
+        })?;
+        {
+            let body = buffer.as_mut_slice();
+            let (metadata, payload) = body.split_at_mut(metadata_len);
+            frame.metadata().encode_into(metadata);
+            frame.payload().encode_into(payload);
+        }
+        let local = LocalBuffer {
+            addr: buffer.addr(),
+            lkey: buffer.lkey(),
+        };
+        let started = {
+            let mut engine = self.engine.lock();
+            let started = engine.proto.start_large(&header, local);
+            if let Ok(transfer) = started {
+                engine.large.sources.insert(transfer, buffer);
+            }
+            self.run_actions(&mut engine);
+            started
+        };
+        self.after_engine();
+        started.map(|_| ()).map_err(|e| self.send_error(e, total))
+    }
+
+    /// Executes an action of the large-body path. Engine lock held.
+    pub(super) fn run_large_action(
+        &self,
+        engine: &mut Engine,
+        action: Action,
+    ) -> Result<(), VerbsError> {
+        match action {
+            Action::PostWrite(w) => {
+                let sge = [Sge::new(w.local_addr, w.len, w.lkey)];
+                let request = SendRequest {
+                    wr_id: WorkId::Write(w.transfer).to_wr_id(CONN_TAG),
+                    sges: &sge,
+                    op: SendOp::RdmaWrite(RemoteAddr {
+                        addr: w.remote_addr,
+                        rkey: w.rkey,
+                    }),
+                    flags: SendFlags::SIGNALED,
+                };
+                debug_assert!(engine.large.sources.contains_key(&w.transfer));
+                // SAFETY: the source range lies in the transfer's leased buffer, which stays
+                // in `sources` (registered, unwritten) until the protocol's TransferDone,
+                // which comes only after this WRITE's completion.
+                unsafe { self.res.qp.post_send(&request) }
+            }
+            Action::TransferDone { transfer } => {
+                engine.large.sources.remove(&transfer);
+                Ok(())
+            }
+            Action::TransferFailed {
+                transfer,
+                call_id,
+                kind,
+                status,
+                len,
+                limit,
+            } => {
+                engine.large.sources.remove(&transfer);
+                let what = if kind == FrameKind::Request {
+                    "request"
+                } else {
+                    "response"
+                };
+                let limit = match limit {
+                    0 => String::new(),
+                    limit => format!(" (its limit is {limit} bytes)"),
+                };
+                let status = Status::new(
+                    status,
+                    format!(
+                        "{} refused to accept a {what} of {len} bytes{limit}",
+                        self.peer
+                    ),
+                );
+                engine.large.failed.push((call_id, kind, status));
+                Ok(())
+            }
+            Action::GrantNeeded { call_id, len } => {
+                self.lend_buffer(engine, call_id, len);
+                Ok(())
+            }
+            Action::BindWindow { grant } => {
+                let Some(g) = engine.large.grants.get(&grant) else {
+                    return Ok(());
+                };
+                let wr_id = WorkId::Bind(grant).to_wr_id(CONN_TAG);
+                // SAFETY: the buffer stays in `grants` until the window's invalidation has
+                // completed (DeliverLarge/ReleaseGrant come after it) or the QP is destroyed
+                // (`res` drops before the engine); its bytes are read only after that.
+                let rkey = unsafe {
+                    self.res.qp.post_bind_window(
+                        wr_id,
+                        &g.window,
+                        g.buffer.region(),
+                        0..g.buffer.len(),
+                        AccessFlags::REMOTE_WRITE,
+                        SendFlags::SIGNALED,
+                    )
+                }?;
+                if rkey != g.rkey {
+                    return Err(VerbsError::invalid(
+                        "ibv_post_send(BIND_MW)",
+                        "the window's rkey changed between grant and bind",
+                    ));
+                }
+                Ok(())
+            }
+            Action::Invalidate { grant, rkey } => {
+                let wr_id = WorkId::Invalidate(grant).to_wr_id(CONN_TAG);
+                self.res
+                    .qp
+                    .post_local_invalidate(wr_id, rkey, SendFlags::SIGNALED)
+            }
+            Action::DeliverLarge { grant, header } => {
+                if let Some(g) = engine.large.grants.remove(&grant) {
+                    self.res.large.put_window(g.window);
+                    engine.large.arrived.push((header, g.buffer));
+                }
+                Ok(())
+            }
+            Action::ReleaseGrant { grant } => {
+                if let Some(g) = engine.large.grants.remove(&grant) {
+                    self.res.large.put_window(g.window);
+                }
+                Ok(())
+            }
+            Action::PostRecv { .. }
+            | Action::PostSend(_)
+            | Action::Writable
+            | Action::SendDropped { .. } => {
+                unreachable!("ring actions are executed by run_actions")
+            }
+        }
+    }
+
+    /// Answers the peer's buffer request: lease, window, grant; or refuse.
+    fn lend_buffer(&self, engine: &mut Engine, call_id: u64, len: u64) {
+        let leased = usize::try_from(len)
+            .map_err(|_| format!("{len} bytes do not fit this machine's address space"))
+            .and_then(|len| self.res.large.lease(len).map_err(|e| e.to_string()))
+            .and_then(|buffer| {
+                let window = self.res.large.window().map_err(|e| e.to_string())?;
+                Ok((buffer, window))
+            });
+        let (buffer, window) = match leased {
+            Ok(leased) => leased,
+            Err(reason) => {
+                tracing::warn!(peer = %self.peer, call_id, len, %reason, "refusing a large body");
+                engine
+                    .proto
+                    .refuse(call_id, Code::ResourceExhausted, self.res.large.budget());
+                return;
+            }
+        };
+        let rkey = window.next_rkey();
+        match engine
+            .proto
+            .grant(call_id, buffer.addr(), rkey, buffer.len() as u64)
+        {
+            Some(grant) => {
+                engine.large.grants.insert(
+                    grant,
+                    Granted {
+                        buffer,
+                        window,
+                        rkey,
+                    },
+                );
+            }
+            None => self.res.large.put_window(window),
+        }
+    }
+}
+
+/// Hands a placed body up: metadata and payload are views of the leased buffer, which goes
+/// back to the pool when the last view drops.
+pub(super) fn placed_frame(header: Header, buffer: LargeBuffer) -> InboundFrame {
+    let metadata_len = header.metadata_len as usize;
+    let total = header.message_len() as usize;
+    let body = Bytes::from_owner(buffer);
+    InboundFrame {
+        metadata: body.slice(..metadata_len),
+        payload: body.slice(metadata_len..total),
+        header: rpc_core::Header {
+            flags: rpc_core::Flags::NONE,
+            ..header
+        },
+    }
+}

@@ -1,0 +1,203 @@
+//! Registered buffers for large bodies, and the memory windows that expose them.
+//!
+//! One pool per connection (registrations and windows belong to its protection domain).
+//! Buffers are registered once and reused: a body leases the smallest free buffer that
+//! holds it without wasting more than half, else a new one is registered with its size
+//! rounded up to a power of two, so a steady workload stops registering after warm-up.
+//! Buffers come back when the last `Bytes` view of a delivered body drops, or when the
+//! transfer that read them completes; they stay registered while the cache holds fewer
+//! than `cache_bytes`, and are deregistered otherwise. Leases never exceed `budget_bytes`.
+//!
+//! Buffers are registered `LOCAL_WRITE | MW_BIND` and never with remote access: the peer
+//! reaches one only through a memory window bound over it for one grant.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::verbs::{AccessFlags, MemoryRegion, MemoryWindow, ProtectionDomain, VerbsError};
+
+/// Smallest buffer registered (smaller bodies round up to it).
+const MIN_BUFFER: usize = 64 * 1024;
+
+/// Why a buffer could not be lent.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PoolError {
+    #[error("{wanted} bytes would exceed the large-buffer budget of {budget} bytes ({lent} lent)")]
+    Budget { wanted: u64, budget: u64, lent: u64 },
+    #[error("registering a {len}-byte buffer: {source}")]
+    Register { len: usize, source: VerbsError },
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Registered, unused buffers by capacity.
+    free: BTreeMap<usize, Vec<MemoryRegion>>,
+    cached: u64,
+    lent: u64,
+    windows: Vec<MemoryWindow>,
+}
+
+/// The pool of one connection.
+#[derive(Debug)]
+pub(crate) struct LargePool {
+    pd: Arc<ProtectionDomain>,
+    budget: u64,
+    cache: u64,
+    inner: Mutex<Inner>,
+}
+
+impl LargePool {
+    pub(crate) fn new(pd: Arc<ProtectionDomain>, budget: u64, cache: u64) -> Arc<LargePool> {
+        Arc::new(LargePool {
+            pd,
+            budget,
+            cache,
+            inner: Mutex::new(Inner::default()),
+        })
+    }
+
+    /// Bytes a lease of `len` would take from the budget.
+    fn capacity_for(len: usize) -> usize {
+        len.max(MIN_BUFFER)
+            .checked_next_power_of_two()
+            .unwrap_or(len)
+    }
+
+    /// Lends a registered buffer of at least `len` bytes.
+    pub(crate) fn lease(self: &Arc<Self>, len: usize) -> Result<LargeBuffer, PoolError> {
+        let reused = {
+            let mut inner = self.inner.lock();
+            let found = inner
+                .free
+                .range_mut(len.max(1)..=len.saturating_mul(2).max(MIN_BUFFER))
+                .find_map(|(_, regions)| regions.pop());
+            let charge = found
+                .as_ref()
+                .map_or(Self::capacity_for(len), MemoryRegion::len) as u64;
+            if inner.lent + charge > self.budget {
+                if let Some(region) = found {
+                    inner.free.entry(region.len()).or_default().push(region);
+                }
+                return Err(PoolError::Budget {
+                    wanted: charge,
+                    budget: self.budget,
+                    lent: inner.lent,
+                });
+            }
+            inner.lent += charge;
+            inner.free.retain(|_, regions| !regions.is_empty());
+            if let Some(region) = &found {
+                inner.cached -= region.len() as u64;
+            }
+            found
+        };
+        let region = match reused {
+            Some(region) => region,
+            None => {
+                let capacity = Self::capacity_for(len);
+                let access = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
+                match MemoryRegion::alloc(&self.pd, capacity, access) {
+                    Ok(region) => region,
+                    Err(source) => {
+                        self.inner.lock().lent -= capacity as u64;
+                        return Err(PoolError::Register {
+                            len: capacity,
+                            source,
+                        });
+                    }
+                }
+            }
+        };
+        Ok(LargeBuffer {
+            region: Some(region),
+            len,
+            pool: Arc::clone(self),
+        })
+    }
+
+    fn give_back(&self, region: MemoryRegion) {
+        let capacity = region.len() as u64;
+        let mut inner = self.inner.lock();
+        inner.lent -= capacity;
+        if inner.cached + capacity <= self.cache {
+            inner.cached += capacity;
+            inner.free.entry(region.len()).or_default().push(region);
+        }
+        // Otherwise `region` drops here: deregistered and freed.
+    }
+
+    /// Most bytes lent at once.
+    pub(crate) fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// A memory window to bind for a grant.
+    pub(crate) fn window(&self) -> Result<MemoryWindow, VerbsError> {
+        if let Some(window) = self.inner.lock().windows.pop() {
+            return Ok(window);
+        }
+        MemoryWindow::alloc(&self.pd)
+    }
+
+    /// Returns a window whose binding was invalidated.
+    pub(crate) fn put_window(&self, window: MemoryWindow) {
+        self.inner.lock().windows.push(window);
+    }
+}
+
+/// A leased buffer: the first `len` bytes of a registered region. Returns to its pool when
+/// dropped.
+#[derive(Debug)]
+pub(crate) struct LargeBuffer {
+    region: Option<MemoryRegion>,
+    len: usize,
+    pool: Arc<LargePool>,
+}
+
+impl LargeBuffer {
+    /// The registration (whole capacity).
+    pub(crate) fn region(&self) -> &MemoryRegion {
+        self.region.as_ref().expect("present until drop")
+    }
+
+    /// Address of the first byte.
+    pub(crate) fn addr(&self) -> u64 {
+        self.region().addr()
+    }
+
+    /// Local key.
+    pub(crate) fn lkey(&self) -> u32 {
+        self.region().lkey()
+    }
+
+    /// Bytes asked for.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The leased bytes, for encoding a body into (no work request names them yet).
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut self
+            .region
+            .as_mut()
+            .expect("present until drop")
+            .as_mut_slice()[..len]
+    }
+}
+
+impl AsRef<[u8]> for LargeBuffer {
+    fn as_ref(&self) -> &[u8] {
+        &self.region().as_slice()[..self.len]
+    }
+}
+
+impl Drop for LargeBuffer {
+    fn drop(&mut self) {
+        if let Some(region) = self.region.take() {
+            self.pool.give_back(region);
+        }
+    }
+}
