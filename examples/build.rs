@@ -1,6 +1,12 @@
 fn main() -> std::io::Result<()> {
-    rpc_codegen::configure().compile_protos(
-        &["../proto/echo.proto", "../proto/testing.proto"],
-        &["../proto"],
-    )
+    rpc_codegen::configure()
+        // Bulk payloads are `Bytes`: decoded as views of the received buffer, no copy.
+        .bytes([
+            ".rpc.testing.BulkRequest.payload",
+            ".rpc.testing.BulkReply.payload",
+        ])
+        .compile_protos(
+            &["../proto/echo.proto", "../proto/testing.proto"],
+            &["../proto"],
+        )
 }

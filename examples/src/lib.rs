@@ -21,4 +21,4 @@ pub use rpc::testing;
 
 mod services;
 
-pub use services::{EchoService, Tester, TesterStats};
+pub use services::{bulk_pattern, EchoService, Tester, TesterStats};

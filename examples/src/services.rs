@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime};
 use rpc_core::{Code, Request, Response, Status};
 
 use crate::echo::{echo_server, EchoReply, EchoRequest};
-use crate::testing::{tester_server, FailRequest, SleepRequest};
+use crate::testing::{tester_server, BulkReply, BulkRequest, FailRequest, SleepRequest};
 
 /// Echoes every request.
 #[derive(Debug, Default, Clone, Copy)]
@@ -87,6 +87,21 @@ impl tester_server::Tester for Tester {
         Err(Status::new(code, message))
     }
 
+    async fn bulk(&self, request: Request<BulkRequest>) -> Result<Response<BulkReply>, Status> {
+        let BulkRequest {
+            reply_len,
+            seed,
+            payload,
+        } = request.into_inner();
+        let reply_len = usize::try_from(reply_len)
+            .map_err(|_| Status::invalid_argument("reply_len does not fit memory"))?;
+        Ok(Response::new(BulkReply {
+            matched: payload[..] == bulk_pattern(payload.len(), seed)[..],
+            received: payload.len() as u64,
+            payload: bulk_pattern(reply_len, seed).into(),
+        }))
+    }
+
     async fn panic(&self, _request: Request<()>) -> Result<Response<()>, Status> {
         panic!("the Tester was asked to panic")
     }
@@ -101,4 +116,26 @@ impl EchoService {
         let EchoRequest { payload, seq } = request.into_inner();
         Ok(Response::new(EchoReply { payload, seq }))
     }
+}
+
+/// `len` bytes of test pattern for `seed`: 64 KiB blocks of a seeded byte sequence, each
+/// starting with its block index, so that lost, repeated or misplaced blocks show. Built
+/// with block copies, fast even for a GiB in a debug build.
+pub fn bulk_pattern(len: usize, seed: u64) -> Vec<u8> {
+    const BLOCK: usize = 64 * 1024;
+    let block: Vec<u8> = (0..BLOCK)
+        .map(|i| (i as u64).wrapping_mul(131).wrapping_add(seed) as u8)
+        .collect();
+    let mut out = Vec::with_capacity(len);
+    let mut index = 0u64;
+    while out.len() < len {
+        let start = out.len();
+        let take = BLOCK.min(len - start);
+        out.extend_from_slice(&block[..take]);
+        let tag = (index ^ seed).to_le_bytes();
+        let tagged = tag.len().min(take);
+        out[start..start + tagged].copy_from_slice(&tag[..tagged]);
+        index += 1;
+    }
+    out
 }

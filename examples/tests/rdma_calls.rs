@@ -168,7 +168,8 @@ fn messages_at_slot_size_and_one_byte_either_side() {
     let client = EchoClient::new(connect(&server, config));
     // Frame = 64-byte header + EchoRequest{payload: n} encoded as 1 + 2 (varint) + n bytes.
     let payload_for_frame = |frame: usize| frame - 64 - 3;
-    for frame in [4095, 4096] {
+    // 4097 no longer fits a slot: that body goes by RDMA WRITE, transparently.
+    for frame in [4095, 4096, 4097] {
         let payload = pattern(payload_for_frame(frame), frame as u64);
         let reply = client
             .echo_blocking(EchoRequest {
@@ -179,17 +180,6 @@ fn messages_at_slot_size_and_one_byte_either_side() {
             .into_inner();
         assert_eq!(reply.payload, payload, "frame of {frame} bytes");
     }
-    let err = client
-        .echo_blocking(EchoRequest {
-            payload: pattern(payload_for_frame(4097), 1),
-            seq: 0,
-        })
-        .unwrap_err();
-    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
-    assert!(
-        err.message().contains("4097") && err.message().contains("4096"),
-        "{err}"
-    );
     // The connection is still fine.
     client.echo_blocking(EchoRequest::default()).unwrap();
 }

@@ -2,7 +2,9 @@
 //! well-behaved client of the same server keeps working.
 //!
 //! The hostile peer is raw verbs: it connects with valid ring parameters, then SENDs a
-//! forged frame (garbage, a credit grant beyond the ring, a length beyond what arrived).
+//! forged frame (garbage, a credit grant beyond the ring, a length beyond what arrived, a
+//! body "placed" without a grant or beyond it), or RDMA WRITEs with a forged rkey or beyond
+//! the window it was granted.
 //! Prints "skipped" without a device (fails instead with RDMA_RPC_REQUIRE_DEVICE=1).
 
 use std::net::SocketAddr;
@@ -10,12 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpc_core::{
-    method_id, CallTable, Channel, ChannelConfig, Code, FrameKind, Header, Request, Server,
+    method_id, CallTable, Channel, ChannelConfig, Code, Flags, FrameKind, Header, Request, Server,
 };
 use rpc_transport_rdma::protocol::ConnectParams;
 use rpc_transport_rdma::verbs::{
     test_support, AccessFlags, CmEventKind, CmId, CompletionQueue, ConnParam, EventChannel,
-    MemoryRegion, ProtectionDomain, QpCapabilities, QpInitAttr, QueuePair, RecvRequest,
+    MemoryRegion, ProtectionDomain, QpCapabilities, QpInitAttr, QueuePair, RecvRequest, RemoteAddr,
+    SendFlags, SendOp, SendRequest, WcOpcode, WorkCompletion,
 };
 use rpc_transport_rdma::{RdmaClient, RdmaConfig, RdmaServer};
 
@@ -33,66 +36,150 @@ fn next_event(channel: &Arc<EventChannel>, kind: CmEventKind) {
     }
 }
 
-/// Connects like an rdma-rpc client, sends `frame` as its first message and returns once the
-/// server has disconnected it.
-fn hostile_peer_is_disconnected(server: SocketAddr, frame: &[u8]) {
-    let channel = EventChannel::new().expect("event channel");
-    channel.set_nonblocking(true).expect("non-blocking");
-    let id = CmId::new(&channel).expect("cm id");
-    id.resolve_addr(None, server, LIMIT).expect("resolve addr");
-    next_event(&channel, CmEventKind::AddrResolved);
-    id.resolve_route(LIMIT).expect("resolve route");
-    next_event(&channel, CmEventKind::RouteResolved);
-    let ctx = id.context().expect("device");
-    let pd = ProtectionDomain::new(&ctx).expect("pd");
-    let cq = CompletionQueue::new(&ctx, 64, None, 0).expect("cq");
-    let qp = QueuePair::new(
-        &id,
-        &pd,
-        QpInitAttr {
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            caps: QpCapabilities {
-                max_inline_data: 256,
-                ..QpCapabilities::default()
+/// A raw-verbs peer that connects like an rdma-rpc client and then misbehaves.
+struct HostilePeer {
+    channel: Arc<EventChannel>,
+    // Field order is teardown order: the QP goes before the memory it names.
+    qp: QueuePair,
+    cq: Arc<CompletionQueue>,
+    recv: MemoryRegion,
+    source: MemoryRegion,
+    _id: CmId,
+}
+
+const SLOT: usize = 4096;
+
+impl HostilePeer {
+    fn connect(server: SocketAddr) -> HostilePeer {
+        let channel = EventChannel::new().expect("event channel");
+        channel.set_nonblocking(true).expect("non-blocking");
+        let id = CmId::new(&channel).expect("cm id");
+        id.resolve_addr(None, server, LIMIT).expect("resolve addr");
+        next_event(&channel, CmEventKind::AddrResolved);
+        id.resolve_route(LIMIT).expect("resolve route");
+        next_event(&channel, CmEventKind::RouteResolved);
+        let ctx = id.context().expect("device");
+        let pd = ProtectionDomain::new(&ctx).expect("pd");
+        let cq = CompletionQueue::new(&ctx, 64, None, 0).expect("cq");
+        let qp = QueuePair::new(
+            &id,
+            &pd,
+            QpInitAttr {
+                send_cq: cq.clone(),
+                recv_cq: cq.clone(),
+                caps: QpCapabilities {
+                    max_inline_data: 256,
+                    ..QpCapabilities::default()
+                },
+                sq_sig_all: false,
             },
-            sq_sig_all: false,
-        },
-    )
-    .expect("qp");
-    let recv = MemoryRegion::alloc(&pd, 8 * 4096, AccessFlags::LOCAL_WRITE).expect("mr");
-    for slot in 0..8u64 {
-        let sge = recv
-            .sge(slot as usize * 4096..(slot as usize + 1) * 4096)
-            .expect("sge");
-        // SAFETY: the slot lies in `recv`, which outlives the QP (dropped after it below) and
-        // is never read in this test.
+        )
+        .expect("qp");
+        let recv = MemoryRegion::alloc(&pd, 8 * SLOT, AccessFlags::LOCAL_WRITE).expect("mr");
+        let source = MemoryRegion::alloc(&pd, 1 << 20, AccessFlags::NONE).expect("mr");
+        for slot in 0..8u64 {
+            let sge = recv
+                .sge(slot as usize * SLOT..(slot as usize + 1) * SLOT)
+                .expect("sge");
+            // SAFETY: the slot lies in `recv`, which outlives the QP (dropped after it), and
+            // is read only after its completion.
+            unsafe {
+                qp.post_recv(&RecvRequest {
+                    wr_id: slot,
+                    sges: &[sge],
+                })
+            }
+            .expect("post recv");
+        }
+        let params = ConnectParams::new(8, SLOT as u32).encode();
+        id.connect(&ConnParam {
+            private_data: &params,
+            rnr_retry_count: 0,
+            ..ConnParam::default()
+        })
+        .expect("connect");
+        next_event(&channel, CmEventKind::Established);
+        HostilePeer {
+            channel,
+            qp,
+            cq,
+            recv,
+            source,
+            _id: id,
+        }
+    }
+
+    fn send(&self, frame: &[u8]) {
+        self.qp
+            .post_send_inline(1, frame, SendOp::Send, SendFlags::SIGNALED)
+            .expect("send forged frame");
+    }
+
+    /// The next frame the server sends.
+    fn receive(&self) -> Header {
+        let until = Instant::now() + LIMIT;
+        let mut wcs = WorkCompletion::array(8);
+        loop {
+            for wc in self.cq.poll(&mut wcs).expect("poll").iter() {
+                if wc.opcode() == WcOpcode::Recv {
+                    wc.result().expect("receive");
+                    let at = wc.wr_id() as usize * SLOT;
+                    return Header::decode(&self.recv.as_slice()[at..at + SLOT])
+                        .expect("server frames decode");
+                }
+            }
+            assert!(Instant::now() < until, "no frame from the server");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// RDMA WRITEs `len` bytes to `addr` with `rkey`.
+    fn write(&self, addr: u64, rkey: u32, len: usize) {
+        let sge = self.source.sge(0..len).expect("sge");
+        // SAFETY: the source lies in `source`, which outlives the QP and is never written.
         unsafe {
-            qp.post_recv(&RecvRequest {
-                wr_id: slot,
+            self.qp.post_send(&SendRequest {
+                wr_id: 2,
                 sges: &[sge],
+                op: SendOp::RdmaWrite(RemoteAddr { addr, rkey }),
+                flags: SendFlags::SIGNALED,
             })
         }
-        .expect("post recv");
+        .expect("post write");
     }
-    let params = ConnectParams::new(8, 4096).encode();
-    id.connect(&ConnParam {
-        private_data: &params,
-        rnr_retry_count: 0,
-        ..ConnParam::default()
-    })
-    .expect("connect");
-    next_event(&channel, CmEventKind::Established);
-    qp.post_send_inline(
-        1,
-        frame,
-        rpc_transport_rdma::verbs::SendOp::Send,
-        rpc_transport_rdma::verbs::SendFlags::SIGNALED,
-    )
-    .expect("send forged frame");
-    next_event(&channel, CmEventKind::Disconnected);
-    drop(qp);
-    drop(recv);
+
+    fn expect_disconnected(self) {
+        next_event(&self.channel, CmEventKind::Disconnected);
+    }
+}
+
+/// Connects, sends `frame` as the first message, and returns once the server has
+/// disconnected the peer.
+fn hostile_peer_is_disconnected(server: SocketAddr, frame: &[u8]) {
+    let peer = HostilePeer::connect(server);
+    peer.send(frame);
+    peer.expect_disconnected();
+}
+
+/// Asks the server for a buffer for call 7's body of `len` bytes; returns the grant.
+fn granted(peer: &HostilePeer, len: u64) -> Header {
+    let mut ask = Header::new(FrameKind::LargeRequest, 7);
+    ask.remote.len = len;
+    peer.send(&ask.to_bytes());
+    let grant = peer.receive();
+    assert_eq!(
+        (grant.kind, grant.status, grant.remote.len),
+        (FrameKind::LargeGrant, Code::Ok, len)
+    );
+    grant
+}
+
+fn placed(call_id: u64, payload_len: u32) -> Header {
+    let mut h = Header::new(FrameKind::Request, call_id);
+    h.flags = Flags::LARGE_PAYLOAD;
+    h.payload_len = payload_len;
+    h.method_id = method_id("/nobody.Home/Call");
+    h
 }
 
 fn call_succeeds_as_unimplemented(channel: &Channel) {
@@ -104,6 +191,11 @@ fn call_succeeds_as_unimplemented(channel: &Channel) {
 
 #[test]
 fn protocol_violations_disconnect_only_the_offender() {
+    // RUST_LOG=rpc_transport_rdma=debug shows the server's side.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     if test_support::require_device().is_none() {
         return;
     }
@@ -137,4 +229,50 @@ fn protocol_violations_disconnect_only_the_offender() {
         call_succeeds_as_unimplemented(&channel);
         eprintln!("{what}: offender disconnected, other client fine");
     }
+
+    let mut no_grant = placed(3, 100_000);
+    no_grant.credits = 0;
+    hostile_peer_is_disconnected(addr, &no_grant.to_bytes());
+    call_succeeds_as_unimplemented(&channel);
+    eprintln!("body placed without a grant: offender disconnected, other client fine");
+
+    let peer = HostilePeer::connect(addr);
+    granted(&peer, 100_000);
+    peer.send(&placed(7, 100_001).to_bytes());
+    peer.expect_disconnected();
+    call_succeeds_as_unimplemented(&channel);
+    eprintln!("body beyond its grant: offender disconnected, other client fine");
+
+    let peer = HostilePeer::connect(addr);
+    let grant = granted(&peer, 100_000);
+    // A forged rkey: the responder refuses the WRITE and the connection dies.
+    peer.write(grant.remote.addr, grant.remote.rkey ^ 0x5a5a_0000, 4096);
+    peer.expect_disconnected();
+    call_succeeds_as_unimplemented(&channel);
+    eprintln!("WRITE with a forged rkey: offender disconnected, other client fine");
+
+    let peer = HostilePeer::connect(addr);
+    let grant = granted(&peer, 100_000);
+    // The right rkey, but far past the end of the grant. (Hardware checks a window's own
+    // bounds; rxe checks those of the region under it, which every grant has to itself.)
+    peer.write(grant.remote.addr + 1024 * 1024, grant.remote.rkey, 4096);
+    peer.expect_disconnected();
+    call_succeeds_as_unimplemented(&channel);
+    eprintln!("WRITE beyond its grant: offender disconnected, other client fine");
+
+    let peer = HostilePeer::connect(addr);
+    let grant = granted(&peer, 100_000);
+    // A complete, honest large request: written, announced, answered.
+    peer.write(grant.remote.addr, grant.remote.rkey, 100_000);
+    peer.send(&placed(7, 100_000).to_bytes());
+    let answer = peer.receive();
+    assert_eq!(
+        (answer.kind, answer.call_id, answer.status),
+        (FrameKind::Response, 7, Code::Unimplemented)
+    );
+    // After delivery the window is revoked: a late WRITE to it is refused.
+    peer.write(grant.remote.addr, grant.remote.rkey, 4096);
+    peer.expect_disconnected();
+    call_succeeds_as_unimplemented(&channel);
+    eprintln!("late WRITE after the body was delivered: refused, other client fine");
 }

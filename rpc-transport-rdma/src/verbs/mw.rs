@@ -9,7 +9,6 @@
 //! invalidated stays invalid when the window is bound again (for the next 255 binds).
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use rdma_sys::{ibv_alloc_mw, ibv_dealloc_mw, ibv_mw, ibv_mw_type};
@@ -22,11 +21,11 @@ use super::pd::ProtectionDomain;
 pub struct MemoryWindow {
     raw: NonNull<ibv_mw>,
     /// The rkey of the most recent bind (or the allocation's, before any).
-    rkey: AtomicU32,
+    rkey: u32,
     pd: Arc<ProtectionDomain>,
 }
 
-// SAFETY: `ibv_mw` is only passed to thread-safe verbs; the mutable rkey is an atomic.
+// SAFETY: `ibv_mw` is only passed to thread-safe verbs; it is changed only through `&mut`.
 unsafe impl Send for MemoryWindow {}
 // SAFETY: see `Send`.
 unsafe impl Sync for MemoryWindow {}
@@ -44,14 +43,14 @@ impl MemoryWindow {
         let rkey = unsafe { (*raw.as_ptr()).rkey };
         Ok(MemoryWindow {
             raw,
-            rkey: AtomicU32::new(rkey),
+            rkey,
             pd: Arc::clone(pd),
         })
     }
 
     /// The rkey of the latest bind.
     pub fn rkey(&self) -> u32 {
-        self.rkey.load(Ordering::Acquire)
+        self.rkey
     }
 
     /// The rkey the next bind will hand out: same index, next key byte (`ibv_inc_rkey`).
@@ -60,9 +59,14 @@ impl MemoryWindow {
         (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
     }
 
-    /// Records that a bind with `rkey` was posted.
-    pub(crate) fn set_rkey(&self, rkey: u32) {
-        self.rkey.store(rkey, Ordering::Release);
+    /// Records that a bind with `rkey` was posted. The `ibv_mw` itself is updated too:
+    /// providers name the window by `mw->rkey` in later binds (rxe checks it against the
+    /// key the device holds and fails the bind when it is stale).
+    pub(crate) fn set_rkey(&mut self, rkey: u32) {
+        self.rkey = rkey;
+        // SAFETY: the window is alive, and `&mut self` makes this the only access to the
+        // struct from our side; `rkey` is the consumer's to keep current between binds.
+        unsafe { (*self.raw.as_ptr()).rkey = rkey };
     }
 
     /// The protection domain.

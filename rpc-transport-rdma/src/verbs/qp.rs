@@ -260,7 +260,7 @@ impl QueuePair {
     pub unsafe fn post_bind_window<B: StableBuffer>(
         &self,
         wr_id: u64,
-        window: &MemoryWindow,
+        window: &mut MemoryWindow,
         region: &MemoryRegion<B>,
         range: std::ops::Range<usize>,
         access: AccessFlags,

@@ -61,7 +61,7 @@ pub fn command(boot: &Boot<'_>) -> Command {
         "-cpu",
         "max",
         "-m",
-        "2048",
+        "6144",
         "-smp",
         "2",
     ])

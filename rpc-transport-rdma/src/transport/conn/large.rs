@@ -22,11 +22,12 @@ pub(super) fn is_body_kind(kind: FrameKind) -> bool {
     matches!(kind, FrameKind::Request | FrameKind::Response)
 }
 
-/// A buffer the peer may be writing into, and the window that lets it.
+/// A buffer the peer may be writing into, and the window that lets it. Field order is
+/// drop order: the window goes first, so the buffer is never freed while reachable.
 #[derive(Debug)]
 struct Granted {
-    buffer: LargeBuffer,
     window: MemoryWindow,
+    buffer: LargeBuffer,
     rkey: u32,
 }
 
@@ -53,6 +54,12 @@ impl LargeState {
 
     pub(super) fn take_arrived(&mut self) -> Vec<(Header, LargeBuffer)> {
         std::mem::take(&mut self.arrived)
+    }
+
+    /// Revokes every open grant (deallocating its window) and frees its buffer: the first
+    /// step of tearing a connection down, before its queue pair is destroyed.
+    pub(super) fn revoke_all(&mut self) {
+        self.grants.clear();
     }
 }
 
@@ -160,7 +167,7 @@ impl Conn {
                 Ok(())
             }
             Action::BindWindow { grant } => {
-                let Some(g) = engine.large.grants.get(&grant) else {
+                let Some(g) = engine.large.grants.get_mut(&grant) else {
                     return Ok(());
                 };
                 let wr_id = WorkId::Bind(grant).to_wr_id(CONN_TAG);
@@ -170,7 +177,7 @@ impl Conn {
                 let rkey = unsafe {
                     self.res.qp.post_bind_window(
                         wr_id,
-                        &g.window,
+                        &mut g.window,
                         g.buffer.region(),
                         0..g.buffer.len(),
                         AccessFlags::REMOTE_WRITE,

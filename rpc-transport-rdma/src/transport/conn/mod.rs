@@ -74,6 +74,10 @@ struct Engine {
     large: LargeState,
 }
 
+/// Teardown: `Drop` first revokes open grants (windows are deallocated, so nothing the peer
+/// does can reach their buffers), then the fields drop in order: the QP (no work request
+/// runs any more), the rings, the cm_id, and last the engine with the source buffers of
+/// outgoing WRITEs.
 pub(crate) struct Conn {
     // Field order matters for teardown: the verbs objects go before the cm_id they belong to.
     res: Resources,
@@ -111,6 +115,12 @@ pub(crate) struct Conn {
     stall_limit: Duration,
     /// Largest frame one SEND carries (negotiated; larger bodies go by RDMA WRITE).
     max_send_frame: usize,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.engine.get_mut().large.revoke_all();
+    }
 }
 
 impl Conn {

@@ -1,0 +1,280 @@
+//! Large messages over real verbs: bodies beyond a ring slot travel by RDMA WRITE into a
+//! buffer the receiver grants (run in the soft-RoCE VM by `cargo xtask test`).
+//!
+//! Sizes from a slot through 256 MiB in both directions, 1 GiB once each way, small calls
+//! running while a large transfer is on the wire, cancel and deadline mid-transfer, and
+//! sizes beyond the configured limits. Skipped without an RDMA device (a failure with
+//! RDMA_RPC_REQUIRE_DEVICE=1).
+
+use std::time::{Duration, Instant};
+
+use rdma_rpc::prelude::*;
+use rdma_rpc::{RdmaConfig, ServeOptions, ServerHandle};
+use rpc_examples::echo::echo_client::EchoClient;
+use rpc_examples::echo::echo_server::EchoServer;
+use rpc_examples::echo::EchoRequest;
+use rpc_examples::testing::tester_client::TesterClient;
+use rpc_examples::testing::tester_server::TesterServer;
+use rpc_examples::testing::BulkRequest;
+use rpc_examples::{bulk_pattern, EchoService, Tester};
+use rpc_transport_rdma::verbs::test_support::{require_device, test_addr};
+
+const MIB: usize = 1 << 20;
+/// Message limit of these tests' clients and servers: room for 1 GiB plus framing.
+const LIMIT: usize = (1 << 30) + MIB;
+const SLOT: usize = 8192;
+
+fn device() -> bool {
+    // RUST_LOG=rpc_transport_rdma=debug shows the transport's side of a failure.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    require_device().is_some()
+}
+
+fn start(rdma: RdmaConfig) -> ServerHandle {
+    Server::builder()
+        .max_message_size(LIMIT)
+        .add_service(EchoServer::new(EchoService))
+        .add_service(TesterServer::new(Tester::default()))
+        .start_with(&format!("rdma://{}:0", test_addr()), ServeOptions { rdma })
+        .expect("rdma server starts")
+}
+
+fn connect(server: &ServerHandle) -> Channel {
+    rdma_rpc::client()
+        .max_message_size(LIMIT)
+        .connect_blocking(server.local_url())
+        .expect("rdma client connects")
+}
+
+/// One bulk call: sends `request_len` bytes of pattern, asks for `reply_len` back, and
+/// checks both directions arrived intact.
+fn bulk(client: &TesterClient, request_len: usize, reply_len: usize, seed: u64) {
+    let payload = bulk_pattern(request_len, seed);
+    let reply = client
+        .bulk_blocking(BulkRequest {
+            reply_len: reply_len as u64,
+            seed,
+            payload: payload.into(),
+        })
+        .unwrap_or_else(|e| panic!("bulk {request_len} -> {reply_len}: {e}"))
+        .into_inner();
+    assert_eq!(reply.received, request_len as u64);
+    assert!(reply.matched, "request of {request_len} bytes corrupted");
+    assert_eq!(reply.payload.len(), reply_len);
+    assert!(
+        reply.payload[..] == bulk_pattern(reply_len, seed)[..],
+        "response of {reply_len} bytes corrupted"
+    );
+}
+
+#[test]
+fn bodies_from_a_slot_to_256_mib_in_both_directions() {
+    if !device() {
+        return;
+    }
+    let server = start(RdmaConfig::default());
+    let client = TesterClient::new(connect(&server));
+    let sizes = [
+        SLOT - 100,
+        SLOT - 1,
+        SLOT,
+        SLOT + 1,
+        64 * 1024 + 3,
+        MIB,
+        16 * MIB + 5,
+        256 * MIB,
+    ];
+    for (i, &size) in sizes.iter().enumerate() {
+        let started = Instant::now();
+        bulk(&client, size, size, i as u64);
+        eprintln!("{size} bytes each way: ok in {:?}", started.elapsed());
+    }
+    // One direction at a time, and the pool reusing its buffers.
+    bulk(&client, 3 * MIB, 10, 77);
+    bulk(&client, 10, 3 * MIB, 78);
+    bulk(&client, 3 * MIB, 3 * MIB, 79);
+}
+
+#[test]
+fn one_gib_each_way() {
+    if !device() {
+        return;
+    }
+    let server = start(RdmaConfig::default());
+    let client = TesterClient::new(connect(&server));
+    let started = Instant::now();
+    bulk(&client, 1 << 30, 0, 1);
+    eprintln!("1 GiB request: ok in {:?}", started.elapsed());
+    let started = Instant::now();
+    bulk(&client, 0, 1 << 30, 2);
+    eprintln!("1 GiB response: ok in {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_calls_keep_flowing_during_a_large_transfer() {
+    if !device() {
+        return;
+    }
+    let server = start(RdmaConfig::default());
+    let channel = connect(&server);
+    let tester = TesterClient::new(channel.clone());
+    let echo = EchoClient::new(channel);
+    let large = tokio::task::spawn_blocking(move || {
+        bulk(&tester, 64 * MIB, 64 * MIB, 5);
+        Instant::now()
+    });
+    // Small calls on the same connection while the large one moves.
+    let mut latencies = Vec::new();
+    let mut finished_at = Vec::new();
+    while !large.is_finished() {
+        let started = Instant::now();
+        let reply = echo
+            .echo(EchoRequest {
+                payload: vec![9; 32],
+                seq: latencies.len() as u64,
+            })
+            .await
+            .expect("small call during a large transfer")
+            .into_inner();
+        assert_eq!(reply.payload, vec![9; 32]);
+        latencies.push(started.elapsed());
+        finished_at.push(Instant::now());
+    }
+    let large_done = large.await.expect("large call");
+    let overtaking = finished_at.iter().filter(|&&t| t < large_done).count();
+    latencies.sort_unstable();
+    let p50 = latencies
+        .get(latencies.len() / 2)
+        .copied()
+        .unwrap_or_default();
+    let max = latencies.last().copied().unwrap_or_default();
+    eprintln!(
+        "small calls during a 64 MiB echo: {} done before it, p50 {p50:?}, max {max:?}",
+        overtaking
+    );
+    assert!(
+        overtaking >= 3,
+        "small calls waited for the large transfer ({overtaking} finished before it)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_deadline_in_the_middle_of_a_large_transfer() {
+    if !device() {
+        return;
+    }
+    let server = start(RdmaConfig::default());
+    let channel = connect(&server);
+    let client = TesterClient::new(channel.clone());
+    let request = |len: usize, seed: u64| BulkRequest {
+        reply_len: len as u64,
+        seed,
+        payload: bulk_pattern(len, seed).into(),
+    };
+
+    // Deadline: the call ends DEADLINE_EXCEEDED while the body is still being written.
+    let mut late = Request::new(request(64 * MIB, 1));
+    late.set_timeout(Duration::from_millis(100));
+    let err = client.bulk(late).await.unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+
+    // Cancel: the future is dropped mid-transfer.
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(150),
+        client.bulk(request(64 * MIB, 2)),
+    );
+    assert!(
+        dropped.await.is_err(),
+        "a 64 MiB echo took less than 150 ms"
+    );
+
+    // Nothing leaked into later calls: small and large ones still arrive intact.
+    for seed in 3..6 {
+        let reply = client
+            .bulk(request(4 * MIB, seed))
+            .await
+            .expect("large call after cancellations")
+            .into_inner();
+        assert!(reply.matched);
+        assert!(reply.payload[..] == bulk_pattern(4 * MIB, seed)[..]);
+    }
+    assert_eq!(channel.in_flight(), 0);
+}
+
+#[test]
+fn sizes_beyond_the_limits_are_refused_with_both_sizes() {
+    if !device() {
+        return;
+    }
+    // The server's transport accepts bodies up to 2 MiB; its dispatcher anything.
+    let server = start(RdmaConfig {
+        large_max_message: 2 * MIB as u64,
+        ..RdmaConfig::default()
+    });
+    let client = TesterClient::new(connect(&server));
+    let err = client
+        .bulk_blocking(BulkRequest {
+            reply_len: 0,
+            seed: 1,
+            payload: vec![1; 3 * MIB].into(),
+        })
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    let message = err.message();
+    assert!(
+        message.contains("request of 31457"),
+        "names the size: {message}"
+    );
+    assert!(
+        message.contains(&(2 * MIB).to_string()),
+        "names the limit: {message}"
+    );
+
+    // The dispatcher's limit, met after the body arrived.
+    let small_server = Server::builder()
+        .max_message_size(MIB)
+        .add_service(TesterServer::new(Tester::default()))
+        .start_with(
+            &format!("rdma://{}:0", test_addr()),
+            ServeOptions {
+                rdma: RdmaConfig::default(),
+            },
+        )
+        .expect("server");
+    let client = TesterClient::new(connect(&small_server));
+    let err = client
+        .bulk_blocking(BulkRequest {
+            reply_len: 0,
+            seed: 1,
+            payload: vec![1; 2 * MIB].into(),
+        })
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    assert!(err.message().contains(&MIB.to_string()), "{err}");
+
+    // A response beyond the client's own limit... the server refuses nothing, the client
+    // still gets every byte or a clear error, never a truncated message.
+    let server = start(RdmaConfig::default());
+    let client = TesterClient::new(
+        rdma_rpc::client()
+            .max_message_size(LIMIT)
+            .rdma_config(RdmaConfig {
+                large_max_message: MIB as u64,
+                ..RdmaConfig::default()
+            })
+            .connect_blocking(server.local_url())
+            .expect("connect"),
+    );
+    let err = client
+        .bulk_blocking(BulkRequest {
+            reply_len: 2 * MIB as u64,
+            seed: 1,
+            payload: Vec::new().into(),
+        })
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    assert!(err.message().contains(&MIB.to_string()), "{err}");
+}
