@@ -274,8 +274,13 @@ impl Header {
         Ok(header)
     }
 
-    /// Cross-field rules: what each kind may carry.
-    fn validate(&self) -> Result<(), HeaderError> {
+    /// The cross-field rules [`Header::decode`] enforces (what each kind may carry).
+    ///
+    /// The field types already rule out what else the decoder checks (magic, version,
+    /// unknown kinds, flags or status codes), so a header that passes encodes to bytes
+    /// every decoder accepts: senders check their own headers with this, without a round
+    /// trip through the wire form.
+    pub fn validate(&self) -> Result<(), HeaderError> {
         let kind = self.kind;
         let status_allowed = matches!(kind, FrameKind::Response | FrameKind::LargeGrant);
         if self.status != Code::Ok && !status_allowed {
@@ -482,6 +487,20 @@ mod tests {
         assert!(!sample().is_rdma_only());
     }
 
+    #[test]
+    fn validate_agrees_with_the_decoder() {
+        let mut credit = Header::new(FrameKind::CreditOnly, 3);
+        credit.credits = 4;
+        assert_eq!(credit.validate(), Err(HeaderError::CallIdOnCreditOnly(3)));
+        let mut stray = Header::new(FrameKind::Cancel, 1);
+        stray.status = Code::Internal;
+        assert_eq!(
+            stray.validate(),
+            Header::decode(&stray.to_bytes()).map(|_| ())
+        );
+        assert_eq!(sample().validate(), Ok(()));
+    }
+
     proptest! {
         #[test]
         fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..160)) {
@@ -497,6 +516,7 @@ mod tests {
             if let Ok(h) = Header::decode(&bytes) {
                 // Whatever decodes must re-encode to the same bytes.
                 prop_assert_eq!(h.to_bytes(), bytes);
+                prop_assert_eq!(h.validate(), Ok(()));
             }
         }
     }

@@ -255,7 +255,8 @@ impl Connection {
         if protocol_owned {
             return Err(SendError::ReservedKind(header.kind));
         }
-        Header::decode(&header.to_bytes()).map_err(SendError::InvalidHeader)?;
+        // The field rules alone: the types rule out everything else the peer's decoder checks.
+        header.validate().map_err(SendError::InvalidHeader)?;
         let len = HEADER_LEN as u64 + header.body_len();
         if len > u64::from(capacity) {
             return Err(SendError::TooLarge { len, max: capacity });
