@@ -85,10 +85,11 @@ impl Pair {
     fn exchange(from: &mut Side, to: &mut Side, kind: FrameKind, call_id: u64, payload: u32) {
         let mut header = Header::new(kind, call_id);
         header.payload_len = payload;
-        let len = HEADER_LEN + payload as usize;
+        let header_len = header.encoded_len();
+        let len = header_len + payload as usize;
         let reservation = from.conn.reserve_send(len).expect("free slot");
         let off = from.geometry.send_offset(reservation.target());
-        header.encode(&mut from.send_mem[off..off + HEADER_LEN]);
+        header.encode(&mut from.send_mem[off..off + header_len]);
         from.conn.commit_send(reservation, &header).expect("commit");
         while Self::drive(from, to) | Self::drive(to, from) {}
     }

@@ -166,8 +166,9 @@ fn messages_at_slot_size_and_one_byte_either_side() {
     };
     let server = start(&Tester::default(), config.clone());
     let client = EchoClient::new(connect(&server, config));
-    // Frame = 64-byte header + EchoRequest{payload: n} encoded as 1 + 2 (varint) + n bytes.
-    let payload_for_frame = |frame: usize| frame - 64 - 3;
+    // Frame = header (compact: no deadline) + EchoRequest{payload: n} encoded as
+    // 1 + 2 (varint) + n bytes.
+    let payload_for_frame = |frame: usize| frame - rdma_rpc::COMPACT_HEADER_LEN - 3;
     // 4097 no longer fits a slot: that body goes by RDMA WRITE, transparently.
     for frame in [4095, 4096, 4097] {
         let payload = pattern(payload_for_frame(frame), frame as u64);

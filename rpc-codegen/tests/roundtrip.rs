@@ -21,7 +21,7 @@ use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::{ServerCall, ServerReply, Service};
 use rpc_core::{
     CallTable, Channel, ChannelConfig, ClientTransport, Code, FrameKind, Header, MetadataMap,
-    Request, Response, Status, HEADER_LEN,
+    Request, Response, Status,
 };
 
 /// The service under test.
@@ -76,9 +76,10 @@ impl ClientTransport for Loopback {
             return Ok(());
         }
         let bytes = encode(frame);
-        let metadata_end = HEADER_LEN + header.metadata_len as usize;
+        let header_len = header.encoded_len();
+        let metadata_end = header_len + header.metadata_len as usize;
         let call = ServerCall {
-            metadata: MetadataMap::decode_from(&bytes[HEADER_LEN..metadata_end])
+            metadata: MetadataMap::decode_from(&bytes[header_len..metadata_end])
                 .map_err(|e| Status::internal(e.to_string()))?,
             payload: bytes.slice(metadata_end..),
             timeout: None,
@@ -118,11 +119,12 @@ fn respond(call_id: u64, result: Result<ServerReply, Status>) -> InboundFrame {
             encode(&OutgoingFrame::new(header, &MetadataMap::new(), &message).unwrap())
         }
     };
-    let header = Header::decode(&bytes[..HEADER_LEN]).unwrap();
-    let metadata_end = HEADER_LEN + header.metadata_len as usize;
+    let header_len = Header::wire_len(&bytes).unwrap();
+    let header = Header::decode(&bytes[..header_len]).unwrap();
+    let metadata_end = header_len + header.metadata_len as usize;
     InboundFrame {
         header,
-        metadata: bytes.slice(HEADER_LEN..metadata_end),
+        metadata: bytes.slice(header_len..metadata_end),
         payload: bytes.slice(metadata_end..),
     }
 }

@@ -6,11 +6,14 @@ use crate::status::Status;
 /// A frame header that failed validation. Every variant names the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HeaderError {
-    /// Fewer than [`crate::HEADER_LEN`] bytes were available.
-    #[error("truncated header: {len} bytes, need 64")]
+    /// Fewer bytes than the header's form needs were available.
+    #[error("truncated header: {len} bytes, need {need}")]
     Truncated {
         /// Bytes available.
         len: usize,
+        /// Bytes the header needs ([`crate::COMPACT_HEADER_LEN`] to tell its form, then
+        /// the form's length).
+        need: usize,
     },
     /// The magic number is wrong: not an rdma-rpc peer, or a framing error.
     #[error("bad magic 0x{0:04x} (expected 0x5252): peer is not speaking rdma-rpc")]
@@ -60,6 +63,15 @@ pub enum HeaderError {
         kind: FrameKind,
         /// What is wrong with it.
         reason: &'static str,
+    },
+    /// The header is in the form its content does not call for: each header has one
+    /// encoding (compact exactly when timeout, flags and descriptor are all zero).
+    #[error("{kind:?} header in the {} form, which its fields do not call for", if *compact { "compact" } else { "full" })]
+    WrongForm {
+        /// Kind of the frame.
+        kind: FrameKind,
+        /// The header was compact.
+        compact: bool,
     },
     /// Credit-only frames belong to no call.
     #[error("credit-only frame names call {0}")]

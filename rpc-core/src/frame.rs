@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 use crate::body::{EmptyBody, EncodeBody};
-use crate::header::{Header, HEADER_LEN};
+use crate::header::Header;
 use crate::metadata::MetadataMap;
 
 /// A frame about to be written by a transport into its own memory.
@@ -96,7 +96,9 @@ impl<'a> OutgoingFrame<'a> {
 
     /// Total bytes: header, metadata and payload.
     pub fn len(&self) -> usize {
-        HEADER_LEN + self.header.metadata_len as usize + self.header.payload_len as usize
+        self.header.encoded_len()
+            + self.header.metadata_len as usize
+            + self.header.payload_len as usize
     }
 
     /// Always false: a frame holds at least its header.
@@ -107,8 +109,8 @@ impl<'a> OutgoingFrame<'a> {
     /// Writes the whole frame into `dst`, which must be exactly [`OutgoingFrame::len`] bytes.
     pub fn write_to(&self, dst: &mut [u8]) {
         assert_eq!(dst.len(), self.len(), "frame buffer has the wrong size");
-        let (head, rest) = dst.split_at_mut(HEADER_LEN);
-        self.header.encode(head);
+        let header_len = self.header.encode(dst);
+        let rest = &mut dst[header_len..];
         let (meta, payload) = rest.split_at_mut(self.header.metadata_len as usize);
         self.metadata.encode_into(meta);
         self.payload.encode_into(payload);

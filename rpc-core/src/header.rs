@@ -1,13 +1,13 @@
-//! The fixed-size message header that starts every frame on every transport.
+//! The message header that starts every frame on every transport.
 //!
-//! Layout (64 bytes, little-endian; see `docs/PROTOCOL.md`):
+//! Two forms, little-endian (see `docs/PROTOCOL.md`). The **full** form is 64 bytes:
 //!
 //! | offset | size | field          | meaning                                                   |
 //! |-------:|-----:|----------------|-----------------------------------------------------------|
 //! | 0      | 2    | magic          | `0x5252` ("RR")                                           |
 //! | 2      | 1    | version        | [`PROTOCOL_VERSION`]                                      |
 //! | 3      | 1    | kind           | [`FrameKind`]                                             |
-//! | 4      | 2    | flags          | [`Flags`]                                                 |
+//! | 4      | 2    | flags          | [`Flags`], plus the form bit `COMPACT` (bit 2)            |
 //! | 6      | 2    | status         | gRPC status code (responses only)                         |
 //! | 8      | 8    | call_id        | chosen by the client, unique per connection               |
 //! | 16     | 4    | method_id      | [`crate::method_id`] of `/package.Service/Method`         |
@@ -19,16 +19,28 @@
 //! | 48     | 4    | rkey           | large-payload descriptor: remote key                      |
 //! | 52     | 4    | generation     | large-payload descriptor: grant generation                |
 //! | 56     | 8    | remote_len     | large-payload descriptor: length in bytes                 |
+//!
+//! The **compact** form is the first 32 bytes alone, with the `COMPACT` flag bit set:
+//! `timeout_us` and the descriptor are zero. The form is not a choice: a header whose
+//! timeout, descriptor and flags are all zero (and whose kind is not a rendezvous kind) is
+//! always compact, and every other header is always full; the decoder rejects the other
+//! form. So each header has exactly one encoding, [`Header::encoded_len`] is its length on
+//! the wire, and a small frame carries 32 fewer bytes.
 
 use crate::error::HeaderError;
 use crate::status::Code;
 
-/// Size of an encoded [`Header`] in bytes.
+/// Size of a full [`Header`] in bytes: the longest a header can be.
 pub const HEADER_LEN: usize = 64;
+/// Size of a compact [`Header`] in bytes: the shortest a header can be.
+pub const COMPACT_HEADER_LEN: usize = 32;
+/// Form bit in the flags field: the header is compact (see the module documentation).
+/// It describes the encoding, not the frame, so [`Flags`] never holds it.
+const COMPACT_BIT: u16 = 1 << 2;
 /// First two bytes of every frame.
 pub const MAGIC: u16 = 0x5252;
-/// Wire protocol version spoken by this crate.
-pub const PROTOCOL_VERSION: u8 = 1;
+/// Wire protocol version spoken by this crate (2: the compact header form).
+pub const PROTOCOL_VERSION: u8 = 2;
 
 /// What a frame is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -193,83 +205,145 @@ impl Header {
             || matches!(self.kind, FrameKind::LargeRequest | FrameKind::LargeGrant)
     }
 
-    /// Writes the header into the first [`HEADER_LEN`] bytes of `dst`.
+    /// Whether this header travels in the compact form: nothing in the 32 bytes it omits.
+    pub fn is_compact(&self) -> bool {
+        self.timeout_us == 0
+            && self.flags == Flags::NONE
+            && self.remote.is_empty_descriptor()
+            && !matches!(self.kind, FrameKind::LargeRequest | FrameKind::LargeGrant)
+    }
+
+    /// Length of this header on the wire: [`COMPACT_HEADER_LEN`] or [`HEADER_LEN`].
+    pub fn encoded_len(&self) -> usize {
+        if self.is_compact() {
+            COMPACT_HEADER_LEN
+        } else {
+            HEADER_LEN
+        }
+    }
+
+    /// Writes the header into the first [`Header::encoded_len`] bytes of `dst` and returns
+    /// that length.
     ///
     /// # Panics
-    /// If `dst` is shorter than [`HEADER_LEN`]; callers size their buffers from the header.
-    pub fn encode(&self, dst: &mut [u8]) {
-        let dst: &mut [u8; HEADER_LEN] = (&mut dst[..HEADER_LEN])
-            .try_into()
-            .expect("slice of HEADER_LEN bytes");
+    /// If `dst` is shorter than [`Header::encoded_len`]; callers size their buffers from the
+    /// header.
+    pub fn encode(&self, dst: &mut [u8]) -> usize {
+        let compact = self.is_compact();
+        let form = if compact { COMPACT_BIT } else { 0 };
+        let len = if compact {
+            COMPACT_HEADER_LEN
+        } else {
+            HEADER_LEN
+        };
+        let dst = &mut dst[..len];
         dst[0..2].copy_from_slice(&MAGIC.to_le_bytes());
         dst[2] = PROTOCOL_VERSION;
         dst[3] = self.kind as u8;
-        dst[4..6].copy_from_slice(&self.flags.bits().to_le_bytes());
+        dst[4..6].copy_from_slice(&(self.flags.bits() | form).to_le_bytes());
         dst[6..8].copy_from_slice(&(self.status as u16).to_le_bytes());
         dst[8..16].copy_from_slice(&self.call_id.to_le_bytes());
         dst[16..20].copy_from_slice(&self.method_id.to_le_bytes());
         dst[20..24].copy_from_slice(&self.metadata_len.to_le_bytes());
         dst[24..28].copy_from_slice(&self.payload_len.to_le_bytes());
         dst[28..32].copy_from_slice(&self.credits.to_le_bytes());
+        if compact {
+            return COMPACT_HEADER_LEN;
+        }
         dst[32..40].copy_from_slice(&self.timeout_us.to_le_bytes());
         dst[40..48].copy_from_slice(&self.remote.addr.to_le_bytes());
         dst[48..52].copy_from_slice(&self.remote.rkey.to_le_bytes());
         dst[52..56].copy_from_slice(&self.remote.generation.to_le_bytes());
         dst[56..64].copy_from_slice(&self.remote.len.to_le_bytes());
+        HEADER_LEN
     }
 
-    /// The encoded header as an array.
+    /// The encoded header: the first [`Header::encoded_len`] bytes of the array (the rest
+    /// are zero).
     pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
         let mut out = [0u8; HEADER_LEN];
         self.encode(&mut out);
         out
     }
 
-    /// Decodes and validates a header from the start of `src`.
+    /// Length of the header that starts `src`, read from its flags: what a stream reader
+    /// must have buffered before [`Header::decode`]. Validates nothing else.
+    pub fn wire_len(src: &[u8]) -> Result<usize, HeaderError> {
+        match src.get(4..6) {
+            Some(&[lo, hi]) if u16::from_le_bytes([lo, hi]) & COMPACT_BIT != 0 => {
+                Ok(COMPACT_HEADER_LEN)
+            }
+            Some(_) => Ok(HEADER_LEN),
+            None => Err(HeaderError::Truncated {
+                len: src.len(),
+                need: COMPACT_HEADER_LEN,
+            }),
+        }
+    }
+
+    /// Decodes and validates a header from the start of `src`, which may hold more bytes
+    /// (the body) after it. The header's length is [`Header::encoded_len`].
     ///
     /// Every field is checked; peer-controlled input can only produce an error.
     pub fn decode(src: &[u8]) -> Result<Header, HeaderError> {
-        let src: &[u8; HEADER_LEN] = src
-            .get(..HEADER_LEN)
+        let truncated = |need| HeaderError::Truncated {
+            len: src.len(),
+            need,
+        };
+        let head: &[u8; COMPACT_HEADER_LEN] = src
+            .get(..COMPACT_HEADER_LEN)
             .and_then(|s| s.try_into().ok())
-            .ok_or(HeaderError::Truncated { len: src.len() })?;
-        let u16_at = |at: usize| u16::from_le_bytes([src[at], src[at + 1]]);
+            .ok_or(truncated(COMPACT_HEADER_LEN))?;
+        let u16_at = |at: usize| u16::from_le_bytes([head[at], head[at + 1]]);
         let u32_at =
-            |at: usize| u32::from_le_bytes([src[at], src[at + 1], src[at + 2], src[at + 3]]);
-        let u64_at = |at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&src[at..at + 8]);
-            u64::from_le_bytes(b)
+            |at: usize| u32::from_le_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+        let u64_from = |b: &[u8]| {
+            let mut out = [0u8; 8];
+            out.copy_from_slice(b);
+            u64::from_le_bytes(out)
         };
 
         let magic = u16_at(0);
         if magic != MAGIC {
             return Err(HeaderError::BadMagic(magic));
         }
-        if src[2] != PROTOCOL_VERSION {
-            return Err(HeaderError::UnsupportedVersion(src[2]));
+        if head[2] != PROTOCOL_VERSION {
+            return Err(HeaderError::UnsupportedVersion(head[2]));
         }
-        let kind = FrameKind::from_wire(src[3])?;
-        let flags = Flags::from_wire(u16_at(4))?;
+        let kind = FrameKind::from_wire(head[3])?;
+        let raw_flags = u16_at(4);
+        let compact = raw_flags & COMPACT_BIT != 0;
+        let flags = Flags::from_wire(raw_flags & !COMPACT_BIT)?;
         let raw_status = u16_at(6);
         let status = Code::from_wire(raw_status).ok_or(HeaderError::InvalidStatus(raw_status))?;
-        let header = Header {
+        let mut header = Header {
             kind,
             flags,
             status,
-            call_id: u64_at(8),
+            call_id: u64_from(&head[8..16]),
             method_id: u32_at(16),
             metadata_len: u32_at(20),
             payload_len: u32_at(24),
             credits: u32_at(28),
-            timeout_us: u64_at(32),
-            remote: RemoteBuffer {
-                addr: u64_at(40),
-                rkey: u32_at(48),
-                generation: u32_at(52),
-                len: u64_at(56),
-            },
+            timeout_us: 0,
+            remote: RemoteBuffer::default(),
         };
+        if !compact {
+            let full: &[u8; HEADER_LEN] = src
+                .get(..HEADER_LEN)
+                .and_then(|s| s.try_into().ok())
+                .ok_or(truncated(HEADER_LEN))?;
+            header.timeout_us = u64_from(&full[32..40]);
+            header.remote = RemoteBuffer {
+                addr: u64_from(&full[40..48]),
+                rkey: u32::from_le_bytes([full[48], full[49], full[50], full[51]]),
+                generation: u32::from_le_bytes([full[52], full[53], full[54], full[55]]),
+                len: u64_from(&full[56..64]),
+            };
+        }
+        if header.is_compact() != compact {
+            return Err(HeaderError::WrongForm { kind, compact });
+        }
         header.validate()?;
         Ok(header)
     }
@@ -413,7 +487,108 @@ mod tests {
         );
         assert_eq!(
             Header::decode(&good[..63]),
-            Err(HeaderError::Truncated { len: 63 })
+            Err(HeaderError::Truncated { len: 63, need: 64 })
+        );
+    }
+
+    fn small() -> Header {
+        Header {
+            method_id: 0xDEAD_BEEF,
+            payload_len: 34,
+            credits: 3,
+            ..Header::new(FrameKind::Request, 42)
+        }
+    }
+
+    #[test]
+    fn headers_without_timeout_or_descriptor_are_compact() {
+        let h = small();
+        assert!(h.is_compact());
+        assert_eq!(h.encoded_len(), COMPACT_HEADER_LEN);
+        let mut buf = [0xEEu8; HEADER_LEN];
+        assert_eq!(h.encode(&mut buf), COMPACT_HEADER_LEN);
+        assert_eq!(
+            &buf[COMPACT_HEADER_LEN..],
+            &[0xEE; 32],
+            "nothing past the header"
+        );
+        assert_eq!(&buf[4..6], &COMPACT_BIT.to_le_bytes());
+        assert_eq!(Header::wire_len(&buf), Ok(COMPACT_HEADER_LEN));
+        // A compact header decodes from exactly its 32 bytes.
+        assert_eq!(Header::decode(&buf[..COMPACT_HEADER_LEN]), Ok(h));
+        assert_eq!(
+            Header::decode(&buf[..31]),
+            Err(HeaderError::Truncated { len: 31, need: 32 })
+        );
+        // Control frames too.
+        for kind in [
+            FrameKind::Cancel,
+            FrameKind::CreditOnly,
+            FrameKind::Response,
+        ] {
+            let call_id = u64::from(kind != FrameKind::CreditOnly);
+            assert_eq!(Header::new(kind, call_id).encoded_len(), COMPACT_HEADER_LEN);
+        }
+        // Anything in the omitted half, and the rendezvous kinds, need the full form.
+        let full = [
+            Header {
+                timeout_us: 1,
+                ..small()
+            },
+            Header {
+                flags: Flags::LARGE_PAYLOAD,
+                ..small()
+            },
+            Header {
+                remote: RemoteBuffer {
+                    len: 10,
+                    ..RemoteBuffer::default()
+                },
+                ..Header::new(FrameKind::LargeRequest, 1)
+            },
+        ];
+        for h in full {
+            assert_eq!(h.encoded_len(), HEADER_LEN, "{h:?}");
+            assert_eq!(Header::wire_len(&h.to_bytes()), Ok(HEADER_LEN));
+            assert_eq!(Header::decode(&h.to_bytes()), Ok(h));
+        }
+        assert_eq!(
+            Header::wire_len(&[0x52, 0x52, 2]),
+            Err(HeaderError::Truncated { len: 3, need: 32 })
+        );
+    }
+
+    #[test]
+    fn each_header_has_one_form() {
+        // A full header whose omitted half is zero must have been compact.
+        let mut bytes = [0u8; HEADER_LEN];
+        small().encode(&mut bytes);
+        bytes[4] &= !(COMPACT_BIT as u8);
+        assert_eq!(
+            Header::decode(&bytes),
+            Err(HeaderError::WrongForm {
+                kind: FrameKind::Request,
+                compact: false
+            })
+        );
+        // A compact header cannot carry flags that need the full form.
+        let mut bytes = small().to_bytes();
+        bytes[4] |= Flags::LARGE_PAYLOAD.bits() as u8;
+        assert_eq!(
+            Header::decode(&bytes),
+            Err(HeaderError::WrongForm {
+                kind: FrameKind::Request,
+                compact: true
+            })
+        );
+        let mut bytes = Header::new(FrameKind::LargeRequest, 1).to_bytes();
+        bytes[4] |= COMPACT_BIT as u8;
+        assert_eq!(
+            Header::decode(&bytes[..COMPACT_HEADER_LEN]),
+            Err(HeaderError::WrongForm {
+                kind: FrameKind::LargeRequest,
+                compact: true
+            })
         );
     }
 
@@ -511,12 +686,16 @@ mod tests {
         fn decoding_mutated_valid_headers_never_panics(
             at in 0usize..HEADER_LEN, value in any::<u8>()
         ) {
-            let mut bytes = sample().to_bytes();
-            bytes[at] = value;
-            if let Ok(h) = Header::decode(&bytes) {
-                // Whatever decodes must re-encode to the same bytes.
-                prop_assert_eq!(h.to_bytes(), bytes);
-                prop_assert_eq!(h.validate(), Ok(()));
+            for original in [sample(), small()] {
+                let mut bytes = original.to_bytes();
+                bytes[at] = value;
+                if let Ok(h) = Header::decode(&bytes) {
+                    // Whatever decodes must re-encode to the same bytes.
+                    let len = h.encoded_len();
+                    prop_assert_eq!(Header::wire_len(&bytes), Ok(len));
+                    prop_assert_eq!(&h.to_bytes()[..len], &bytes[..len]);
+                    prop_assert_eq!(h.validate(), Ok(()));
+                }
             }
         }
     }

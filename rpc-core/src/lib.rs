@@ -24,7 +24,7 @@ mod timer;
 pub use call_table::CallTable;
 pub use client::{Channel, ChannelConfig, ClientTransport};
 pub use error::{Error, HeaderError};
-pub use header::{Flags, FrameKind, Header, RemoteBuffer, HEADER_LEN};
+pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};
 pub use message::{method_id, IntoRequest, Request, Response};
 pub use metadata::{MetadataMap, MAX_METADATA_LEN};
 pub use server::{Server, ServerBuilder};

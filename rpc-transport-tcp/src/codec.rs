@@ -4,7 +4,7 @@ use std::io::{self, Read, Write};
 
 use bytes::{Bytes, BytesMut};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::{Header, HeaderError, HEADER_LEN, MAX_METADATA_LEN};
+use rpc_core::{Header, HeaderError, COMPACT_HEADER_LEN, MAX_METADATA_LEN};
 
 /// Initial capacity of the read and write buffers.
 const READ_CHUNK: usize = 64 * 1024;
@@ -76,10 +76,15 @@ impl<R: Read> FrameReader<R> {
 
     /// The next frame, or `None` on a clean end of stream between frames.
     pub fn read(&mut self) -> Result<Option<Inbound>, ReadError> {
-        if !self.fill(HEADER_LEN)? {
+        // Every header starts with the compact form's 32 bytes, which tell its length.
+        if !self.fill(COMPACT_HEADER_LEN)? {
             return Ok(None);
         }
-        let header = Header::decode(&self.buf[..HEADER_LEN])?;
+        let header_len = Header::wire_len(&self.buf)?;
+        if !self.fill(header_len)? {
+            return Err(unexpected_eof().into());
+        }
+        let header = Header::decode(&self.buf[..header_len])?;
         if header.is_rdma_only() {
             return Err(ReadError::RdmaOnly {
                 kind: header.kind,
@@ -94,18 +99,18 @@ impl<R: Read> FrameReader<R> {
         let meta_len = header.metadata_len as usize;
         let payload_len = header.payload_len as usize;
         if payload_len > self.max_payload {
-            self.skip(HEADER_LEN + meta_len + payload_len)?;
+            self.skip(header_len + meta_len + payload_len)?;
             return Ok(Some(Inbound::Oversized {
                 header,
                 declared: payload_len as u64,
             }));
         }
-        let total = HEADER_LEN + meta_len + payload_len;
+        let total = header_len + meta_len + payload_len;
         if !self.fill(total)? {
             return Err(unexpected_eof().into());
         }
         let mut frame = self.buf.split_to(total);
-        let _header_bytes = frame.split_to(HEADER_LEN);
+        let _header_bytes = frame.split_to(header_len);
         let metadata = frame.split_to(meta_len).freeze();
         let payload: Bytes = frame.freeze();
         Ok(Some(Inbound::Frame(InboundFrame {

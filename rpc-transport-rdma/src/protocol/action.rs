@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use rpc_core::{Code, FrameKind, Header, HEADER_LEN};
+use rpc_core::{Code, FrameKind, Header};
 
 /// Byte offset of the `credits` field inside an encoded header.
 pub const CREDITS_OFFSET: usize = 28;
@@ -58,7 +58,7 @@ pub struct WriteWork {
 }
 
 impl SendWork {
-    /// Finishes the frame in `buf` (the target's memory, at least [`HEADER_LEN`] bytes)
+    /// Finishes the frame in `buf` (the target's memory, at least [`rpc_core::HEADER_LEN`] bytes)
     /// right before posting: writes the returned credits into a ring slot's header, or the
     /// whole frame when the protocol generated it (credit-only, rendezvous, notice).
     ///
@@ -106,7 +106,8 @@ pub struct Received {
 impl Received {
     /// Range of the metadata within the slot.
     pub fn metadata_range(&self) -> Range<usize> {
-        HEADER_LEN..HEADER_LEN + self.header.metadata_len as usize
+        let start = self.header.encoded_len();
+        start..start + self.header.metadata_len as usize
     }
 
     /// Range of the inline payload within the slot.
@@ -258,6 +259,7 @@ impl WorkId {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rpc_core::HEADER_LEN;
 
     #[test]
     fn credits_offset_matches_the_header_layout() {
@@ -289,7 +291,7 @@ mod tests {
         let mut buf = [0xEEu8; HEADER_LEN];
         let work = SendWork {
             target: SendTarget::Control,
-            len: 64,
+            len: crate::protocol::CONTROL_BUF_LEN as u32,
             credits: 5,
             signaled: true,
             inline: true,
@@ -298,7 +300,8 @@ mod tests {
             frame: None,
         };
         work.prepare(&mut buf);
-        let h = Header::decode(&buf).unwrap();
+        let h = Header::decode(&buf[..crate::protocol::CONTROL_BUF_LEN]).unwrap();
+        assert_eq!(h.encoded_len(), crate::protocol::CONTROL_BUF_LEN);
         assert_eq!(
             (h.kind, h.credits, h.call_id),
             (FrameKind::CreditOnly, 5, 0)

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rpc_core::{Code, Flags, FrameKind, Header, HEADER_LEN};
+use rpc_core::{Code, Flags, FrameKind, Header, COMPACT_HEADER_LEN};
 
 use super::action::{Action, Received, SendTarget, SendWork, WorkId};
 use super::credits::Credits;
@@ -185,7 +185,7 @@ impl Connection {
         if self.closed.is_some() {
             return Err(SendError::Closed);
         }
-        if len < HEADER_LEN {
+        if len < COMPACT_HEADER_LEN {
             return Err(SendError::TooShort { len });
         }
         let max = self.geometry.max_send_frame;
@@ -233,7 +233,7 @@ impl Connection {
             return Err(err);
         }
         let pending = Pending {
-            len: (HEADER_LEN as u64 + header.body_len()) as u32,
+            len: (header.encoded_len() as u64 + header.body_len()) as u32,
             kind: header.kind,
             call_id: header.call_id,
             frame: None,
@@ -257,7 +257,7 @@ impl Connection {
         }
         // The field rules alone: the types rule out everything else the peer's decoder checks.
         header.validate().map_err(SendError::InvalidHeader)?;
-        let len = HEADER_LEN as u64 + header.body_len();
+        let len = header.encoded_len() as u64 + header.body_len();
         if len > u64::from(capacity) {
             return Err(SendError::TooLarge { len, max: capacity });
         }
@@ -520,7 +520,7 @@ impl Connection {
             let committed = self.send.commit(
                 seq,
                 Pending {
-                    len: HEADER_LEN as u32,
+                    len: frame.encoded_len() as u32,
                     kind: frame.kind,
                     call_id: frame.call_id,
                     frame: Some(frame),

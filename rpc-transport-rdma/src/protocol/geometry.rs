@@ -13,8 +13,9 @@ use super::large::LargeConfig;
 use super::params::{validate_ring, ConnectParams, TRANSPORT_VERSION};
 
 /// Bytes of the per-connection control buffer that carries credit-only frames. It sits right
-/// after the send ring in the same registered region.
-pub const CONTROL_BUF_LEN: usize = rpc_core::HEADER_LEN;
+/// after the send ring in the same registered region. A credit-only frame is a bare header,
+/// always in the compact form.
+pub const CONTROL_BUF_LEN: usize = rpc_core::COMPACT_HEADER_LEN;
 
 /// Local configuration of one connection: ring sizes plus tuning knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

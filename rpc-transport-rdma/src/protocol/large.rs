@@ -190,7 +190,7 @@ impl Large {
             credits: 0,
             ..notice
         };
-        Header::decode(&notice.to_bytes()).map_err(SendError::InvalidHeader)?;
+        notice.validate().map_err(SendError::InvalidHeader)?;
         self.next_transfer = self.next_transfer.wrapping_add(1);
         while self.transfers.contains_key(&self.next_transfer) {
             self.next_transfer = self.next_transfer.wrapping_add(1);

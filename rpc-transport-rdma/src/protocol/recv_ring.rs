@@ -4,7 +4,7 @@
 //! Slots may be released in any order (a handler may keep one while it decodes); the ring
 //! only tracks per-slot state, it does not assume the RECV queue order.
 
-use rpc_core::{Header, HEADER_LEN};
+use rpc_core::Header;
 
 use super::error::ProtocolViolation;
 
@@ -72,7 +72,7 @@ impl RecvRing {
             })?;
         let header = Header::decode(frame)
             .map_err(|source| ProtocolViolation::BadHeader { slot, source })?;
-        let declared = HEADER_LEN as u64 + header.body_len();
+        let declared = header.encoded_len() as u64 + header.body_len();
         if declared > u64::from(self.slot_size) {
             return Err(ProtocolViolation::FrameExceedsSlot {
                 slot,
@@ -111,12 +111,32 @@ mod tests {
     use super::*;
     use rpc_core::{FrameKind, HeaderError};
 
+    /// A frame in the full header form (it carries a deadline): 64 bytes of header.
     fn frame(payload_len: u32) -> Vec<u8> {
         let mut h = Header::new(FrameKind::Request, 1);
         h.payload_len = payload_len;
+        h.timeout_us = 1;
         let mut buf = vec![0u8; 256];
         h.encode(&mut buf);
         buf
+    }
+
+    #[test]
+    fn compact_headers_count_32_bytes() {
+        let mut r = RecvRing::new(4, 256);
+        let mut h = Header::new(FrameKind::Response, 1);
+        h.payload_len = 224;
+        let mut buf = vec![0u8; 256];
+        assert_eq!(h.encode(&mut buf), 32);
+        assert_eq!(r.accept(0, 256, &buf), Ok(h));
+        assert_eq!(
+            r.accept(1, 255, &buf),
+            Err(ProtocolViolation::LengthMismatch {
+                slot: 1,
+                declared: 256,
+                byte_len: 255
+            })
+        );
     }
 
     #[test]
@@ -184,7 +204,7 @@ mod tests {
             r.accept(0, 10, &frame(0)),
             Err(ProtocolViolation::BadHeader {
                 slot: 0,
-                source: HeaderError::Truncated { len: 10 }
+                source: HeaderError::Truncated { len: 10, need: 32 }
             })
         );
         assert_eq!(

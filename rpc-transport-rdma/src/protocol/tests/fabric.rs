@@ -181,7 +181,7 @@ impl Endpoint {
         }
     }
 
-    /// Largest payload a single frame can carry.
+    /// Largest payload a single frame can carry in either header form.
     pub(crate) fn max_payload(&self) -> u32 {
         self.geom.max_send_frame - HEADER_LEN as u32
     }
@@ -258,9 +258,16 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Reserves a slot and writes a numbered request with `payload` bytes into it.
+    /// Reserves a slot and writes a numbered request with `payload` bytes into it. Odd calls
+    /// carry a deadline, so both header forms (full and compact) travel.
     pub(crate) fn write(&mut self, payload: u32) -> Result<(), SendError> {
-        let len = HEADER_LEN + payload as usize;
+        let call_id = self.next_call;
+        let mut header = Header::new(FrameKind::Request, call_id);
+        header.payload_len = payload;
+        header.method_id = 7;
+        header.timeout_us = call_id % 2;
+        let header_len = header.encoded_len();
+        let len = header_len + payload as usize;
         let reservation = match self.conn.reserve_send(len) {
             Ok(r) => r,
             Err(e) => {
@@ -277,15 +284,11 @@ impl Endpoint {
             "slot {} handed out while its SEND is still outstanding",
             reservation.slot()
         );
-        let call_id = self.next_call;
         self.next_call += 1;
-        let mut header = Header::new(FrameKind::Request, call_id);
-        header.payload_len = payload;
-        header.method_id = 7;
         let off = self.geom.send_offset(reservation.target());
         let slot = &mut self.send_mem[off..off + len];
-        header.encode(slot);
-        for (i, b) in slot[HEADER_LEN..].iter_mut().enumerate() {
+        assert_eq!(header.encode(slot), header_len);
+        for (i, b) in slot[header_len..].iter_mut().enumerate() {
             *b = pattern(call_id, i);
         }
         self.written.push_back(Written {

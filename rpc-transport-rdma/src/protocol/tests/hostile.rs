@@ -33,10 +33,12 @@ fn frame(h: &Header) -> Vec<u8> {
     buf
 }
 
+/// A request in the full (64-byte) header form: it carries a deadline.
 fn request(payload_len: u32, credits: u32) -> Header {
     let mut h = Header::new(FrameKind::Request, 1);
     h.payload_len = payload_len;
     h.credits = credits;
+    h.timeout_us = 1_000;
     h
 }
 
@@ -101,7 +103,7 @@ fn malformed_header() {
         &frame(&request(0, 0)),
         ProtocolViolation::BadHeader {
             slot: 2,
-            source: HeaderError::Truncated { len: 20 },
+            source: HeaderError::Truncated { len: 20, need: 32 },
         },
     );
 }
@@ -222,7 +224,7 @@ fn forged_credits() {
     expect_violation(
         conn(),
         0,
-        64,
+        32,
         &frame(&empty),
         ProtocolViolation::EmptyCreditOnly,
     );
@@ -279,7 +281,7 @@ fn violation_drops_queued_sends() {
     assert_eq!(posted, 3);
     let v = ProtocolViolation::EmptyCreditOnly;
     assert_eq!(
-        c.on_recv_complete(0, 64, &frame(&Header::new(FrameKind::CreditOnly, 0))),
+        c.on_recv_complete(0, 32, &frame(&Header::new(FrameKind::CreditOnly, 0))),
         Err(v)
     );
     let dropped: Vec<_> = std::iter::from_fn(|| c.poll_action()).collect();

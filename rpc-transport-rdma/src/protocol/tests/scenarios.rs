@@ -74,8 +74,8 @@ fn frames_at_the_slot_boundary() {
         SendError::TooLarge { len: 201, max: 200 }
     );
     assert_eq!(
-        p.a.conn.reserve_send(63).unwrap_err(),
-        SendError::TooShort { len: 63 }
+        p.a.conn.reserve_send(31).unwrap_err(),
+        SendError::TooShort { len: 31 }
     );
     p.a.send(200 - HEADER_LEN as u32).unwrap();
     p.a.send(199 - HEADER_LEN as u32).unwrap();
@@ -91,6 +91,7 @@ fn frames_at_the_slot_boundary() {
     let r = p.a.conn.reserve_send(64).unwrap();
     let mut h = Header::new(FrameKind::Request, 99);
     h.payload_len = 137;
+    h.timeout_us = 1; // the full header form: 64 + 137 bytes
     assert_eq!(
         p.a.conn.commit_send(r, &h),
         Err(SendError::TooLarge { len: 201, max: 200 })
