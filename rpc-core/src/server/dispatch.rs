@@ -4,13 +4,12 @@
 //! [`ConnectionDispatch`] and feed it every frame they receive.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
-use std::task::Context;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use futures::future::{AbortHandle, Abortable};
 use futures::FutureExt;
@@ -84,22 +83,58 @@ impl Drop for RuntimeSlot {
     }
 }
 
-/// Counts handler runs so a graceful shutdown can wait for them.
+/// Counts handler runs so a graceful shutdown can wait for them. Entering and leaving cost
+/// one atomic operation each; the lock is taken only when a waiter needs waking.
 #[derive(Default)]
 struct InFlight {
-    count: Mutex<usize>,
+    count: AtomicUsize,
+    /// Threads inside [`Dispatcher::wait_idle`].
+    waiters: AtomicUsize,
+    lock: Mutex<()>,
     idle: Condvar,
 }
 
+impl InFlight {
+    fn enter(&self) {
+        self.count.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn exit(&self) {
+        // SeqCst on both sides (here: count, then waiters; in `wait_idle`: waiters, then
+        // count) means a waiter either sees the count reach zero or is seen here and woken.
+        if self.count.fetch_sub(1, Ordering::SeqCst) == 1 && self.waiters.load(Ordering::SeqCst) > 0
+        {
+            let _guard = self.lock.lock();
+            self.idle.notify_all();
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Counts a handler run on this thread until the returned guard drops.
+    fn running(&self) -> Running<'_> {
+        self.enter();
+        Running(self)
+    }
+}
+
+/// Leaves [`InFlight`] when a handler run on the current thread ends, however it ends.
+struct Running<'a>(&'a InFlight);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.exit();
+    }
+}
+
+/// Leaves [`InFlight`] when a spawned handler run ends, however it ends.
 struct InFlightGuard(Arc<Dispatcher>);
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        let mut count = self.0.in_flight.count.lock();
-        *count -= 1;
-        if *count == 0 {
-            self.0.in_flight.idle.notify_all();
-        }
+        self.0.in_flight.exit();
     }
 }
 
@@ -115,7 +150,7 @@ impl std::fmt::Debug for Dispatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dispatcher")
             .field("config", &self.config)
-            .field("in_flight", &*self.in_flight.count.lock())
+            .field("in_flight", &self.in_flight.count())
             .finish()
     }
 }
@@ -151,28 +186,30 @@ impl Dispatcher {
 
     /// Handler runs in progress.
     pub fn in_flight(&self) -> usize {
-        *self.in_flight.count.lock()
+        self.in_flight.count()
     }
 
     /// Waits until no handler is running or `timeout` passes; returns whether it is idle.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let in_flight = &self.in_flight;
         let until = Instant::now() + timeout;
-        let mut count = self.in_flight.count.lock();
-        while *count > 0 {
-            if self
-                .in_flight
-                .idle
-                .wait_until(&mut count, until)
-                .timed_out()
-            {
-                return *count == 0;
+        in_flight.waiters.fetch_add(1, Ordering::SeqCst);
+        let mut guard = in_flight.lock.lock();
+        let idle = loop {
+            if in_flight.count() == 0 {
+                break true;
             }
-        }
-        true
+            if in_flight.idle.wait_until(&mut guard, until).timed_out() {
+                break in_flight.count() == 0;
+            }
+        };
+        drop(guard);
+        in_flight.waiters.fetch_sub(1, Ordering::SeqCst);
+        idle
     }
 
     fn enter(self: &Arc<Self>) -> InFlightGuard {
-        *self.in_flight.count.lock() += 1;
+        self.in_flight.enter();
         InFlightGuard(self.clone())
     }
 }
@@ -299,19 +336,38 @@ impl ConnectionDispatch {
             payload: frame.payload,
             timeout,
         };
-        let handler = route.service.call(header.method_id, call);
+        let mut handler = route.service.call(header.method_id, call);
         let path = route.path;
+        let panicked = move || Err(Status::internal(format!("{path} panicked")));
 
-        // A panicking handler answers INTERNAL instead of taking the connection down with
-        // the thread it ran on (the transport's receive thread when run inline).
+        if dispatcher.config.inline_handlers {
+            // The fast path: poll the handler once right here. One that finishes without
+            // waiting answers at once, with no task, no wrapper future, no abort handle. It
+            // counts as in flight while it runs, so a shutdown waits for its answer.
+            let _runtime = dispatcher.runtime.handle().enter();
+            let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+            let _running = dispatcher.in_flight.running();
+            // A panicking handler answers INTERNAL instead of taking the connection down
+            // with the thread it ran on (the transport's receive thread).
+            let polled =
+                std::panic::catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(&mut cx)));
+            let done = match polled {
+                Ok(Poll::Ready(result)) => Some(result),
+                Ok(Poll::Pending) => None,
+                Err(_) => Some(panicked()),
+            };
+            if let Some(result) = done {
+                self.send_reply(call_id, result);
+                return;
+            }
+        }
+
         let handler = AssertUnwindSafe(handler)
             .catch_unwind()
-            .map(move |outcome| {
-                outcome.unwrap_or_else(|_| Err(Status::internal(format!("{path} panicked"))))
-            });
+            .map(move |outcome| outcome.unwrap_or_else(|_| panicked()));
         let guard = dispatcher.enter();
         let conn = self.clone();
-        let mut run = Box::pin(async move {
+        let run = async move {
             let result = match timeout {
                 Some(t) => tokio::time::timeout(t, handler).await.unwrap_or_else(|_| {
                     Err(Status::deadline_exceeded(format!(
@@ -322,17 +378,7 @@ impl ConnectionDispatch {
             };
             conn.send_reply(call_id, result);
             drop(guard);
-        });
-
-        if dispatcher.config.inline_handlers {
-            // The fast path: a handler that finishes without waiting answers right here,
-            // with no task, no abort handle and no bookkeeping.
-            let _runtime = dispatcher.runtime.handle().enter();
-            let mut cx = Context::from_waker(futures::task::noop_waker_ref());
-            if run.as_mut().poll(&mut cx).is_ready() {
-                return;
-            }
-        }
+        };
         let (abort, registration) = AbortHandle::new_pair();
         let conn = self.clone();
         let task = Abortable::new(run, registration).map(move |_| {
