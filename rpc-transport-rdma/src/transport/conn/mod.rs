@@ -362,11 +362,15 @@ impl Conn {
     }
 
     fn after_engine(&self) {
-        if self.has_wakers.swap(false, Ordering::AcqRel) {
+        // Plain loads first: these run on every send, completion batch and slot release,
+        // and the flags are nearly always clear; a swap would be a locked instruction each.
+        if self.has_wakers.load(Ordering::Acquire) && self.has_wakers.swap(false, Ordering::AcqRel)
+        {
             let wakers = std::mem::take(&mut *self.write_wakers.lock());
             wakers.into_iter().for_each(Waker::wake);
         }
-        if !self.attention.swap(false, Ordering::AcqRel) {
+        if !(self.attention.load(Ordering::Acquire) && self.attention.swap(false, Ordering::AcqRel))
+        {
             return;
         }
         if UPPER_LAYER_LOCKED.get() {

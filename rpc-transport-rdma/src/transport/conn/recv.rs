@@ -143,11 +143,21 @@ impl Conn {
                 len: rx.len as usize,
             };
             let frame_bytes = Bytes::from_owner(owner);
+            // Most frames carry no metadata: an empty view needs no reference to the slot.
+            let metadata = if rx.header.metadata_len == 0 {
+                Bytes::new()
+            } else {
+                frame_bytes.slice(rx.metadata_range())
+            };
             sink.deliver(InboundFrame {
                 header: rx.header,
-                metadata: frame_bytes.slice(rx.metadata_range()),
+                metadata,
                 payload: frame_bytes.slice(rx.payload_range()),
             });
+            // Held until the upper layer is done with the frame: a server whose handler ran
+            // inline has sent its response by now, so the slot's release (re-post, credit
+            // bookkeeping) happens after the response left, not before.
+            drop(frame_bytes);
         }
     }
 
