@@ -17,9 +17,11 @@ use crate::vm::{self, GuestCommand, GuestPlan, Step, StepOutcome, VmError, VmOpt
 
 pub use report::{BenchPoint, DemoReport};
 
-/// Payload sizes of the latency sweep. The largest fits one 64 KiB ring slot; larger
-/// messages need the RDMA WRITE path, which is not implemented yet.
-pub const SIZES: &[u64] = &[32, 512, 4096, 32768];
+/// Payload sizes of the latency sweep. Up to 32 KiB a message fits one 64 KiB ring slot
+/// (SEND); larger ones go by RDMA WRITE into a granted buffer.
+pub const SIZES: &[u64] = &[32, 512, 4096, 32768, 262_144, 1 << 20, 4 << 20];
+/// Size of the goodput comparison with `ib_write_bw` (request and response both this big).
+pub const GOODPUT_SIZE: u64 = 1 << 20;
 /// Calls in flight in the concurrency sweep (32 B).
 pub const CONCURRENCY: &[u32] = &[1, 4, 16];
 /// Ring slot size of the benchmark connections.
@@ -45,15 +47,27 @@ pub struct BenchJson {
 fn perftest_suite() -> Vec<Perftest> {
     let mut suite: Vec<Perftest> = SIZES
         .iter()
-        .map(|&size| Perftest::new("ib_send_lat", size, 2000))
+        .map(|&size| Perftest::new("ib_send_lat", size, iterations(size, 2000)))
         .collect();
     suite.push(Perftest::new("ib_send_bw", 65536, 500));
     suite.push(Perftest::new("ib_write_bw", 1 << 20, 100));
     suite
 }
 
+/// Iterations for `size`-byte messages: `base` for small ones, fewer as they grow, so that
+/// each step takes seconds, not minutes, under emulation.
+fn iterations(size: u64, base: u32) -> u32 {
+    match size {
+        0..=4096 => base,
+        4097..=65536 => base / 2,
+        65537..=1_048_576 => 100,
+        _ => 30,
+    }
+}
+
 fn bench_args(bin: &Path, size: u64, concurrency: u32, addr: &str) -> Vec<String> {
-    let iters = if size >= 4096 { 2000 } else { 5000 };
+    let iters = iterations(size, if size >= 4096 { 2000 } else { 5000 });
+    let warmup = (iters / 10).clamp(3, 500);
     let poll = if concurrency == 1 { "busy" } else { "adaptive" };
     [
         bin.display().to_string(),
@@ -65,7 +79,7 @@ fn bench_args(bin: &Path, size: u64, concurrency: u32, addr: &str) -> Vec<String
         "--iters".into(),
         iters.to_string(),
         "--warmup".into(),
-        "500".into(),
+        warmup.to_string(),
         "--concurrency".into(),
         concurrency.to_string(),
         "--poll".into(),
@@ -80,6 +94,8 @@ fn bench_args(bin: &Path, size: u64, concurrency: u32, addr: &str) -> Vec<String
 fn bench_points() -> Vec<(u64, u32)> {
     let mut points: Vec<(u64, u32)> = SIZES.iter().map(|&s| (s, 1)).collect();
     points.extend(CONCURRENCY.iter().filter(|&&c| c > 1).map(|&c| (32, c)));
+    // Two large calls in flight: one's request and the other's response overlap.
+    points.push((GOODPUT_SIZE, 2));
     points
 }
 

@@ -17,12 +17,26 @@ pub struct BenchPoint {
     pub ratio: Option<f64>,
 }
 
+/// Large-message goodput next to `ib_write_bw` at the same size.
+#[derive(Debug, Clone, Serialize)]
+pub struct GoodputPoint {
+    pub size: u64,
+    pub concurrency: u32,
+    /// Request plus response payload bytes per second, MiB/s.
+    pub ours_mib_s: f64,
+    /// `ib_write_bw` average, as perftest reports it (MB/s, 2^20 bytes).
+    pub ib_write_bw: Option<f64>,
+    /// ours_mib_s / ib_write_bw.
+    pub ratio: Option<f64>,
+}
+
 /// Everything the demo measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct DemoReport {
     pub perftest: Vec<Figure>,
     pub rdma: Vec<BenchJson>,
     pub latency: Vec<BenchPoint>,
+    pub goodput: Vec<GoodputPoint>,
     pub tcp_compare: Option<serde_json::Value>,
 }
 
@@ -52,10 +66,31 @@ impl DemoReport {
                 }
             })
             .collect();
+        let write_bw = |size: u64| {
+            perftest
+                .iter()
+                .find(|f| f.test == "ib_write_bw" && f.size == size && f.figure == "bw_avg")
+                .map(|f| f.value)
+        };
+        let goodput = rdma
+            .iter()
+            .filter(|r| r.size == super::GOODPUT_SIZE)
+            .map(|r| {
+                let bw = write_bw(r.size);
+                GoodputPoint {
+                    size: r.size,
+                    concurrency: r.concurrency,
+                    ours_mib_s: r.goodput_mib_s,
+                    ib_write_bw: bw,
+                    ratio: bw.map(|bw| r.goodput_mib_s / bw),
+                }
+            })
+            .collect();
         DemoReport {
             perftest,
             rdma,
             latency,
+            goodput,
             tcp_compare,
         }
     }
@@ -99,14 +134,13 @@ impl DemoReport {
                 f.test, f.size, f.value
             ));
         }
-        if let Some(best) = self
-            .rdma
-            .iter()
-            .max_by(|a, b| a.goodput_mib_s.total_cmp(&b.goodput_mib_s))
-        {
+        for g in &self.goodput {
             out.push_str(&format!(
-                "  rdma-rpc     {:>8} B  {:>9.1} MiB/s request+response goodput (x{} in flight)\n",
-                best.size, best.goodput_mib_s, best.concurrency
+                "  rdma-rpc     {:>8} B  {:>9.1} MiB/s request+response goodput, x{} in flight: {} of ib_write_bw\n",
+                g.size,
+                g.ours_mib_s,
+                g.concurrency,
+                g.ratio.map_or("-".into(), |v| format!("{v:.2}×")),
             ));
         }
         if let Some(tcp) = &self.tcp_compare {
