@@ -84,7 +84,14 @@ impl SendWork {
 
     /// The work-request identity to post this send under.
     pub fn work_id(&self) -> WorkId {
-        match self.target {
+        self.target.work_id()
+    }
+}
+
+impl SendTarget {
+    /// The work-request identity of a SEND from this buffer.
+    pub fn work_id(self) -> WorkId {
+        match self {
             SendTarget::Ring(slot) => WorkId::Send(slot),
             SendTarget::Control => WorkId::Control,
         }

@@ -28,7 +28,6 @@ pub(super) fn is_body_kind(kind: FrameKind) -> bool {
 struct Granted {
     window: MemoryWindow,
     buffer: LargeBuffer,
-    rkey: u32,
 }
 
 /// Large-body resources of one connection, kept under the engine lock.
@@ -174,7 +173,7 @@ impl Conn {
                 // SAFETY: the buffer stays in `grants` until the window's invalidation has
                 // completed (DeliverLarge/ReleaseGrant come after it) or the QP is destroyed
                 // (`res` drops before the engine); its bytes are read only after that.
-                let rkey = unsafe {
+                unsafe {
                     self.res.qp.post_bind_window(
                         wr_id,
                         &mut g.window,
@@ -183,14 +182,9 @@ impl Conn {
                         AccessFlags::REMOTE_WRITE,
                         SendFlags::SIGNALED,
                     )
-                }?;
-                if rkey != g.rkey {
-                    return Err(VerbsError::invalid(
-                        "ibv_post_send(BIND_MW)",
-                        "the window's rkey changed between grant and bind",
-                    ));
                 }
-                Ok(())
+                // The bind hands out `window.next_rkey()`, the rkey the grant announced.
+                .map(|_| ())
             }
             Action::Invalidate { grant, rkey } => {
                 let wr_id = WorkId::Invalidate(grant).to_wr_id(CONN_TAG);
@@ -245,14 +239,10 @@ impl Conn {
             .grant(call_id, buffer.addr(), rkey, buffer.len() as u64)
         {
             Some(grant) => {
-                engine.large.grants.insert(
-                    grant,
-                    Granted {
-                        buffer,
-                        window,
-                        rkey,
-                    },
-                );
+                engine
+                    .large
+                    .grants
+                    .insert(grant, Granted { window, buffer });
             }
             None => self.res.large.put_window(window),
         }

@@ -195,10 +195,6 @@ impl Conn {
 
     /// Largest frame this connection can send in one slot.
     pub(crate) fn max_frame(&self) -> usize {
-        self.max_frame_cached()
-    }
-
-    fn max_frame_cached(&self) -> usize {
         self.max_send_frame
     }
 
@@ -206,7 +202,7 @@ impl Conn {
     /// waiting for credits). Blocks while the ring and queue are full.
     pub(crate) fn send(self: &Arc<Self>, frame: &OutgoingFrame<'_>) -> Result<(), Status> {
         let len = frame.len();
-        if len > self.max_frame_cached() && large::is_body_kind(frame.header().kind) {
+        if len > self.max_send_frame && large::is_body_kind(frame.header().kind) {
             return self.send_large(frame);
         }
         let mut blocked_since: Option<Instant> = None;

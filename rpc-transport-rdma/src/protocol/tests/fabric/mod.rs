@@ -19,13 +19,18 @@
 //!   numbered messages whose payload is a pattern of the call id, verified on delivery and
 //!   again on release.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
-use rpc_core::{Code, FrameKind, Header, HEADER_LEN};
+use rpc_core::{FrameKind, Header, HEADER_LEN};
+
+mod checks;
+mod large;
+
+pub(crate) use large::LargeSide;
 
 use crate::protocol::{
-    Action, Config, Connection, Geometry, LocalBuffer, Received, SendError, SendReservation,
-    SendTarget, WorkId, WriteWork, CREDITS_OFFSET,
+    Action, Config, Connection, Geometry, Received, SendError, SendReservation, SendTarget, WorkId,
+    WriteWork, CREDITS_OFFSET,
 };
 
 /// A SEND on the wire.
@@ -44,52 +49,6 @@ enum Wire {
     Write(WriteWork),
     /// A local operation (window bind or invalidation): takes effect in queue order.
     Local(WorkId, Option<u32>),
-}
-
-/// A memory window at the receiver: the range its current rkey grants, while valid.
-#[derive(Debug, Clone, Copy)]
-struct Window {
-    addr: u64,
-    len: u64,
-    valid: bool,
-}
-
-/// The large-body side of an endpoint: registered buffers, windows, and what the upper
-/// layer saw.
-#[derive(Debug, Default)]
-pub(crate) struct LargeSide {
-    /// Registered buffers by base address.
-    pub(crate) mem: HashMap<u64, Vec<u8>>,
-    next_addr: u64,
-    /// Source buffers of our transfers.
-    sources: HashMap<u32, u64>,
-    /// Granted buffers: grant id -> (addr, rkey).
-    grants: HashMap<u32, (u64, u32)>,
-    windows: HashMap<u32, Window>,
-    next_rkey: u32,
-    /// Grants refused once this many bytes are lent.
-    pub(crate) budget: Option<u64>,
-    lent: u64,
-    /// Call ids whose large body was handed up, with their lengths.
-    pub(crate) delivered: Vec<(u64, u64)>,
-    /// Grants revoked by a cancel.
-    pub(crate) released: u32,
-    /// Transfers the peer refused: (call, status).
-    pub(crate) failed: Vec<(u64, Code)>,
-    /// Calls whose transfers finished (source returned).
-    pub(crate) done: u32,
-    /// Remote access errors seen (WRITEs that found no valid window).
-    pub(crate) access_errors: u32,
-    /// The last WRITE posted, for replaying it late.
-    last_write: Option<WriteWork>,
-}
-
-impl LargeSide {
-    fn alloc(&mut self, len: u64) -> u64 {
-        self.next_addr += 0x1_0000_0000;
-        self.mem.insert(self.next_addr, vec![0; len as usize]);
-        self.next_addr
-    }
 }
 
 /// A receive completion waiting to be polled.
@@ -187,11 +146,7 @@ impl Endpoint {
     }
 
     fn in_sq(&self, target: SendTarget) -> bool {
-        let id = match target {
-            SendTarget::Ring(slot) => WorkId::Send(slot),
-            SendTarget::Control => WorkId::Control,
-        };
-        self.sq.iter().any(|&(t, _)| t == id)
+        self.sq.iter().any(|&(t, _)| t == target.work_id())
     }
 
     fn push_sq(&mut self, id: WorkId, signaled: bool) {
@@ -201,49 +156,6 @@ impl Endpoint {
             self.geom.sq_depth()
         );
         self.sq.push_back((id, signaled));
-    }
-
-    /// Encodes a request of `len` payload bytes into a fresh registered buffer and starts
-    /// sending it by the large-body path. Returns its call id.
-    pub(crate) fn send_large(&mut self, len: u64) -> Result<u64, SendError> {
-        let call_id = self.next_call;
-        self.next_call += 1;
-        let addr = self.large.alloc(len);
-        let buf = self.large.mem.get_mut(&addr).expect("just allocated");
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = pattern(call_id, i);
-        }
-        let mut notice = Header::new(FrameKind::Request, call_id);
-        notice.method_id = 7;
-        notice.payload_len = u32::try_from(len).expect("test bodies fit u32");
-        match self
-            .conn
-            .start_large(&notice, LocalBuffer { addr, lkey: 1 })
-        {
-            Ok(transfer) => {
-                self.large.sources.insert(transfer, addr);
-                self.absorb();
-                Ok(call_id)
-            }
-            Err(e) => {
-                self.large.mem.remove(&addr);
-                Err(e)
-            }
-        }
-    }
-
-    /// Puts a copy of the last WRITE on the wire again, as a late or forged WRITE would
-    /// arrive (from a fresh source buffer full of 0xEE).
-    pub(crate) fn replay_last_write(&mut self) {
-        let w = self.large.last_write.expect("a WRITE was posted");
-        let addr = self.large.alloc(u64::from(w.len));
-        self.large.mem.get_mut(&addr).expect("allocated").fill(0xEE);
-        self.large.sources.insert(u32::MAX, addr);
-        self.wire.push_back(Wire::Write(WriteWork {
-            transfer: u32::MAX,
-            local_addr: addr,
-            ..w
-        }));
     }
 
     /// Sends a Cancel for `call_id` (a plain frame through the ring).
@@ -298,13 +210,17 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Commits a written reservation (oldest or newest).
-    pub(crate) fn commit(&mut self, newest: bool) -> bool {
-        let Some(w) = (if newest {
+    fn take_written(&mut self, newest: bool) -> Option<Written> {
+        if newest {
             self.written.pop_back()
         } else {
             self.written.pop_front()
-        }) else {
+        }
+    }
+
+    /// Commits a written reservation (oldest or newest).
+    pub(crate) fn commit(&mut self, newest: bool) -> bool {
+        let Some(w) = self.take_written(newest) else {
             return false;
         };
         let call_id = w.header.call_id;
@@ -318,11 +234,7 @@ impl Endpoint {
 
     /// Aborts a written reservation (oldest or newest).
     pub(crate) fn abort(&mut self, newest: bool) -> bool {
-        let Some(w) = (if newest {
-            self.written.pop_back()
-        } else {
-            self.written.pop_front()
-        }) else {
+        let Some(w) = self.take_written(newest) else {
             return false;
         };
         self.conn.abort_send(w.reservation);
@@ -372,113 +284,14 @@ impl Endpoint {
                     credits: work.credits,
                 }));
             }
-            Action::PostWrite(w) => {
-                let base = self.large.sources[&w.transfer];
-                let src = &self.large.mem[&base];
-                let start = w.local_addr - base;
-                assert!(
-                    start + u64::from(w.len) <= src.len() as u64,
-                    "WRITE source outside its buffer"
-                );
-                self.push_sq(WorkId::Write(w.transfer), true);
-                self.wire.push_back(Wire::Write(w));
-                self.large.last_write = Some(w);
-            }
-            Action::TransferDone { transfer } => {
-                let addr = self
-                    .large
-                    .sources
-                    .remove(&transfer)
-                    .expect("known transfer");
-                assert!(
-                    !self.sq.iter().any(|&(id, _)| id == WorkId::Write(transfer)),
-                    "source buffer returned while a WRITE still reads it"
-                );
-                self.large.mem.remove(&addr);
-                self.large.done += 1;
-            }
-            Action::TransferFailed {
-                transfer,
-                call_id,
-                status,
-                ..
-            } => {
-                let addr = self
-                    .large
-                    .sources
-                    .remove(&transfer)
-                    .expect("known transfer");
-                self.large.mem.remove(&addr);
-                self.large.failed.push((call_id, status));
-            }
-            Action::GrantNeeded { call_id, len } => {
-                if self.large.budget.is_some_and(|b| self.large.lent + len > b) {
-                    let budget = self.large.budget.unwrap_or(0);
-                    self.conn.refuse(call_id, Code::ResourceExhausted, budget);
-                } else {
-                    let addr = self.large.alloc(len);
-                    self.large.next_rkey += 0x101;
-                    let rkey = self.large.next_rkey;
-                    match self.conn.grant(call_id, addr, rkey, len) {
-                        Some(grant) => {
-                            self.large.lent += len;
-                            self.large.grants.insert(grant, (addr, rkey));
-                            self.large.windows.insert(
-                                rkey,
-                                Window {
-                                    addr,
-                                    len,
-                                    valid: false,
-                                },
-                            );
-                        }
-                        None => {
-                            self.large.mem.remove(&addr);
-                        }
-                    }
-                }
-                // Actions the answer produced run after the ones already queued.
-                while let Some(action) = self.conn.poll_action() {
-                    self.pending.push_back(action);
-                }
-            }
-            Action::BindWindow { grant } => {
-                let (_, rkey) = self.large.grants[&grant];
-                self.push_sq(WorkId::Bind(grant), true);
-                self.wire
-                    .push_back(Wire::Local(WorkId::Bind(grant), Some(rkey)));
-            }
-            Action::Invalidate { grant, rkey } => {
-                assert_eq!(self.large.grants[&grant].1, rkey);
-                self.push_sq(WorkId::Invalidate(grant), true);
-                self.wire
-                    .push_back(Wire::Local(WorkId::Invalidate(grant), Some(rkey)));
-            }
-            Action::DeliverLarge { grant, header } => {
-                let (addr, rkey) = self.large.grants.remove(&grant).expect("known grant");
-                assert!(
-                    !self.large.windows[&rkey].valid,
-                    "body handed up while still remotely writable"
-                );
-                let buf = self.large.mem.remove(&addr).expect("granted buffer");
-                let len = header.message_len();
-                assert_eq!(header.kind, FrameKind::Request);
-                for (i, &b) in buf[..len as usize].iter().enumerate() {
-                    assert_eq!(b, pattern(header.call_id, i), "large body corrupted");
-                }
-                self.large.lent -= buf.len() as u64;
-                self.large.delivered.push((header.call_id, len));
-            }
-            Action::ReleaseGrant { grant } => {
-                let (addr, rkey) = self.large.grants.remove(&grant).expect("known grant");
-                assert!(
-                    !self.large.windows[&rkey].valid,
-                    "buffer reused while still remotely writable"
-                );
-                let buf = self.large.mem.remove(&addr).expect("granted buffer");
-                self.large.lent -= buf.len() as u64;
-                self.large.released += 1;
-            }
+            large @ (Action::PostWrite(_)
+            | Action::TransferDone { .. }
+            | Action::TransferFailed { .. }
+            | Action::GrantNeeded { .. }
+            | Action::BindWindow { .. }
+            | Action::Invalidate { .. }
+            | Action::DeliverLarge { .. }
+            | Action::ReleaseGrant { .. }) => self.exec_large(large),
             Action::Writable => {
                 self.blocked = false;
                 self.writable_events += 1;
@@ -616,36 +429,11 @@ fn transmit(from: &mut Endpoint, to: &mut Endpoint) -> bool {
     let frame = match wr {
         Wire::Send(frame) => frame,
         Wire::Write(w) => {
-            let window = to.large.windows.get(&w.rkey).copied();
-            let fits = window.is_some_and(|win| {
-                win.valid
-                    && w.remote_addr >= win.addr
-                    && w.remote_addr + u64::from(w.len) <= win.addr + win.len
-            });
-            if !fits {
-                // A real responder NAKs and both QPs go to the error state.
-                to.large.access_errors += 1;
-                return true;
-            }
-            let win = window.expect("checked");
-            let base = from.large.sources[&w.transfer];
-            let src_at = (w.local_addr - base) as usize;
-            let data = from.large.mem[&base][src_at..src_at + w.len as usize].to_vec();
-            let dst = to
-                .large
-                .mem
-                .get_mut(&win.addr)
-                .expect("window over a live buffer");
-            let dst_at = (w.remote_addr - win.addr) as usize;
-            dst[dst_at..dst_at + data.len()].copy_from_slice(&data);
-            from.send_cq.push_back(WorkId::Write(w.transfer));
+            large::transmit_write(from, to, w);
             return true;
         }
         Wire::Local(id, rkey) => {
-            let window = rkey.and_then(|k| from.large.windows.get_mut(&k));
-            let window = window.expect("local operation on a known window");
-            window.valid = matches!(id, WorkId::Bind(_));
-            from.send_cq.push_back(id);
+            large::finish_local(from, id, rkey);
             return true;
         }
     };
@@ -672,10 +460,7 @@ fn transmit(from: &mut Endpoint, to: &mut Endpoint) -> bool {
         credits: frame.credits,
     });
     if frame.signaled {
-        from.send_cq.push_back(match frame.target {
-            SendTarget::Ring(slot) => WorkId::Send(slot),
-            SendTarget::Control => WorkId::Control,
-        });
+        from.send_cq.push_back(frame.target.work_id());
     }
     true
 }
@@ -727,67 +512,6 @@ impl Pair {
             Side::A => transmit(&mut self.a, &mut self.b),
             Side::B => transmit(&mut self.b, &mut self.a),
         }
-    }
-
-    /// Checks both connections' internal invariants and the credit conservation law of both
-    /// directions: every receive slot of the receiver is accounted for exactly once.
-    pub(crate) fn check(&self) {
-        self.a.conn.assert_invariants();
-        self.b.conn.assert_invariants();
-        if self.a.conn.is_closed() || self.b.conn.is_closed() {
-            return;
-        }
-        Self::conservation(&self.a, &self.b);
-        Self::conservation(&self.b, &self.a);
-        Self::rnr_free(&self.a, &self.b);
-        Self::rnr_free(&self.b, &self.a);
-    }
-
-    /// The no-RNR invariant, stated on the QP rather than on the state machine's belief:
-    /// every credit that has left `rx` (held by `tx`, or on its way there) and every frame
-    /// `tx` has committed to the wire is backed by a RECV actually posted in `rx`'s receive
-    /// queue. Granting a credit before its RECV is posted breaks this at once, even if no
-    /// schedule happens to turn it into an RNR.
-    fn rnr_free(tx: &Endpoint, rx: &Endpoint) {
-        let grants_sent = rx.wire_sends().map(|f| u64::from(f.credits)).sum::<u64>()
-            + tx.recv_cq.iter().map(|c| u64::from(c.credits)).sum::<u64>();
-        let frames_coming = (tx.pending_sends().count() + tx.wire_sends().count()) as u64;
-        let claimed = u64::from(tx.conn.stats().send_credits) + grants_sent + frames_coming;
-        assert!(
-            rx.rq.len() as u64 >= claimed,
-            "RNR possible: {} RECVs posted, {claimed} claimed by credits and frames",
-            rx.rq.len()
-        );
-    }
-
-    /// Slots of `rx`'s receive ring = credits `tx` holds + grants on their way to `tx` +
-    /// credits `rx` has yet to return + frames on their way to `rx` + frames `rx` holds.
-    fn conservation(tx: &Endpoint, rx: &Endpoint) {
-        let grants_in_flight: u64 = rx
-            .pending_sends()
-            .map(|w| u64::from(w.credits))
-            .sum::<u64>()
-            + rx.wire_sends().map(|f| u64::from(f.credits)).sum::<u64>()
-            + tx.recv_cq.iter().map(|c| u64::from(c.credits)).sum::<u64>();
-        let frames_in_flight =
-            (tx.pending_sends().count() + tx.wire_sends().count() + rx.recv_cq.len()) as u64;
-        let stats_tx = tx.conn.stats();
-        let stats_rx = rx.conn.stats();
-        assert_eq!(stats_rx.recv_held as usize, rx.held.len());
-        let total = u64::from(stats_tx.send_credits)
-            + grants_in_flight
-            + u64::from(stats_rx.pending_credit_return)
-            + frames_in_flight
-            + rx.held.len() as u64;
-        assert_eq!(
-            total,
-            u64::from(rx.geom.recv_slots),
-            "credit conservation broken: tx {stats_tx:?}, rx {stats_rx:?}"
-        );
-        assert!(
-            stats_tx.send_credits <= rx.geom.recv_slots,
-            "credit overflow"
-        );
     }
 
     /// One round of everything the driver and the upper layer may do, on both sides.
@@ -844,47 +568,5 @@ impl Pair {
             );
         }
         self.assert_drained();
-    }
-
-    /// After quiescence: nothing in flight, nothing queued, every committed message
-    /// delivered exactly once and in order, and all credits back home.
-    pub(crate) fn assert_drained(&self) {
-        for (name, ep, peer) in [("a", &self.a, &self.b), ("b", &self.b, &self.a)] {
-            assert!(
-                ep.written.is_empty(),
-                "{name}: uncommitted reservations left"
-            );
-            assert_eq!(
-                ep.quota, 0,
-                "{name}: deadlock, {} messages never sent",
-                ep.quota
-            );
-            assert!(
-                ep.pending.is_empty() && ep.wire.is_empty(),
-                "{name}: work left"
-            );
-            assert!(
-                ep.send_cq.is_empty() && ep.recv_cq.is_empty(),
-                "{name}: completions left"
-            );
-            assert!(ep.held.is_empty(), "{name}: frames held");
-            let stats = ep.conn.stats();
-            assert_eq!(
-                stats.send_unposted, 0,
-                "{name}: deadlock, frames still queued: {stats:?}"
-            );
-            let mut sent = ep.committed.clone();
-            sent.sort_unstable();
-            assert_eq!(
-                sent, peer.delivered,
-                "{name}: sent vs. delivered at the peer"
-            );
-            assert_eq!(
-                stats.send_credits + peer.conn.stats().pending_credit_return,
-                peer.geom.recv_slots,
-                "{name}: credits not all home"
-            );
-            assert!(!ep.blocked, "{name}: WouldBlock never followed by Writable");
-        }
     }
 }

@@ -1,0 +1,246 @@
+//! The large-body side of the fabric: registered buffers, memory windows with their
+//! validity, RDMA WRITEs checked against them, and what the upper layer saw.
+
+use std::collections::HashMap;
+
+use rpc_core::{Code, FrameKind, Header};
+
+use super::{pattern, Endpoint, Wire};
+use crate::protocol::{Action, LocalBuffer, SendError, WorkId, WriteWork};
+
+/// A memory window at the receiver: the range its current rkey grants, while valid.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    addr: u64,
+    len: u64,
+    valid: bool,
+}
+
+/// The large-body side of an endpoint: registered buffers, windows, and what the upper
+/// layer saw.
+#[derive(Debug, Default)]
+pub(crate) struct LargeSide {
+    /// Registered buffers by base address.
+    pub(crate) mem: HashMap<u64, Vec<u8>>,
+    next_addr: u64,
+    /// Source buffers of our transfers.
+    sources: HashMap<u32, u64>,
+    /// Granted buffers: grant id -> (addr, rkey).
+    grants: HashMap<u32, (u64, u32)>,
+    windows: HashMap<u32, Window>,
+    next_rkey: u32,
+    /// Grants refused once this many bytes are lent.
+    pub(crate) budget: Option<u64>,
+    lent: u64,
+    /// Call ids whose large body was handed up, with their lengths.
+    pub(crate) delivered: Vec<(u64, u64)>,
+    /// Grants revoked by a cancel.
+    pub(crate) released: u32,
+    /// Transfers the peer refused: (call, status).
+    pub(crate) failed: Vec<(u64, Code)>,
+    /// Calls whose transfers finished (source returned).
+    pub(crate) done: u32,
+    /// Remote access errors seen (WRITEs that found no valid window).
+    pub(crate) access_errors: u32,
+    /// The last WRITE posted, for replaying it late.
+    last_write: Option<WriteWork>,
+}
+
+impl LargeSide {
+    fn alloc(&mut self, len: u64) -> u64 {
+        self.next_addr += 0x1_0000_0000;
+        self.mem.insert(self.next_addr, vec![0; len as usize]);
+        self.next_addr
+    }
+}
+
+impl Endpoint {
+    /// Encodes a request of `len` payload bytes into a fresh registered buffer and starts
+    /// sending it by the large-body path. Returns its call id.
+    pub(crate) fn send_large(&mut self, len: u64) -> Result<u64, SendError> {
+        let call_id = self.next_call;
+        self.next_call += 1;
+        let addr = self.large.alloc(len);
+        let buf = self.large.mem.get_mut(&addr).expect("just allocated");
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = pattern(call_id, i);
+        }
+        let mut notice = Header::new(FrameKind::Request, call_id);
+        notice.method_id = 7;
+        notice.payload_len = u32::try_from(len).expect("test bodies fit u32");
+        match self
+            .conn
+            .start_large(&notice, LocalBuffer { addr, lkey: 1 })
+        {
+            Ok(transfer) => {
+                self.large.sources.insert(transfer, addr);
+                self.absorb();
+                Ok(call_id)
+            }
+            Err(e) => {
+                self.large.mem.remove(&addr);
+                Err(e)
+            }
+        }
+    }
+
+    /// Puts a copy of the last WRITE on the wire again, as a late or forged WRITE would
+    /// arrive (from a fresh source buffer full of 0xEE).
+    pub(crate) fn replay_last_write(&mut self) {
+        let w = self.large.last_write.expect("a WRITE was posted");
+        let addr = self.large.alloc(u64::from(w.len));
+        self.large.mem.get_mut(&addr).expect("allocated").fill(0xEE);
+        self.large.sources.insert(u32::MAX, addr);
+        self.wire.push_back(Wire::Write(WriteWork {
+            transfer: u32::MAX,
+            local_addr: addr,
+            ..w
+        }));
+    }
+
+    fn free_source(&mut self, transfer: u32) {
+        let addr = self
+            .large
+            .sources
+            .remove(&transfer)
+            .expect("known transfer");
+        self.large.mem.remove(&addr);
+    }
+
+    /// Executes an action of the large-body path.
+    pub(super) fn exec_large(&mut self, action: Action) {
+        match action {
+            Action::PostWrite(w) => {
+                let base = self.large.sources[&w.transfer];
+                let src = &self.large.mem[&base];
+                let start = w.local_addr - base;
+                assert!(
+                    start + u64::from(w.len) <= src.len() as u64,
+                    "WRITE source outside its buffer"
+                );
+                self.push_sq(WorkId::Write(w.transfer), true);
+                self.wire.push_back(Wire::Write(w));
+                self.large.last_write = Some(w);
+            }
+            Action::TransferDone { transfer } => {
+                assert!(
+                    !self.sq.iter().any(|&(id, _)| id == WorkId::Write(transfer)),
+                    "source buffer returned while a WRITE still reads it"
+                );
+                self.free_source(transfer);
+                self.large.done += 1;
+            }
+            Action::TransferFailed {
+                transfer,
+                call_id,
+                status,
+                ..
+            } => {
+                self.free_source(transfer);
+                self.large.failed.push((call_id, status));
+            }
+            Action::GrantNeeded { call_id, len } => {
+                if self.large.budget.is_some_and(|b| self.large.lent + len > b) {
+                    let budget = self.large.budget.unwrap_or(0);
+                    self.conn.refuse(call_id, Code::ResourceExhausted, budget);
+                } else {
+                    let addr = self.large.alloc(len);
+                    self.large.next_rkey += 0x101;
+                    let rkey = self.large.next_rkey;
+                    match self.conn.grant(call_id, addr, rkey, len) {
+                        Some(grant) => {
+                            self.large.lent += len;
+                            self.large.grants.insert(grant, (addr, rkey));
+                            self.large.windows.insert(
+                                rkey,
+                                Window {
+                                    addr,
+                                    len,
+                                    valid: false,
+                                },
+                            );
+                        }
+                        None => {
+                            self.large.mem.remove(&addr);
+                        }
+                    }
+                }
+                // Actions the answer produced run after the ones already queued.
+                self.absorb();
+            }
+            Action::BindWindow { grant } => {
+                let (_, rkey) = self.large.grants[&grant];
+                self.push_sq(WorkId::Bind(grant), true);
+                self.wire
+                    .push_back(Wire::Local(WorkId::Bind(grant), Some(rkey)));
+            }
+            Action::Invalidate { grant, rkey } => {
+                assert_eq!(self.large.grants[&grant].1, rkey);
+                self.push_sq(WorkId::Invalidate(grant), true);
+                self.wire
+                    .push_back(Wire::Local(WorkId::Invalidate(grant), Some(rkey)));
+            }
+            Action::DeliverLarge { grant, header } => {
+                let (addr, rkey) = self.large.grants.remove(&grant).expect("known grant");
+                assert!(
+                    !self.large.windows[&rkey].valid,
+                    "body handed up while still remotely writable"
+                );
+                let buf = self.large.mem.remove(&addr).expect("granted buffer");
+                let len = header.message_len();
+                assert_eq!(header.kind, FrameKind::Request);
+                for (i, &b) in buf[..len as usize].iter().enumerate() {
+                    assert_eq!(b, pattern(header.call_id, i), "large body corrupted");
+                }
+                self.large.lent -= buf.len() as u64;
+                self.large.delivered.push((header.call_id, len));
+            }
+            Action::ReleaseGrant { grant } => {
+                let (addr, rkey) = self.large.grants.remove(&grant).expect("known grant");
+                assert!(
+                    !self.large.windows[&rkey].valid,
+                    "buffer reused while still remotely writable"
+                );
+                let buf = self.large.mem.remove(&addr).expect("granted buffer");
+                self.large.lent -= buf.len() as u64;
+                self.large.released += 1;
+            }
+            other => unreachable!("not a large-body action: {other:?}"),
+        }
+    }
+}
+
+/// A WRITE arrives at `to`: it lands only through a valid window, in its range.
+pub(super) fn transmit_write(from: &mut Endpoint, to: &mut Endpoint, w: WriteWork) {
+    let window = to.large.windows.get(&w.rkey).copied();
+    let fits = window.is_some_and(|win| {
+        win.valid
+            && w.remote_addr >= win.addr
+            && w.remote_addr + u64::from(w.len) <= win.addr + win.len
+    });
+    if !fits {
+        // A real responder NAKs and both QPs go to the error state.
+        to.large.access_errors += 1;
+        return;
+    }
+    let win = window.expect("checked");
+    let base = from.large.sources[&w.transfer];
+    let src_at = (w.local_addr - base) as usize;
+    let data = from.large.mem[&base][src_at..src_at + w.len as usize].to_vec();
+    let dst = to
+        .large
+        .mem
+        .get_mut(&win.addr)
+        .expect("window over a live buffer");
+    let dst_at = (w.remote_addr - win.addr) as usize;
+    dst[dst_at..dst_at + data.len()].copy_from_slice(&data);
+    from.send_cq.push_back(WorkId::Write(w.transfer));
+}
+
+/// A local operation (bind or invalidation) of `from` takes effect and completes.
+pub(super) fn finish_local(from: &mut Endpoint, id: WorkId, rkey: Option<u32>) {
+    let window = rkey.and_then(|k| from.large.windows.get_mut(&k));
+    let window = window.expect("local operation on a known window");
+    window.valid = matches!(id, WorkId::Bind(_));
+    from.send_cq.push_back(id);
+}
