@@ -171,8 +171,9 @@ impl Conn {
                 };
                 let wr_id = WorkId::Bind(grant).to_wr_id(CONN_TAG);
                 // SAFETY: the buffer stays in `grants` until the window's invalidation has
-                // completed (DeliverLarge/ReleaseGrant come after it) or the QP is destroyed
-                // (`res` drops before the engine); its bytes are read only after that.
+                // completed (DeliverLarge/ReleaseGrant come after it) or the connection is
+                // torn down (`Conn`'s Drop deallocates every window before the buffers go);
+                // its bytes are read only after that.
                 unsafe {
                     self.res.qp.post_bind_window(
                         wr_id,
