@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rpc_core::{Code, Flags, FrameKind, Header, COMPACT_HEADER_LEN};
+use rpc_core::{Code, Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN};
 
 use super::action::{Action, Received, SendTarget, SendWork, WorkId};
 use super::credits::Credits;
@@ -89,8 +89,12 @@ pub struct Stats {
     pub would_block: u64,
     /// Large transfers under way (this side writing).
     pub large_transfers: u32,
-    /// Grants open or asked for (the peer writing).
+    /// Grants open or asked for (the peer writing), advertised response buffers included.
     pub large_grants: u32,
+    /// Bodies this side sent by rendezvous (`LargeRequest`, `LargeGrant`, WRITEs).
+    pub large_rendezvous: u64,
+    /// Responses this side wrote straight into the buffer their request advertised.
+    pub large_into_advertised: u64,
 }
 
 /// The sans-IO state machine of one RDMA connection. See the module documentation for the
@@ -162,10 +166,12 @@ impl Connection {
 
     /// Counters and gauges.
     pub fn stats(&self) -> Stats {
-        let (large_transfers, large_grants) = self.large.counts();
+        let large = self.large.counts();
         Stats {
-            large_transfers,
-            large_grants,
+            large_transfers: large.transfers,
+            large_grants: large.grants,
+            large_rendezvous: large.rendezvous,
+            large_into_advertised: large.into_advertised,
             send_credits: self.credits.available(),
             pending_credit_return: self.credits.returnable(),
             recv_held: self.recv.held(),
@@ -228,7 +234,9 @@ impl Connection {
                 slot: reservation.slot,
             });
         }
-        if let Err(err) = Self::check_frame(header, reservation.capacity) {
+        let checked = Self::check_frame(header, reservation.capacity)
+            .and_then(|()| self.check_advertisement(header));
+        if let Err(err) = checked {
             self.abort_send(reservation);
             return Err(err);
         }
@@ -240,11 +248,23 @@ impl Connection {
         };
         let committed = self.send.commit(seq, pending);
         debug_assert!(committed);
-        if header.kind == FrameKind::Cancel {
-            self.large.abort(header.call_id, &mut self.actions);
+        match header.kind {
+            FrameKind::Cancel => self.large.abort(header.call_id, &mut self.actions),
+            FrameKind::Response => self.large.on_answered(header.call_id),
+            _ => {}
         }
         self.flush();
         Ok(())
+    }
+
+    /// A request may carry a response-buffer descriptor only as [`Connection::advertise`]
+    /// made it.
+    fn check_advertisement(&self, header: &Header) -> Result<(), SendError> {
+        if header.flags.contains(Flags::RESPONSE_BUFFER) {
+            self.large.check_advertised(header)
+        } else {
+            Ok(())
+        }
     }
 
     fn check_frame(header: &Header, capacity: u32) -> Result<(), SendError> {
@@ -322,6 +342,21 @@ impl Connection {
         if credit_only {
             self.stats.credit_only_received += 1;
         }
+        let offered = match header.kind {
+            FrameKind::Request if header.flags.contains(Flags::RESPONSE_BUFFER) => {
+                self.large.on_offer(&header)
+            }
+            // An answer in a slot ends the buffer we advertised for it.
+            FrameKind::Response if !header.flags.contains(Flags::LARGE_PAYLOAD) => {
+                self.large
+                    .end_advertisement(header.call_id, &mut self.actions);
+                Ok(())
+            }
+            _ => Ok(()),
+        };
+        if let Err(violation) = offered {
+            return Err(self.fail(violation));
+        }
         let consumed = match header.kind {
             FrameKind::CreditOnly => Ok(true),
             FrameKind::LargeRequest => self
@@ -369,9 +404,48 @@ impl Connection {
         if self.closed.is_some() {
             return Err(SendError::Closed);
         }
+        self.check_advertisement(notice)?;
         let id = self.large.start(*notice, local)?;
         self.flush();
         Ok(id)
+    }
+
+    /// Advertises `len` bytes at `addr` as the buffer for the response to `call_id`, which
+    /// the driver makes writable by binding a memory window with `rkey`
+    /// ([`Action::BindWindow`] follows, before any send posted after this call). Put the
+    /// returned descriptor in the request's header with [`Flags::RESPONSE_BUFFER`]. `None`
+    /// when no buffer can be advertised now (grant limit): send the request without one.
+    ///
+    /// The buffer stays writable until the response arrives (placed in it, or in a slot),
+    /// the peer asks for a larger one, or the peer releases it after a cancel; then
+    /// [`Action::ReleaseGrant`] or [`Action::DeliverLarge`] names the grant (its
+    /// `generation`). If the request is not sent after all, call
+    /// [`Connection::withdraw_advertisement`].
+    pub fn advertise(
+        &mut self,
+        call_id: u64,
+        addr: u64,
+        rkey: u32,
+        len: u64,
+    ) -> Option<RemoteBuffer> {
+        if self.closed.is_some() {
+            return None;
+        }
+        let descriptor = self
+            .large
+            .advertise(call_id, addr, rkey, len, &mut self.actions)?;
+        self.flush();
+        Some(descriptor)
+    }
+
+    /// The request that was to advertise a response buffer for `call_id` was not sent:
+    /// revoke the buffer.
+    pub fn withdraw_advertisement(&mut self, call_id: u64) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.large.end_advertisement(call_id, &mut self.actions);
+        self.flush();
     }
 
     /// Answers [`Action::GrantNeeded`]: the driver lent `len` bytes at `addr` and will bind a

@@ -134,6 +134,12 @@ pub enum ProtocolViolation {
         /// Call named by the request.
         call_id: u64,
     },
+    /// A request advertises a response buffer for a call that already has one.
+    #[error("peer advertised a second response buffer for call {call_id}")]
+    DuplicateResponseBuffer {
+        /// Call named by the request.
+        call_id: u64,
+    },
     /// A frame says its body was written into a buffer, but none is granted for its call.
     #[error("peer placed a body for call {call_id} without a grant")]
     PlacedWithoutGrant {
@@ -199,6 +205,13 @@ pub enum SendError {
     NotLarge {
         /// Body length.
         len: u64,
+    },
+    /// A request carries a response-buffer descriptor that
+    /// [`crate::protocol::Connection::advertise`] did not make for its call.
+    #[error("request for call {call_id} advertises a response buffer that was not set up")]
+    NotAdvertised {
+        /// The call.
+        call_id: u64,
     },
     /// The reservation is not outstanding on this connection.
     #[error("reservation for send slot {slot} is not outstanding on this connection")]

@@ -393,6 +393,34 @@ fn a_second_buffer_request_for_a_call_is_a_violation() {
 }
 
 #[test]
+fn a_second_response_buffer_for_a_call_is_a_violation() {
+    let mut c = conn();
+    let mut offer = Header::new(FrameKind::Request, 6);
+    offer.flags = rpc_core::Flags::RESPONSE_BUFFER;
+    offer.remote = grant_of(6, 1 << 20).remote;
+    feed(&mut c, 0, &offer).expect("a request with a response buffer");
+    let expected = ProtocolViolation::DuplicateResponseBuffer { call_id: 6 };
+    assert_eq!(feed(&mut c, 1, &offer), Err(expected.clone()));
+    assert_closed_by(&mut c, expected);
+}
+
+#[test]
+fn a_response_placed_beyond_the_advertised_buffer_is_a_violation() {
+    let mut c = conn();
+    let buffer = c.advertise(8, 0x20_0000, 0x99, 1000).expect("advertised");
+    assert_eq!(buffer.len, 1000);
+    let mut response = placed(8, 1001);
+    response.kind = FrameKind::Response;
+    let expected = ProtocolViolation::PlacedBeyondGrant {
+        call_id: 8,
+        len: 1001,
+        granted: 1000,
+    };
+    assert_eq!(feed(&mut c, 0, &response), Err(expected.clone()));
+    assert_closed_by(&mut c, expected);
+}
+
+#[test]
 fn grants_nobody_asked_for_or_too_small_are_violations() {
     let mut c = conn();
     let expected = ProtocolViolation::UnexpectedGrant { call_id: 4 };

@@ -6,9 +6,9 @@ use rpc_core::Code;
 use super::fabric::{Pair, Side};
 use crate::protocol::{Config, LargeConfig};
 
-const CHUNK: u32 = 4096;
+pub(super) const CHUNK: u32 = 4096;
 
-fn cfg(large: LargeConfig) -> Config {
+pub(super) fn cfg(large: LargeConfig) -> Config {
     Config {
         send_slots: 8,
         send_slot_size: 256,
@@ -19,7 +19,7 @@ fn cfg(large: LargeConfig) -> Config {
     }
 }
 
-fn large(max_grants: u32, max_message: u64) -> LargeConfig {
+pub(super) fn large(max_grants: u32, max_message: u64) -> LargeConfig {
     LargeConfig {
         chunk_size: CHUNK,
         write_window: 2,
@@ -28,7 +28,7 @@ fn large(max_grants: u32, max_message: u64) -> LargeConfig {
     }
 }
 
-fn pair() -> Pair {
+pub(super) fn pair() -> Pair {
     Pair::symmetric(cfg(large(16, 1 << 20)))
 }
 
@@ -39,7 +39,7 @@ fn step(p: &mut Pair) -> bool {
 
 /// Runs the fabric one operation at a time (driver actions first, then one work request
 /// per direction, then completions) until `done` holds.
-fn run_until(p: &mut Pair, done: impl Fn(&Pair) -> bool) {
+pub(super) fn run_until(p: &mut Pair, done: impl Fn(&Pair) -> bool) {
     for _ in 0..100_000 {
         if done(p) {
             return;
@@ -68,7 +68,7 @@ fn run_until(p: &mut Pair, done: impl Fn(&Pair) -> bool) {
     panic!("condition never held");
 }
 
-fn settle(p: &mut Pair) {
+pub(super) fn settle(p: &mut Pair) {
     p.run_to_idle(16);
     for side in [Side::A, Side::B] {
         let ep = p.side(side);

@@ -1,6 +1,7 @@
 //! Tests of the whole state machine: two connections over an in-memory RC fabric
 //! ([`fabric`]), scripted scenarios, hostile input, and random interleavings.
 
+mod advertise;
 mod fabric;
 mod hostile;
 mod large;

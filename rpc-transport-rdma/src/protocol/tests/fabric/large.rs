@@ -52,6 +52,33 @@ impl LargeSide {
         self.mem.insert(self.next_addr, vec![0; len as usize]);
         self.next_addr
     }
+
+    /// A fresh buffer and the rkey its window will get when bound.
+    pub(super) fn new_window(&mut self, len: u64) -> (u64, u32) {
+        let addr = self.alloc(len);
+        self.next_rkey += 0x101;
+        (addr, self.next_rkey)
+    }
+
+    /// The connection made grant `grant` over the buffer: its window is bound next.
+    pub(super) fn lend(&mut self, grant: u32, addr: u64, rkey: u32, len: u64) {
+        self.lent += len;
+        self.grants.insert(grant, (addr, rkey));
+        self.windows.insert(
+            rkey,
+            Window {
+                addr,
+                len,
+                valid: false,
+            },
+        );
+    }
+
+    /// The buffer was not lent after all.
+    pub(super) fn forget_window(&mut self, addr: u64, rkey: u32) {
+        self.mem.remove(&addr);
+        self.windows.remove(&rkey);
+    }
 }
 
 impl Endpoint {
@@ -60,22 +87,36 @@ impl Endpoint {
     pub(crate) fn send_large(&mut self, len: u64) -> Result<u64, SendError> {
         let call_id = self.next_call;
         self.next_call += 1;
+        let mut notice = Header::new(FrameKind::Request, call_id);
+        notice.method_id = 7;
+        notice.payload_len = u32::try_from(len).expect("test bodies fit u32");
+        self.start_body(&notice)?;
+        Ok(call_id)
+    }
+
+    /// Answers the peer's `call_id` with a response of `len` payload bytes by the
+    /// large-body path (into its advertised buffer, or by rendezvous).
+    pub(crate) fn respond_large(&mut self, call_id: u64, len: u64) -> Result<(), SendError> {
+        let mut notice = Header::new(FrameKind::Response, call_id);
+        notice.payload_len = u32::try_from(len).expect("test bodies fit u32");
+        self.start_body(&notice)
+    }
+
+    /// Encodes the body `notice` describes (a pattern of its call) into a fresh registered
+    /// buffer and starts sending it.
+    fn start_body(&mut self, notice: &Header) -> Result<(), SendError> {
+        let call_id = notice.call_id;
+        let len = notice.message_len();
         let addr = self.large.alloc(len);
         let buf = self.large.mem.get_mut(&addr).expect("just allocated");
         for (i, b) in buf.iter_mut().enumerate() {
             *b = pattern(call_id, i);
         }
-        let mut notice = Header::new(FrameKind::Request, call_id);
-        notice.method_id = 7;
-        notice.payload_len = u32::try_from(len).expect("test bodies fit u32");
-        match self
-            .conn
-            .start_large(&notice, LocalBuffer { addr, lkey: 1 })
-        {
+        match self.conn.start_large(notice, LocalBuffer { addr, lkey: 1 }) {
             Ok(transfer) => {
                 self.large.sources.insert(transfer, addr);
                 self.absorb();
-                Ok(call_id)
+                Ok(())
             }
             Err(e) => {
                 self.large.mem.remove(&addr);
@@ -144,25 +185,10 @@ impl Endpoint {
                     let budget = self.large.budget.unwrap_or(0);
                     self.conn.refuse(call_id, Code::ResourceExhausted, budget);
                 } else {
-                    let addr = self.large.alloc(len);
-                    self.large.next_rkey += 0x101;
-                    let rkey = self.large.next_rkey;
+                    let (addr, rkey) = self.large.new_window(len);
                     match self.conn.grant(call_id, addr, rkey, len) {
-                        Some(grant) => {
-                            self.large.lent += len;
-                            self.large.grants.insert(grant, (addr, rkey));
-                            self.large.windows.insert(
-                                rkey,
-                                Window {
-                                    addr,
-                                    len,
-                                    valid: false,
-                                },
-                            );
-                        }
-                        None => {
-                            self.large.mem.remove(&addr);
-                        }
+                        Some(grant) => self.large.lend(grant, addr, rkey, len),
+                        None => self.large.forget_window(addr, rkey),
                     }
                 }
                 // Actions the answer produced run after the ones already queued.
@@ -188,7 +214,10 @@ impl Endpoint {
                 );
                 let buf = self.large.mem.remove(&addr).expect("granted buffer");
                 let len = header.message_len();
-                assert_eq!(header.kind, FrameKind::Request);
+                assert!(matches!(
+                    header.kind,
+                    FrameKind::Request | FrameKind::Response
+                ));
                 for (i, &b) in buf[..len as usize].iter().enumerate() {
                     assert_eq!(b, pattern(header.call_id, i), "large body corrupted");
                 }

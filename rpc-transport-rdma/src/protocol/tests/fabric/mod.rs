@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 
 use rpc_core::{FrameKind, Header, HEADER_LEN};
 
+mod advertise;
 mod checks;
 mod large;
 
@@ -90,6 +91,7 @@ pub(crate) struct Endpoint {
     pub(crate) committed: Vec<u64>,
     /// Call ids received from the peer, in delivery order.
     pub(crate) delivered: Vec<u64>,
+    delivered_kinds: Vec<(u64, FrameKind)>,
     /// A reservation hit WouldBlock and no Writable has been seen since.
     pub(crate) blocked: bool,
     pub(crate) writable_events: u64,
@@ -124,6 +126,7 @@ impl Endpoint {
             next_call: 1,
             committed: Vec::new(),
             delivered: Vec::new(),
+            delivered_kinds: Vec::new(),
             blocked: false,
             writable_events: 0,
             dropped: Vec::new(),
@@ -178,6 +181,15 @@ impl Endpoint {
         header.payload_len = payload;
         header.method_id = 7;
         header.timeout_us = call_id % 2;
+        self.write_frame(header)?;
+        self.next_call += 1;
+        Ok(())
+    }
+
+    /// Reserves a slot and writes `header` and a payload pattern of its call into it.
+    pub(crate) fn write_frame(&mut self, header: Header) -> Result<(), SendError> {
+        let call_id = header.call_id;
+        let payload = header.payload_len;
         let header_len = header.encoded_len();
         let len = header_len + payload as usize;
         let reservation = match self.conn.reserve_send(len) {
@@ -196,7 +208,6 @@ impl Endpoint {
             "slot {} handed out while its SEND is still outstanding",
             reservation.slot()
         );
-        self.next_call += 1;
         let off = self.geom.send_offset(reservation.target());
         let slot = &mut self.send_mem[off..off + len];
         assert_eq!(header.encode(slot), header_len);
@@ -276,6 +287,11 @@ impl Endpoint {
                 assert!(work.len <= cap && work.len <= self.geom.max_send_frame);
                 let off = self.geom.send_offset(work.target);
                 work.prepare(&mut self.send_mem[off..off + cap as usize]);
+                if work.kind == FrameKind::Cancel && work.frame.is_some() {
+                    // The protocol releasing an advertised buffer: the peer's upper layer
+                    // sees it like any Cancel.
+                    self.committed.push(work.call_id);
+                }
                 self.push_sq(work.work_id(), work.signaled);
                 self.wire.push_back(Wire::Send(InFlight {
                     target: work.target,
@@ -345,12 +361,20 @@ impl Endpoint {
         if let Some(rx) = rx {
             self.verify(&rx);
             let call_id = rx.header.call_id;
-            if let Some(&last) = self.delivered.last() {
+            // Frames of one kind go in call order; a Cancel or a response may name a call
+            // whose request came before.
+            if let Some(&(last, _)) = self
+                .delivered_kinds
+                .iter()
+                .rev()
+                .find(|(_, kind)| *kind == rx.header.kind)
+            {
                 assert!(
                     call_id > last,
                     "call {call_id} delivered after {last}: reordered or duplicated"
                 );
             }
+            self.delivered_kinds.push((call_id, rx.header.kind));
             self.delivered.push(call_id);
             self.held.push(rx);
         }
@@ -368,7 +392,7 @@ impl Endpoint {
         );
         assert!(matches!(
             rx.header.kind,
-            FrameKind::Request | FrameKind::Cancel
+            FrameKind::Request | FrameKind::Response | FrameKind::Cancel
         ));
         assert_eq!(rx.payload_range().len(), rx.header.payload_len as usize);
         for (i, &b) in frame[rx.payload_range()].iter().enumerate() {

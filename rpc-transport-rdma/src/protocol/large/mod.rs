@@ -31,6 +31,8 @@ use rpc_core::{Code, Flags, FrameKind, Header, RemoteBuffer};
 use super::action::{Action, WriteWork};
 use super::error::{ProtocolViolation, SendError};
 
+mod advertise;
+
 /// Tuning of the large-body path (local policy, never on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LargeConfig {
@@ -64,6 +66,19 @@ pub struct LocalBuffer {
     pub addr: u64,
     /// Local key of its registration.
     pub lkey: u32,
+}
+
+/// What [`Large::counts`] reports.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LargeCounts {
+    /// Transfers under way (this side writing).
+    pub(crate) transfers: u32,
+    /// Grants open or asked for (the peer writing), advertised ones included.
+    pub(crate) grants: u32,
+    /// Bodies sent by rendezvous (a `LargeRequest` each).
+    pub(crate) rendezvous: u64,
+    /// Responses written straight into the buffer their request advertised.
+    pub(crate) into_advertised: u64,
 }
 
 #[derive(Debug)]
@@ -104,6 +119,8 @@ struct Grant {
     rkey: u32,
     len: u64,
     state: GrantState,
+    /// Offered with our request as its response buffer, not asked for by the peer.
+    advertised: bool,
 }
 
 /// Both roles of the large-body path on one connection: writer of outgoing bodies and
@@ -127,8 +144,11 @@ pub(crate) struct Large {
     asked: HashSet<u64>,
     /// Buffer requests beyond `max_grants`, in arrival order.
     waiting: VecDeque<(u64, u64)>,
+    /// Response buffers the peer advertised with requests we have not answered yet.
+    offers: HashMap<u64, RemoteBuffer>,
     /// Header-only frames to send, in order.
     frames: VecDeque<Header>,
+    counters: LargeCounts,
 }
 
 impl Large {
@@ -146,7 +166,9 @@ impl Large {
             grant_by_call: HashMap::new(),
             asked: HashSet::new(),
             waiting: VecDeque::new(),
+            offers: HashMap::new(),
             frames: VecDeque::new(),
+            counters: LargeCounts::default(),
         }
     }
 
@@ -158,15 +180,17 @@ impl Large {
             && self.grants.is_empty()
             && self.asked.is_empty()
             && self.waiting.is_empty()
+            && self.offers.is_empty()
             && self.frames.is_empty()
     }
 
-    /// Transfers under way, grants open or asked for.
-    pub(crate) fn counts(&self) -> (u32, u32) {
-        (
-            self.transfers.len() as u32,
-            (self.grants.len() + self.asked.len()) as u32,
-        )
+    /// Gauges and counters for [`super::Stats`].
+    pub(crate) fn counts(&self) -> LargeCounts {
+        LargeCounts {
+            transfers: self.transfers.len() as u32,
+            grants: (self.grants.len() + self.asked.len()) as u32,
+            ..self.counters
+        }
     }
 
     // ---- writer ----
@@ -197,6 +221,26 @@ impl Large {
         }
         let id = self.next_transfer;
         self.abandoned.remove(&call_id);
+        // A response goes straight into the buffer its request advertised when it fits;
+        // otherwise the rendezvous below also tells the peer to take its buffer back.
+        let offer = match notice.kind {
+            FrameKind::Response => self.offers.remove(&call_id),
+            _ => None,
+        };
+        let state = match offer {
+            Some(remote) if remote.len >= total => {
+                self.counters.into_advertised += 1;
+                self.writing.push_back(id);
+                TransferState::Writing { remote, next: 0 }
+            }
+            _ => {
+                self.counters.rendezvous += 1;
+                let mut ask = Header::new(FrameKind::LargeRequest, call_id);
+                ask.remote.len = total;
+                self.frames.push_back(ask);
+                TransferState::AwaitingGrant
+            }
+        };
         self.transfers.insert(
             id,
             Transfer {
@@ -205,13 +249,10 @@ impl Large {
                 local,
                 total,
                 in_flight: 0,
-                state: TransferState::AwaitingGrant,
+                state,
             },
         );
         self.transfer_by_call.insert(call_id, id);
-        let mut ask = Header::new(FrameKind::LargeRequest, call_id);
-        ask.remote.len = total;
-        self.frames.push_back(ask);
         Ok(id)
     }
 
@@ -377,6 +418,9 @@ impl Large {
         out: &mut VecDeque<Action>,
     ) -> Result<(), ProtocolViolation> {
         let call_id = ask.call_id;
+        // The response outgrew the buffer we advertised for it: the peer will not write
+        // there, so the buffer is revoked and the request handled like any other.
+        self.end_advertisement(call_id, out);
         let known = self.asked.contains(&call_id)
             || self.grant_by_call.contains_key(&call_id)
             || self.waiting.iter().any(|&(c, _)| c == call_id);
@@ -417,17 +461,14 @@ impl Large {
         if !self.asked.remove(&call_id) {
             return None;
         }
-        self.next_grant = self.next_grant.wrapping_add(1);
-        while self.next_grant == 0 || self.grants.contains_key(&self.next_grant) {
-            self.next_grant = self.next_grant.wrapping_add(1);
-        }
-        let id = self.next_grant;
+        let id = self.next_grant_id();
         self.grants.insert(
             id,
             Grant {
                 rkey,
                 len,
                 state: GrantState::Open,
+                advertised: false,
             },
         );
         self.grant_by_call.insert(call_id, id);
@@ -441,6 +482,15 @@ impl Large {
         };
         self.frames.push_back(frame);
         Some(id)
+    }
+
+    /// A grant id not in use; never 0, so a descriptor's generation is never empty.
+    fn next_grant_id(&mut self) -> u32 {
+        self.next_grant = self.next_grant.wrapping_add(1);
+        while self.next_grant == 0 || self.grants.contains_key(&self.next_grant) {
+            self.next_grant = self.next_grant.wrapping_add(1);
+        }
+        self.next_grant
     }
 
     /// The driver cannot lend a buffer for `call_id` (budget, registration failure);
@@ -505,6 +555,7 @@ impl Large {
     /// The peer cancelled `call_id`: it will not write for it any more. A buffer request
     /// not granted yet is answered with a refusal, so that every request gets one answer.
     pub(crate) fn on_peer_cancel(&mut self, call_id: u64, out: &mut VecDeque<Action>) {
+        self.release_offer(call_id);
         let was_waiting = self.waiting.iter().any(|&(c, _)| c == call_id);
         if self.asked.remove(&call_id) || was_waiting {
             self.waiting.retain(|&(c, _)| c != call_id);
@@ -512,6 +563,12 @@ impl Large {
             self.admit_waiting(out);
             return;
         }
+        self.revoke(call_id, out);
+    }
+
+    /// Ends the open grant of `call_id`, if any: its rkey is invalidated, then the buffer
+    /// goes back to the driver.
+    fn revoke(&mut self, call_id: u64, out: &mut VecDeque<Action>) {
         let Some(id) = self.grant_by_call.remove(&call_id) else {
             return;
         };
