@@ -6,10 +6,11 @@
 //! sizes beyond the configured limits. Skipped without an RDMA device (a failure with
 //! RDMA_RPC_REQUIRE_DEVICE=1).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_rpc::prelude::*;
-use rdma_rpc::{RdmaConfig, ServeOptions, ServerHandle};
+use rdma_rpc::{CallTable, ChannelConfig, RdmaConfig, ServeOptions, ServerHandle};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -18,6 +19,7 @@ use rpc_examples::testing::tester_server::TesterServer;
 use rpc_examples::testing::BulkRequest;
 use rpc_examples::{bulk_pattern, EchoService, Tester};
 use rpc_transport_rdma::verbs::test_support::{require_device, test_addr};
+use rpc_transport_rdma::RdmaClient;
 
 const MIB: usize = 1 << 20;
 /// Message limit of these tests' clients and servers: room for 1 GiB plus framing.
@@ -96,6 +98,58 @@ fn bodies_from_a_slot_to_256_mib_in_both_directions() {
     bulk(&client, 3 * MIB, 10, 77);
     bulk(&client, 10, 3 * MIB, 78);
     bulk(&client, 3 * MIB, 3 * MIB, 79);
+}
+
+#[test]
+fn repeated_large_responses_go_straight_into_an_advertised_buffer() {
+    if !device() {
+        return;
+    }
+    let server = start(RdmaConfig::default());
+    let calls = Arc::new(CallTable::new());
+    let addr = server.local_url().trim_start_matches("rdma://");
+    let transport =
+        RdmaClient::connect(addr, calls.clone(), &RdmaConfig::default()).expect("connects");
+    let config = ChannelConfig {
+        max_message_size: LIMIT,
+        ..ChannelConfig::default()
+    };
+    let client = TesterClient::new(Channel::new(calls, transport.clone(), config));
+    let buffers = |transport: &RdmaClient| {
+        let stats = transport.stats();
+        (
+            stats.response_buffers_advertised,
+            stats.response_buffers_filled,
+        )
+    };
+
+    // The first large answer of a method takes the rendezvous and teaches its size.
+    bulk(&client, 100, MIB, 1);
+    assert_eq!(buffers(&transport), (0, 0));
+    // The next request advertises a buffer that size, and the answer goes straight in.
+    bulk(&client, 100, MIB, 2);
+    assert_eq!(buffers(&transport), (1, 1));
+    // A larger answer than advertised takes the rendezvous (the offer is revoked) ...
+    bulk(&client, 100, 3 * MIB, 3);
+    assert_eq!(buffers(&transport), (2, 1));
+    // ... and the next one is expected that large.
+    bulk(&client, 64, 3 * MIB, 4);
+    assert_eq!(buffers(&transport), (3, 2));
+    // A small answer ends the offer and the prediction.
+    bulk(&client, 64, 10, 5);
+    bulk(&client, 64, 10, 6);
+    assert_eq!(buffers(&transport), (4, 2));
+    // A large request with an advertised response buffer, both ways at once.
+    bulk(&client, 2 * MIB, MIB, 7);
+    bulk(&client, 2 * MIB, MIB, 8);
+    assert_eq!(buffers(&transport), (5, 3));
+
+    // Every advertised window was revoked once its answer came.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while transport.stats().large_grants > 0 {
+        assert!(Instant::now() < deadline, "{:?}", transport.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]

@@ -298,6 +298,7 @@ impl ConnectionDispatch {
     fn on_request(self: &Arc<Self>, frame: InboundFrame) {
         let header = frame.header;
         let call_id = header.call_id;
+        let method_id = header.method_id;
         let dispatcher = &self.dispatcher;
         if self.closed.load(Ordering::Acquire) {
             return;
@@ -357,7 +358,7 @@ impl ConnectionDispatch {
                 Err(_) => Some(panicked()),
             };
             if let Some(result) = done {
-                self.send_reply(call_id, result);
+                self.send_reply(call_id, method_id, result);
                 return;
             }
         }
@@ -376,7 +377,7 @@ impl ConnectionDispatch {
                 }),
                 None => handler.await,
             };
-            conn.send_reply(call_id, result);
+            conn.send_reply(call_id, method_id, result);
             drop(guard);
         };
         let (abort, registration) = AbortHandle::new_pair();
@@ -389,7 +390,9 @@ impl ConnectionDispatch {
         dispatcher.runtime.handle().spawn(task);
     }
 
-    fn send_reply(&self, call_id: u64, result: Result<ServerReply, Status>) {
+    /// Answers `call_id`; the response echoes `method_id`, so that clients can learn the
+    /// size of each method's responses (RDMA clients advertise a response buffer from it).
+    fn send_reply(&self, call_id: u64, method_id: u32, result: Result<ServerReply, Status>) {
         let reply = match result {
             Ok(reply) => reply,
             Err(status) => return self.send_status(call_id, &status),
@@ -406,11 +409,9 @@ impl ConnectionDispatch {
             return self.send_status(call_id, &Status::internal(format!("response {e}")));
         }
         let metadata: &MetadataMap = &reply.metadata;
-        let mut frame = match OutgoingFrame::new(
-            Header::new(FrameKind::Response, call_id),
-            metadata,
-            &*reply.body,
-        ) {
+        let mut header = Header::new(FrameKind::Response, call_id);
+        header.method_id = method_id;
+        let mut frame = match OutgoingFrame::new(header, metadata, &*reply.body) {
             Ok(frame) => frame,
             Err(e) => return self.send_status(call_id, &Status::resource_exhausted(e.to_string())),
         };

@@ -95,6 +95,10 @@ pub struct Stats {
     pub large_rendezvous: u64,
     /// Responses this side wrote straight into the buffer their request advertised.
     pub large_into_advertised: u64,
+    /// Response buffers this side advertised with its requests.
+    pub response_buffers_advertised: u64,
+    /// Responses the peer placed straight into a buffer this side advertised.
+    pub response_buffers_filled: u64,
 }
 
 /// The sans-IO state machine of one RDMA connection. See the module documentation for the
@@ -172,6 +176,8 @@ impl Connection {
             large_grants: large.grants,
             large_rendezvous: large.rendezvous,
             large_into_advertised: large.into_advertised,
+            response_buffers_advertised: large.advertised,
+            response_buffers_filled: large.advertised_filled,
             send_credits: self.credits.available(),
             pending_credit_return: self.credits.returnable(),
             recv_held: self.recv.held(),

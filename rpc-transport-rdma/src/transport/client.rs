@@ -6,13 +6,15 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::{CallTable, ClientTransport, FrameKind, Status};
+use rpc_core::{CallTable, ClientTransport, FrameKind, Status, HEADER_LEN};
 
+use crate::protocol::Stats;
 use crate::transport::config::{PollMode, RdmaConfig};
 use crate::transport::conn::{Conn, FrameSink};
 use crate::transport::events::expect_event;
 use crate::transport::poller;
 use crate::transport::resources::{verbs_status, Resources};
+use crate::transport::response_sizes::ResponseSizes;
 use crate::verbs::{CmEventKind, CmId, ConnParam, EventChannel};
 
 /// Longest a blocking call spins in one go with [`PollMode::Busy`] before it re-checks its
@@ -24,6 +26,7 @@ pub struct RdmaClient {
     conn: Arc<Conn>,
     spin: Option<Duration>,
     peer: String,
+    response_sizes: Arc<ResponseSizes>,
 }
 
 impl std::fmt::Debug for RdmaClient {
@@ -34,13 +37,19 @@ impl std::fmt::Debug for RdmaClient {
     }
 }
 
-struct ClientFrames(Arc<CallTable>);
+struct ClientFrames {
+    calls: Arc<CallTable>,
+    response_sizes: Arc<ResponseSizes>,
+}
 
 impl FrameSink for ClientFrames {
     fn deliver(&self, frame: InboundFrame) {
         match frame.header.kind {
             FrameKind::Response => {
-                self.0.complete(frame.header.call_id, Ok(frame));
+                let len = frame.metadata.len() + frame.payload.len();
+                self.response_sizes
+                    .observe(frame.header.method_id, len as u64);
+                self.calls.complete(frame.header.call_id, Ok(frame));
             }
             kind => tracing::debug!(?kind, "ignoring a frame clients do not act on"),
         }
@@ -48,7 +57,7 @@ impl FrameSink for ClientFrames {
 
     fn dropped(&self, call_id: u64, kind: FrameKind) {
         if kind == FrameKind::Request {
-            self.0.complete(
+            self.calls.complete(
                 call_id,
                 Err(Status::unavailable(
                     "the connection closed before the request was sent",
@@ -59,12 +68,12 @@ impl FrameSink for ClientFrames {
 
     fn transfer_failed(&self, call_id: u64, kind: FrameKind, status: Status) {
         if kind == FrameKind::Request {
-            self.0.complete(call_id, Err(status));
+            self.calls.complete(call_id, Err(status));
         }
     }
 
     fn closed(&self, status: Status) {
-        self.0.close(status);
+        self.calls.close(status);
     }
 }
 
@@ -99,6 +108,8 @@ impl RdmaClient {
         expect_event(&channel, CmEventKind::RouteResolved, deadline, &what)?;
 
         let res = Resources::create(&id, config)?;
+        let slot_body = u64::from(res.protocol.recv_slot_size).saturating_sub(HEADER_LEN as u64);
+        let response_sizes = Arc::new(ResponseSizes::new(slot_body));
         let params = res.protocol.connect_params().encode();
         id.connect(&ConnParam {
             private_data: &params,
@@ -115,7 +126,10 @@ impl RdmaClient {
             peer.clone(),
             config.stall_limit,
         )?;
-        conn.set_sink(Arc::new(ClientFrames(calls)));
+        conn.set_sink(Arc::new(ClientFrames {
+            calls,
+            response_sizes: response_sizes.clone(),
+        }));
         poller::spawn(conn.clone(), config.poll_mode, Some(channel))
             .map_err(|e| Status::internal(format!("cannot start the poller thread: {e}")))?;
         Ok(Arc::new(RdmaClient {
@@ -125,7 +139,13 @@ impl RdmaClient {
                 mode => mode.spin(),
             },
             peer,
+            response_sizes,
         }))
+    }
+
+    /// Counters and gauges of the connection's protocol state.
+    pub fn stats(&self) -> Stats {
+        self.conn.stats()
     }
 
     /// Largest frame (header, metadata and message) one SEND carries on this connection.
@@ -136,7 +156,17 @@ impl RdmaClient {
 
 impl ClientTransport for RdmaClient {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        self.conn.send(frame)
+        let header = *frame.header();
+        let advertised = header.kind == FrameKind::Request
+            && self
+                .response_sizes
+                .predict(header.method_id)
+                .is_some_and(|len| self.conn.advertise_response_buffer(frame, len));
+        let sent = self.conn.send(frame);
+        if sent.is_err() && advertised {
+            self.conn.withdraw_response_buffer(header.call_id);
+        }
+        sent
     }
 
     fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {

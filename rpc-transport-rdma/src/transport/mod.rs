@@ -12,6 +12,7 @@ mod kick;
 mod large_pool;
 mod poller;
 mod resources;
+mod response_sizes;
 mod server;
 
 pub use client::RdmaClient;

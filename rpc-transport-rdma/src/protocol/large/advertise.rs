@@ -59,6 +59,7 @@ impl Large {
             },
         );
         self.grant_by_call.insert(call_id, id);
+        self.counters.advertised += 1;
         out.push_back(Action::BindWindow { grant: id });
         Some(RemoteBuffer {
             addr,

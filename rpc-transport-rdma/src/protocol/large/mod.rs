@@ -79,6 +79,10 @@ pub(crate) struct LargeCounts {
     pub(crate) rendezvous: u64,
     /// Responses written straight into the buffer their request advertised.
     pub(crate) into_advertised: u64,
+    /// Response buffers advertised with our requests.
+    pub(crate) advertised: u64,
+    /// Responses the peer placed in a buffer we advertised.
+    pub(crate) advertised_filled: u64,
 }
 
 #[derive(Debug)]
@@ -542,6 +546,9 @@ impl Large {
                 len,
                 granted: grant.len,
             });
+        }
+        if grant.advertised {
+            self.counters.advertised_filled += 1;
         }
         grant.state = GrantState::Arrived(*notice);
         self.grant_by_call.remove(&call_id);

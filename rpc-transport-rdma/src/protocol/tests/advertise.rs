@@ -29,6 +29,14 @@ fn a_response_that_fits_goes_straight_into_the_advertised_buffer() {
         "the response took a rendezvous it did not need"
     );
     assert_eq!(p.a.large.released, 0);
+    let stats = p.a.conn.stats();
+    assert_eq!(
+        (
+            stats.response_buffers_advertised,
+            stats.response_buffers_filled
+        ),
+        (1, 1)
+    );
 }
 
 #[test]

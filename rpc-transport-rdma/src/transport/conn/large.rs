@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::{Code, FrameKind, Header, Status};
+use rpc_core::{Code, Flags, FrameKind, Header, Status};
 
 use super::{Conn, Engine};
 use crate::protocol::{Action, LocalBuffer, Received, WorkId};
@@ -103,6 +103,57 @@ impl Conn {
         };
         self.after_engine();
         started.map(|_| ()).map_err(|e| self.send_error(e, total))
+    }
+
+    /// Advertises a response buffer of at least `len` bytes with the request `frame`: leases
+    /// a pool buffer, binds a window over it (posted before the request) and puts its
+    /// descriptor in the header. False, and the request unchanged, when no buffer can be
+    /// had now (budget, grant limit): the response then takes the rendezvous if large.
+    pub(crate) fn advertise_response_buffer(
+        &self,
+        frame: &mut OutgoingFrame<'_>,
+        len: u64,
+    ) -> bool {
+        let Ok(len) = usize::try_from(len) else {
+            return false;
+        };
+        let Ok(buffer) = self.res.large.lease(len) else {
+            return false;
+        };
+        let Ok(window) = self.res.large.window() else {
+            return false;
+        };
+        let rkey = window.next_rkey();
+        let header = frame.header_mut();
+        let mut engine = self.engine.lock();
+        let advertised =
+            engine
+                .proto
+                .advertise(header.call_id, buffer.addr(), rkey, buffer.len() as u64);
+        let Some(descriptor) = advertised else {
+            drop(engine);
+            self.res.large.put_window(window);
+            return false;
+        };
+        engine
+            .large
+            .grants
+            .insert(descriptor.generation, Granted { window, buffer });
+        header.flags = header.flags.with(Flags::RESPONSE_BUFFER);
+        header.remote = descriptor;
+        self.run_actions(&mut engine);
+        drop(engine);
+        self.after_engine();
+        true
+    }
+
+    /// The request that advertised a response buffer for `call_id` was not sent.
+    pub(crate) fn withdraw_response_buffer(&self, call_id: u64) {
+        let mut engine = self.engine.lock();
+        engine.proto.withdraw_advertisement(call_id);
+        self.run_actions(&mut engine);
+        drop(engine);
+        self.after_engine();
     }
 
     /// Executes an action of the large-body path. Engine lock held.

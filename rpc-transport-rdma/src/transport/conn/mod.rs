@@ -256,6 +256,11 @@ impl Conn {
         }
     }
 
+    /// Counters and gauges of the protocol state.
+    pub(crate) fn stats(&self) -> crate::protocol::Stats {
+        self.engine.lock().proto.stats()
+    }
+
     fn send_error(&self, err: SendError, len: usize) -> Status {
         match err {
             SendError::TooLarge { max, .. } => Status::resource_exhausted(format!(
