@@ -9,5 +9,7 @@ fn main() -> std::io::Result<()> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // As in rdma-rpc's own build: the comparison decodes payloads the same way.
+        .bytes(".echo")
         .compile_fds(fds)
 }

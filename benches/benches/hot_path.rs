@@ -172,7 +172,7 @@ fn encode(c: &mut Criterion) {
     let mut slot = vec![0u8; SLOT];
     for size in [32usize, 1024, 3968] {
         let request = EchoRequest {
-            payload: vec![0xA5; size],
+            payload: vec![0xA5; size].into(),
             seq: 123_456_789,
         };
         let len = EncodeBody::encoded_len(&request);
@@ -212,7 +212,7 @@ fn tcp_frame(c: &mut Criterion) {
     let metadata = MetadataMap::new();
     for size in [32usize, 4096] {
         let request = EchoRequest {
-            payload: vec![0x5A; size],
+            payload: vec![0x5A; size].into(),
             seq: 7,
         };
         let mut writer = FrameWriter::new(LastWrite(Vec::with_capacity(64 * 1024)));

@@ -95,13 +95,14 @@ fn run_blocking(
     plan: &ClientPlan,
     recorder: &mut Recorder,
 ) -> Result<(), BenchError> {
-    let mut payload = payloads.request(0);
     for seq in 0..plan.warmup + plan.iters {
         if seq == plan.warmup {
             recorder.start();
         }
-        payloads.restamp(&mut payload, seq);
-        let request = EchoRequest { payload, seq };
+        let request = EchoRequest {
+            payload: payloads.request(seq).into(),
+            seq,
+        };
         let started = Instant::now();
         let reply = client.echo_blocking(request);
         let done = Instant::now();
@@ -112,7 +113,6 @@ fn run_blocking(
         if seq >= plan.warmup {
             recorder.record(done - started, done);
         }
-        payload = reply.payload;
     }
     Ok(())
 }
@@ -156,7 +156,7 @@ async fn calls(
     let mut replies = futures::stream::iter(seqs)
         .map(|seq| {
             let call = client.echo(EchoRequest {
-                payload: payloads.request(seq),
+                payload: payloads.request(seq).into(),
                 seq,
             });
             async move {

@@ -94,13 +94,14 @@ async fn call(url: &str, size: usize, iters: u64, warmup: u64) -> Result<BenchRe
         .max_encoding_message_size(message_limit(size));
     let payloads = Payloads::new(size);
     let mut recorder = Recorder::new(iters, format!("tonic {url}"));
-    let mut payload = payloads.request(0);
     for seq in 0..warmup + iters {
         if seq == warmup {
             recorder.start();
         }
-        payloads.restamp(&mut payload, seq);
-        let request = tonic::Request::new(EchoRequest { payload, seq });
+        let request = tonic::Request::new(EchoRequest {
+            payload: payloads.request(seq).into(),
+            seq,
+        });
         let started = Instant::now();
         let reply = client.echo(request).await;
         let done = Instant::now();
@@ -111,7 +112,6 @@ async fn call(url: &str, size: usize, iters: u64, warmup: u64) -> Result<BenchRe
         if seq >= warmup {
             recorder.record(done - started, done);
         }
-        payload = reply.payload;
     }
     Ok(recorder.finish(RunInfo {
         transport: "tonic".to_owned(),

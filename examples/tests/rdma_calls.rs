@@ -68,7 +68,7 @@ async fn echo_over_rdma_through_generated_stubs() {
     let client = EchoClient::new(channel.clone());
     let reply = client
         .echo(EchoRequest {
-            payload: b"over verbs".to_vec(),
+            payload: b"over verbs".to_vec().into(),
             seq: 1,
         })
         .await
@@ -79,7 +79,7 @@ async fn echo_over_rdma_through_generated_stubs() {
     let blocking = client.clone();
     let reply = tokio::task::spawn_blocking(move || {
         blocking.echo_blocking(EchoRequest {
-            payload: pattern(5000, 9),
+            payload: pattern(5000, 9).into(),
             seq: 2,
         })
     })
@@ -115,7 +115,13 @@ async fn ten_thousand_calls_sixteen_in_flight_with_checksums() {
             async move {
                 let payload = pattern((seq as usize * 7) % 3000, seq);
                 let sum = checksum(&payload);
-                let reply = client.echo(EchoRequest { payload, seq }).await.unwrap();
+                let reply = client
+                    .echo(EchoRequest {
+                        payload: payload.into(),
+                        seq,
+                    })
+                    .await
+                    .unwrap();
                 let reply = reply.into_inner();
                 assert_eq!(reply.seq, seq);
                 assert_eq!(checksum(&reply.payload), sum, "payload of call {seq}");
@@ -174,7 +180,7 @@ fn messages_at_slot_size_and_one_byte_either_side() {
         let payload = pattern(payload_for_frame(frame), frame as u64);
         let reply = client
             .echo_blocking(EchoRequest {
-                payload: payload.clone(),
+                payload: payload.clone().into(),
                 seq: 0,
             })
             .unwrap_or_else(|e| panic!("frame of {frame} bytes: {e}"))
@@ -201,12 +207,12 @@ fn eight_threads_share_one_client() {
                     let payload = pattern(64 + (i as usize % 512), seq);
                     let reply = client
                         .echo_blocking(EchoRequest {
-                            payload: payload.clone(),
+                            payload: payload.clone().into(),
                             seq,
                         })
                         .unwrap()
                         .into_inner();
-                    assert_eq!((reply.seq, reply.payload), (seq, payload));
+                    assert_eq!((reply.seq, reply.payload), (seq, payload.into()));
                 }
             })
         })
@@ -238,12 +244,12 @@ fn thirty_two_concurrent_connections() {
                     let seq = c as u64 * 100 + i;
                     let reply = client
                         .echo_blocking(EchoRequest {
-                            payload: pattern(100, seq),
+                            payload: pattern(100, seq).into(),
                             seq,
                         })
                         .unwrap()
                         .into_inner();
-                    assert_eq!((reply.seq, reply.payload), (seq, pattern(100, seq)));
+                    assert_eq!((reply.seq, reply.payload), (seq, pattern(100, seq).into()));
                 }
             })
         })
@@ -314,7 +320,7 @@ fn killed_server_process_fails_pending_calls_with_unavailable() {
         let client = client.clone();
         std::thread::spawn(move || loop {
             if let Err(status) = client.echo_blocking(EchoRequest {
-                payload: vec![7; 1000],
+                payload: vec![7; 1000].into(),
                 seq: 0,
             }) {
                 return status;

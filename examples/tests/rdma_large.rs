@@ -187,7 +187,7 @@ async fn small_calls_keep_flowing_during_a_large_transfer() {
         let started = Instant::now();
         let reply = echo
             .echo(EchoRequest {
-                payload: vec![9; 32],
+                payload: vec![9; 32].into(),
                 seq: latencies.len() as u64,
             })
             .await

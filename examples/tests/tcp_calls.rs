@@ -51,7 +51,7 @@ async fn echo_through_generated_stubs_async_and_blocking() {
     let client = EchoClient::new(channel.clone());
     let reply = client
         .echo(EchoRequest {
-            payload: b"hi".to_vec(),
+            payload: b"hi".to_vec().into(),
             seq: 7,
         })
         .await
@@ -60,14 +60,14 @@ async fn echo_through_generated_stubs_async_and_blocking() {
     assert_eq!(
         reply,
         EchoReply {
-            payload: b"hi".to_vec(),
+            payload: b"hi".to_vec().into(),
             seq: 7
         }
     );
 
     let blocking = tokio::task::spawn_blocking(move || {
         client.echo_blocking(EchoRequest {
-            payload: pattern(300_000, 3),
+            payload: pattern(300_000, 3).into(),
             seq: 8,
         })
     })
@@ -75,7 +75,10 @@ async fn echo_through_generated_stubs_async_and_blocking() {
     .unwrap()
     .unwrap()
     .into_inner();
-    assert_eq!((blocking.seq, blocking.payload), (8, pattern(300_000, 3)));
+    assert_eq!(
+        (blocking.seq, blocking.payload),
+        (8, pattern(300_000, 3).into())
+    );
 
     // Metadata travels both ways, and well-known types work as messages.
     let tester = TesterClient::new(channel);
@@ -97,7 +100,7 @@ async fn thousand_concurrent_calls_on_one_connection() {
         async move {
             let reply = client
                 .echo(EchoRequest {
-                    payload: payload.clone(),
+                    payload: payload.clone().into(),
                     seq,
                 })
                 .await
@@ -170,7 +173,7 @@ async fn oversized_messages_are_resource_exhausted_naming_both_sizes() {
         .await
         .unwrap();
     let request = EchoRequest {
-        payload: vec![1; 2000],
+        payload: vec![1; 2000].into(),
         seq: 1,
     };
     let err = EchoClient::new(small)
@@ -194,7 +197,7 @@ async fn oversized_messages_are_resource_exhausted_naming_both_sizes() {
     );
     let err = big
         .echo(EchoRequest {
-            payload: vec![2; 2 << 20],
+            payload: vec![2; 2 << 20].into(),
             seq: 2,
         })
         .await

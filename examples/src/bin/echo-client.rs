@@ -52,7 +52,7 @@ fn run(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         let call_started = Instant::now();
         let reply = client
             .echo_blocking(EchoRequest {
-                payload: payload.clone(),
+                payload: payload.clone().into(),
                 seq,
             })?
             .into_inner();
