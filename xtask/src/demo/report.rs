@@ -99,7 +99,7 @@ impl DemoReport {
     pub fn table(&self) -> String {
         let mut out = String::new();
         out.push_str(
-            "\n== RDMA round trip, one call at a time (busy polling) vs perftest, same boot ==\n",
+            "\n== RDMA round trip, one call at a time (busy polling up to a slot, adaptive beyond) vs perftest, same boot ==\n",
         );
         out.push_str(&format!(
             "{:>8}  {:>12}  {:>12}  {:>16}  {:>7}\n",
