@@ -2,7 +2,7 @@
 //! `std::net::TcpStream` with `TCP_NODELAY`, against a thread that echoes them. No RPC
 //! layer at all: what the kernel's loopback costs.
 
-use quanta::Instant;
+use crate::clock::Instant;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::thread::JoinHandle;

@@ -6,6 +6,7 @@
 //! * [`cli`]: the command line (clap).
 //! * [`result`]: [`BenchResult`], the JSON object a run prints with `--json`.
 //! * [`payload`]: request payloads and the check every reply must pass.
+//! * [`clock`]: the cycle-counter clock samples are timed with.
 //! * [`recorder`]: per-call latency histogram, progress line, summary.
 //! * [`ours`]: the echo service over rdma-rpc (server, blocking and concurrent clients).
 //! * [`tonic_echo`]: the same echo service over tonic (gRPC over HTTP/2).
@@ -14,6 +15,7 @@
 //! * [`error`]: [`BenchError`] and the process exit codes.
 
 pub mod cli;
+pub mod clock;
 pub mod compare;
 pub mod error;
 pub mod floor;

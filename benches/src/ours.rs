@@ -1,7 +1,7 @@
 //! The echo service over rdma-rpc: the server, and the blocking (concurrency 1) and
 //! concurrent (async on a single-threaded tokio runtime) clients.
 
-use quanta::Instant;
+use crate::clock::Instant;
 
 use futures::StreamExt as _;
 use rdma_rpc::prelude::*;

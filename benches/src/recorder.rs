@@ -3,10 +3,9 @@
 use std::io::Write as _;
 use std::time::Duration;
 
-// Timed with quanta (the TSC where it is usable), as perftest times with the cycle counter:
-// a clock read must not cost more than the thing measured, and under emulation the
-// kernel's clock can cost microseconds.
-use quanta::Instant;
+// Timed with the cycle counter, as perftest times (see `clock`): a clock read must not cost
+// more than the thing measured, and under emulation the kernel's clock costs microseconds.
+use crate::clock::Instant;
 
 use hdrhistogram::Histogram;
 

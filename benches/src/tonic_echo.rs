@@ -2,7 +2,7 @@
 //! tonic-prost-build (see `build.rs`), served and called over HTTP/2 on a tokio runtime,
 //! unary calls one at a time.
 
-use quanta::Instant;
+use crate::clock::Instant;
 
 use tonic::transport::server::TcpIncoming;
 
