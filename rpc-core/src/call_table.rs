@@ -118,6 +118,15 @@ impl CallTable {
         Poll::Pending
     }
 
+    /// Takes the result of call `id` if it is complete (the call is then forgotten).
+    pub fn take(&self, id: u64) -> Option<CallResult> {
+        let mut inner = self.inner.lock();
+        let slot = inner.calls.get_mut(&id)?;
+        let result = slot.result.take()?;
+        inner.calls.remove(&id);
+        Some(result)
+    }
+
     /// Takes the result of call `id` if it is complete; otherwise records `thread` to be
     /// unparked on completion.
     pub fn take_or_park_on(&self, id: u64, thread: &Thread) -> Option<CallResult> {
@@ -215,9 +224,11 @@ mod tests {
             "second completion ignored"
         );
         let me = std::thread::current();
+        assert!(table.take(a).is_none(), "a is not complete");
         assert!(table.take_or_park_on(a, &me).is_none());
         let got = table.take_or_park_on(b, &me).unwrap().unwrap();
         assert_eq!(got.header.call_id, b);
+        assert!(table.take(b).is_none(), "b was taken");
         assert!(table.remove(a), "a was pending");
         assert!(!table.complete(a, Ok(frame(a))), "late response dropped");
         assert_eq!(table.in_flight(), 0);

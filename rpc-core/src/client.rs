@@ -264,26 +264,39 @@ impl PendingCall {
     }
 
     fn wait_blocking(mut self) -> Result<InboundFrame, Status> {
-        let inner = self.channel.inner.clone();
-        let me = std::thread::current();
+        let result = self.wait_result();
+        self.finish(result)
+    }
+
+    fn wait_result(&self) -> Result<InboundFrame, Status> {
+        let inner = &*self.channel.inner;
+        // Registered as the waiter only on the way to parking: a call that completes while
+        // its thread polls (run-to-completion, the common case) needs no thread handle, no
+        // waiter to store and no unpark.
+        let mut me: Option<std::thread::Thread> = None;
         loop {
-            if let Some(result) = inner.calls.take_or_park_on(self.id, &me) {
-                return self.finish(result);
+            if let Some(result) = inner.calls.take(self.id) {
+                return result;
             }
             if inner.transport.poll_progress() {
                 continue;
+            }
+            let me = me.get_or_insert_with(std::thread::current);
+            // Checks again under the table's lock, so a completion after this point
+            // unparks us.
+            if let Some(result) = inner.calls.take_or_park_on(self.id, me) {
+                return result;
             }
             match self.deadline {
                 Some(at) => {
                     let now = Instant::now();
                     if now >= at {
                         // A response that won the race with the deadline still counts.
-                        let result = inner.calls.expire(self.id).unwrap_or_else(|| {
+                        return inner.calls.expire(self.id).unwrap_or_else(|| {
                             Err(Status::deadline_exceeded(
                                 "deadline exceeded before the response arrived",
                             ))
                         });
-                        return self.finish(result);
                     }
                     std::thread::park_timeout(at - now);
                 }
