@@ -30,6 +30,9 @@ use large::{Arrival, LargeState};
 
 /// Completions taken from the CQ per poll.
 const POLL_BATCH: usize = 32;
+/// Receive slots whose release may wait for a better moment (see `recv.rs`); one more and
+/// they are released at once, so the credits held back stay few.
+const RELEASE_BATCH: usize = 8;
 /// Empty polls between two looks at the clock while spinning.
 pub(crate) const CLOCK_EVERY: u32 = 1024;
 
@@ -40,6 +43,9 @@ thread_local! {
     /// The connection (its address) whose frames this thread is delivering, running
     /// handlers inline; 0 for none.
     static DELIVERING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// The connection (its address) whose CQ this thread last polled as a blocking caller:
+    /// it comes back to send or poll. 0 for none.
+    static DRIVER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// What one look at the completion queue found.
@@ -110,6 +116,10 @@ pub(crate) struct Conn {
     /// Frames received by a thread that was already delivering (a handler that polled while
     /// waiting for send credits); its outermost delivery loop hands them over, in order.
     deferred: Mutex<Vec<Arrival>>,
+    /// Receive slots the upper layer is done with, not yet re-posted (see `recv.rs`).
+    released: Mutex<Vec<u32>>,
+    /// `released` is not empty.
+    has_released: AtomicBool,
     peer: String,
     /// Longest a sender waits for a slot before the peer is declared stuck.
     stall_limit: Duration,
@@ -163,6 +173,8 @@ impl Conn {
             poller_unarmed: AtomicBool::new(false),
             close_pending: AtomicBool::new(false),
             deferred: Mutex::new(Vec::new()),
+            released: Mutex::new(Vec::with_capacity(RELEASE_BATCH)),
+            has_released: AtomicBool::new(false),
             peer,
             stall_limit,
         }))
@@ -227,6 +239,10 @@ impl Conn {
                         }
                         let committed = engine.proto.commit_send(reservation, frame.header());
                         self.run_actions(&mut engine);
+                        // The frame is on its way: a good moment for slot releases that
+                        // waited, under the lock already held. Their credits ride on the
+                        // next frame.
+                        self.release_deferred(&mut engine);
                         drop(engine);
                         self.after_engine();
                         return committed.map_err(|e| self.send_error(e, len));

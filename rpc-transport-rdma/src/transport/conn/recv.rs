@@ -11,7 +11,10 @@ use rpc_core::frame::InboundFrame;
 use smallvec::SmallVec;
 
 use super::large::{placed_frame, Arrival};
-use super::{Conn, Engine, FrameSink, Polled, CLOCK_EVERY, DELIVERING, UPPER_LAYER_LOCKED};
+use super::{
+    Conn, Engine, FrameSink, Polled, CLOCK_EVERY, DELIVERING, DRIVER, RELEASE_BATCH,
+    UPPER_LAYER_LOCKED,
+};
 use crate::protocol::{SendTarget, WorkId};
 use crate::transport::resources::verbs_status;
 use crate::verbs::WorkCompletion;
@@ -41,6 +44,11 @@ impl Conn {
             }
         };
         if polled.is_empty() {
+            drop(completions);
+            // Nothing arrived: idle time, in which slot releases that waited cost no one.
+            if self.has_released.load(Ordering::Acquire) {
+                self.release_deferred_now();
+            }
             return Polled::Empty;
         }
         self.completions_seen.fetch_add(1, Ordering::AcqRel);
@@ -161,18 +169,73 @@ impl Conn {
         }
     }
 
+    /// The upper layer dropped the last view of a received frame.
+    ///
+    /// Re-posting its slot (engine lock, protocol, RECV) costs microseconds under emulation.
+    /// A thread that drives this connection's CQ (a poller delivering frames, a blocking
+    /// caller decoding its response) leaves it for a moment off the critical path: its
+    /// next send once the frame is posted, or its next poll that finds the CQ empty. The
+    /// caller thus gets its response first and re-posts once its next request left.
+    /// Holding slots back only delays their credits (re-posting is what grants them, so no
+    /// RNR is possible); at most [`RELEASE_BATCH`] wait, and a poller that looks after a
+    /// quiet spell releases them too. Other threads (async handlers, frames kept by the
+    /// application) release at once: nothing says they will come back.
     fn release_recv(&self, slot: u32) {
+        let address = self.address();
+        if DELIVERING.get() != address && DRIVER.get() != address {
+            let outer = UPPER_LAYER_LOCKED.replace(true);
+            {
+                let mut engine = self.engine.lock();
+                if let Err(violation) = engine.proto.release_recv(slot) {
+                    tracing::error!(%violation, "releasing a receive slot");
+                }
+                self.run_actions(&mut engine);
+            }
+            // Buffers are dropped wherever the upper layer drops them, possibly under its
+            // locks: no callbacks from here.
+            self.after_engine();
+            UPPER_LAYER_LOCKED.set(outer);
+            return;
+        }
+        let due = {
+            let mut released = self.released.lock();
+            released.push(slot);
+            released.len() >= RELEASE_BATCH
+        };
+        self.has_released.store(true, Ordering::Release);
+        if due {
+            // Buffers are dropped wherever the upper layer drops them, possibly under its
+            // locks: no callbacks from here.
+            let outer = UPPER_LAYER_LOCKED.replace(true);
+            self.release_deferred_now();
+            UPPER_LAYER_LOCKED.set(outer);
+        }
+    }
+
+    /// Re-posts the slots whose release waited.
+    fn release_deferred_now(&self) {
         {
             let mut engine = self.engine.lock();
+            self.release_deferred(&mut engine);
+        }
+        self.after_engine();
+    }
+
+    /// Re-posts the slots whose release waited, under the engine lock (taken before the
+    /// list's, never the other way round).
+    pub(super) fn release_deferred(&self, engine: &mut Engine) {
+        if !(self.has_released.load(Ordering::Acquire)
+            && self.has_released.swap(false, Ordering::AcqRel))
+        {
+            return;
+        }
+        let slots: SmallVec<[u32; RELEASE_BATCH]> = self.released.lock().drain(..).collect();
+        for slot in slots {
             if let Err(violation) = engine.proto.release_recv(slot) {
                 tracing::error!(%violation, "releasing a receive slot");
             }
-            self.run_actions(&mut engine);
         }
-        // Buffers are dropped wherever the upper layer drops them, possibly under its locks.
-        let outer = UPPER_LAYER_LOCKED.replace(true);
-        self.after_engine();
-        UPPER_LAYER_LOCKED.set(outer);
+        self.run_actions(engine);
     }
 
     /// Spins on the CQ for up to `budget` (`None`: until something arrives) on the caller's
@@ -188,6 +251,7 @@ impl Conn {
         }
         self.self_polling.fetch_add(1, Ordering::AcqRel);
         let polling = Polling(&self.self_polling);
+        DRIVER.set(self.address());
         let seen = self.completions_seen.load(Ordering::Acquire);
         let mut started: Option<Instant> = None;
         let mut spins: u32 = 0;
