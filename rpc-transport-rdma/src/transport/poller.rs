@@ -15,8 +15,13 @@ use crate::verbs::{CmEventKind, EventChannel};
 /// waits before re-checking for shutdown.
 const CM_CHECK: Duration = Duration::from_millis(1);
 const SLEEP_SLICE: Duration = Duration::from_millis(100);
-/// Empty polls between two yields of the CPU while spinning.
+/// Empty polls between two yields of the CPU while spinning...
 const YIELD_EVERY: u32 = 128;
+/// ...once this many went by without a completion. A yield is a system call (about 2 µs
+/// under emulation) that a frame arriving meanwhile waits for, and a connection that
+/// receives now and then (a ping-pong) would pay it on most frames; one that went quiet
+/// for this long gives the CPU away.
+const YIELD_AFTER: u32 = 4 * CLOCK_EVERY;
 /// How long the poller sleeps between looks at whether blocking callers still drive the CQ.
 /// Long on purpose: every case that needs the poller sooner wakes it (a caller about to
 /// park, an async call about to wait, an rdma_cm event), and each needless wake-up steals a
@@ -76,7 +81,7 @@ fn run(conn: &Arc<Conn>, mode: PollMode, cm: Option<&Arc<EventChannel>>) {
         // Clock reads are not free everywhere: look at the time now and then, never right
         // after a completion (the next one may be close behind).
         if !idle_spins.is_multiple_of(CLOCK_EVERY) {
-            if idle_spins.is_multiple_of(YIELD_EVERY) {
+            if idle_spins >= YIELD_AFTER && idle_spins.is_multiple_of(YIELD_EVERY) {
                 // Spinning must not starve the threads our completions wake (an async
                 // runtime, a handler) when cores are scarce.
                 std::thread::yield_now();

@@ -464,6 +464,8 @@ impl Conn {
     /// dropped frames or a protocol close to the poller (which then calls
     /// [`Conn::report_dropped_and_close`]). Clears the flag.
     pub(crate) fn take_deferred_report(&self) -> bool {
-        self.close_pending.swap(false, Ordering::AcqRel)
+        // Checked on every turn of a spinning poller: a plain load first, not a locked swap.
+        self.close_pending.load(Ordering::Acquire)
+            && self.close_pending.swap(false, Ordering::AcqRel)
     }
 }
