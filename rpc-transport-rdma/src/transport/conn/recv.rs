@@ -74,9 +74,9 @@ impl Conn {
             if DELIVERING.get() == self.address() {
                 // A handler on this thread is waiting for send credits: hand these frames
                 // to the delivery loop it runs in rather than nesting handlers.
-                self.deferred.lock().extend(received);
+                self.deferred.lock().extend(received.drain(..));
             } else {
-                self.deliver(received);
+                self.deliver(&mut received);
             }
         }
         Polled::Some
@@ -116,12 +116,14 @@ impl Conn {
         }
     }
 
-    fn deliver(self: &Arc<Self>, received: Batch) {
+    /// Hands `received` to the sink. Borrowed, and drained in place: a batch is a few
+    /// hundred bytes, and every move of it is a copy.
+    fn deliver(self: &Arc<Self>, received: &mut Batch) {
         let Some(sink) = self.sink() else {
             return;
         };
         let outer = DELIVERING.replace(self.address());
-        self.deliver_batch(&*sink, received);
+        self.deliver_batch(&*sink, received.drain(..));
         loop {
             let deferred = std::mem::take(&mut *self.deferred.lock());
             if deferred.is_empty() {
