@@ -66,6 +66,7 @@ fn run(conn: &Arc<Conn>, mode: PollMode, cm: Option<&Arc<EventChannel>>) {
             conn.poller_unarmed.store(false, Ordering::Release);
             if kick {
                 conn.kick.drain();
+                conn.callers_handed_over(&mut callers_epoch);
                 kicked = true;
             }
             if cm_ready {
@@ -121,6 +122,7 @@ fn run(conn: &Arc<Conn>, mode: PollMode, cm: Option<&Arc<EventChannel>>) {
         }
         if kick {
             conn.kick.drain();
+            conn.callers_handed_over(&mut callers_epoch);
         }
         if cm_ready {
             check_cm(conn, cm);

@@ -289,11 +289,21 @@ impl Conn {
 
     /// Whether blocking callers drive the CQ: one is polling now, or one received something
     /// since the poller's last look (`last_seen`, updated here).
+    ///
+    /// After a kick ([`Conn::callers_handed_over`]) only a caller polling again counts: the
+    /// caller that kicked is parked, and its earlier activity must not send the poller back
+    /// to sleep while nobody watches the CQ.
     pub(crate) fn callers_drive(&self, last_seen: &mut u64) -> bool {
         let epoch = self.self_poll_epoch.load(Ordering::Acquire);
         let recent = epoch != *last_seen;
         *last_seen = epoch;
         recent || self.self_polling.load(Ordering::Acquire) > 0
+    }
+
+    /// A kick arrived: a caller is parking, or an async call waits. What blocking callers
+    /// did so far is history; the poller drives the CQ until one polls again.
+    pub(crate) fn callers_handed_over(&self, last_seen: &mut u64) {
+        *last_seen = self.self_poll_epoch.load(Ordering::Acquire);
     }
 }
 
