@@ -156,15 +156,18 @@ impl RdmaClient {
 
 impl ClientTransport for RdmaClient {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        let header = *frame.header();
-        let advertised = header.kind == FrameKind::Request
+        let (kind, method_id, call_id) = {
+            let h = frame.header();
+            (h.kind, h.method_id, h.call_id)
+        };
+        let advertised = kind == FrameKind::Request
             && self
                 .response_sizes
-                .predict(header.method_id)
+                .predict(method_id)
                 .is_some_and(|len| self.conn.advertise_response_buffer(frame, len));
         let sent = self.conn.send(frame);
         if sent.is_err() && advertised {
-            self.conn.withdraw_response_buffer(header.call_id);
+            self.conn.withdraw_response_buffer(call_id);
         }
         sent
     }

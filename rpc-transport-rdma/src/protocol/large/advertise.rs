@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 
 use rpc_core::{FrameKind, Header, RemoteBuffer};
 
-use super::{Grant, GrantState, Large};
+use super::{GrantState, Large};
 use crate::protocol::action::Action;
 use crate::protocol::error::{ProtocolViolation, SendError};
 
@@ -48,19 +48,8 @@ impl Large {
         if self.grant_by_call.contains_key(&call_id) {
             return None;
         }
-        let id = self.next_grant_id();
-        self.grants.insert(
-            id,
-            Grant {
-                rkey,
-                len,
-                state: GrantState::Open,
-                advertised: true,
-            },
-        );
-        self.grant_by_call.insert(call_id, id);
+        let id = self.open_grant(call_id, rkey, len, true, out);
         self.counters.advertised += 1;
-        out.push_back(Action::BindWindow { grant: id });
         Some(RemoteBuffer {
             addr,
             rkey,

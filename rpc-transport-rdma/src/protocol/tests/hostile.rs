@@ -329,6 +329,12 @@ fn feed(c: &mut Connection, slot: u32, h: &Header) -> Result<(), ProtocolViolati
     c.on_recv_complete(slot, 64, &frame(h)).map(|_| ())
 }
 
+/// Feeds `h` and checks that it is the violation `expected`, which closed the connection.
+fn expect_feed_violation(c: &mut Connection, slot: u32, h: &Header, expected: ProtocolViolation) {
+    assert_eq!(feed(c, slot, h), Err(expected.clone()));
+    assert_closed_by(c, expected);
+}
+
 fn ask(call_id: u64, len: u64) -> Header {
     let mut h = Header::new(FrameKind::LargeRequest, call_id);
     h.remote.len = len;
@@ -357,8 +363,7 @@ fn grant_of(call_id: u64, len: u64) -> Header {
 fn a_body_placed_without_a_grant_is_a_violation() {
     let mut c = conn();
     let expected = ProtocolViolation::PlacedWithoutGrant { call_id: 9 };
-    assert_eq!(feed(&mut c, 0, &placed(9, 1000)), Err(expected.clone()));
-    assert_closed_by(&mut c, expected);
+    expect_feed_violation(&mut c, 0, &placed(9, 1000), expected);
 }
 
 #[test]
@@ -379,8 +384,7 @@ fn a_body_larger_than_its_grant_is_a_violation() {
         len: 1001,
         granted: 1000,
     };
-    assert_eq!(feed(&mut c, 1, &placed(3, 1001)), Err(expected.clone()));
-    assert_closed_by(&mut c, expected);
+    expect_feed_violation(&mut c, 1, &placed(3, 1001), expected);
 }
 
 #[test]
@@ -388,8 +392,7 @@ fn a_second_buffer_request_for_a_call_is_a_violation() {
     let mut c = conn();
     feed(&mut c, 0, &ask(5, 1000)).expect("buffer request");
     let expected = ProtocolViolation::DuplicateBufferRequest { call_id: 5 };
-    assert_eq!(feed(&mut c, 1, &ask(5, 1000)), Err(expected.clone()));
-    assert_closed_by(&mut c, expected);
+    expect_feed_violation(&mut c, 1, &ask(5, 1000), expected);
 }
 
 #[test]
@@ -400,8 +403,7 @@ fn a_second_response_buffer_for_a_call_is_a_violation() {
     offer.remote = grant_of(6, 1 << 20).remote;
     feed(&mut c, 0, &offer).expect("a request with a response buffer");
     let expected = ProtocolViolation::DuplicateResponseBuffer { call_id: 6 };
-    assert_eq!(feed(&mut c, 1, &offer), Err(expected.clone()));
-    assert_closed_by(&mut c, expected);
+    expect_feed_violation(&mut c, 1, &offer, expected);
 }
 
 #[test]
@@ -416,16 +418,14 @@ fn a_response_placed_beyond_the_advertised_buffer_is_a_violation() {
         len: 1001,
         granted: 1000,
     };
-    assert_eq!(feed(&mut c, 0, &response), Err(expected.clone()));
-    assert_closed_by(&mut c, expected);
+    expect_feed_violation(&mut c, 0, &response, expected);
 }
 
 #[test]
 fn grants_nobody_asked_for_or_too_small_are_violations() {
     let mut c = conn();
     let expected = ProtocolViolation::UnexpectedGrant { call_id: 4 };
-    assert_eq!(feed(&mut c, 0, &grant_of(4, 1000)), Err(expected.clone()));
-    assert_closed_by(&mut c, expected);
+    expect_feed_violation(&mut c, 0, &grant_of(4, 1000), expected);
 
     let mut c = conn();
     let mut notice = Header::new(FrameKind::Request, 4);
@@ -443,8 +443,7 @@ fn grants_nobody_asked_for_or_too_small_are_violations() {
         granted: 100,
         needed: 5000,
     };
-    assert_eq!(feed(&mut c, 0, &grant_of(4, 100)), Err(expected.clone()));
-    assert_closed_by(&mut c, expected);
+    expect_feed_violation(&mut c, 0, &grant_of(4, 100), expected);
 }
 
 #[test]

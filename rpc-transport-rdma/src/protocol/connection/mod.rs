@@ -4,15 +4,17 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rpc_core::{Code, Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN};
+use rpc_core::{Flags, FrameKind, Header, COMPACT_HEADER_LEN};
 
 use super::action::{Action, Received, SendTarget, SendWork, WorkId};
 use super::credits::Credits;
 use super::error::{ProtocolViolation, SendError};
 use super::geometry::{Geometry, CONTROL_BUF_LEN};
-use super::large::{Large, LocalBuffer};
+use super::large::Large;
 use super::recv_ring::RecvRing;
 use super::send_ring::{Pending, SendRing};
+
+mod large;
 
 /// Distinguishes reservations of different connections.
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
@@ -263,16 +265,6 @@ impl Connection {
         Ok(())
     }
 
-    /// A request may carry a response-buffer descriptor only as [`Connection::advertise`]
-    /// made it.
-    fn check_advertisement(&self, header: &Header) -> Result<(), SendError> {
-        if header.flags.contains(Flags::RESPONSE_BUFFER) {
-            self.large.check_advertised(header)
-        } else {
-            Ok(())
-        }
-    }
-
     fn check_frame(header: &Header, capacity: u32) -> Result<(), SendError> {
         let protocol_owned = matches!(
             header.kind,
@@ -400,117 +392,6 @@ impl Connection {
             header,
             len: byte_len,
         }))
-    }
-
-    /// Starts sending a body too large for a slot: `notice` is the request or response
-    /// header (lengths describe the body: metadata, then payload), `local` the registered
-    /// memory the body was encoded into, which the driver keeps until
-    /// [`Action::TransferDone`] or [`Action::TransferFailed`] names the returned transfer.
-    pub fn start_large(&mut self, notice: &Header, local: LocalBuffer) -> Result<u32, SendError> {
-        if self.closed.is_some() {
-            return Err(SendError::Closed);
-        }
-        self.check_advertisement(notice)?;
-        let id = self.large.start(*notice, local)?;
-        self.flush();
-        Ok(id)
-    }
-
-    /// Advertises `len` bytes at `addr` as the buffer for the response to `call_id`, which
-    /// the driver makes writable by binding a memory window with `rkey`
-    /// ([`Action::BindWindow`] follows, before any send posted after this call). Put the
-    /// returned descriptor in the request's header with [`Flags::RESPONSE_BUFFER`]. `None`
-    /// when no buffer can be advertised now (grant limit): send the request without one.
-    ///
-    /// The buffer stays writable until the response arrives (placed in it, or in a slot),
-    /// the peer asks for a larger one, or the peer releases it after a cancel; then
-    /// [`Action::ReleaseGrant`] or [`Action::DeliverLarge`] names the grant (its
-    /// `generation`). If the request is not sent after all, call
-    /// [`Connection::withdraw_advertisement`].
-    pub fn advertise(
-        &mut self,
-        call_id: u64,
-        addr: u64,
-        rkey: u32,
-        len: u64,
-    ) -> Option<RemoteBuffer> {
-        if self.closed.is_some() {
-            return None;
-        }
-        let descriptor = self
-            .large
-            .advertise(call_id, addr, rkey, len, &mut self.actions)?;
-        self.flush();
-        Some(descriptor)
-    }
-
-    /// The request that was to advertise a response buffer for `call_id` was not sent:
-    /// revoke the buffer.
-    pub fn withdraw_advertisement(&mut self, call_id: u64) {
-        if self.closed.is_some() {
-            return;
-        }
-        self.large.end_advertisement(call_id, &mut self.actions);
-        self.flush();
-    }
-
-    /// Answers [`Action::GrantNeeded`]: the driver lent `len` bytes at `addr` and will bind a
-    /// memory window over them with `rkey` ([`Action::BindWindow`] follows). `None` if the
-    /// request went away meanwhile (its call was cancelled): take the buffer back.
-    pub fn grant(&mut self, call_id: u64, addr: u64, rkey: u32, len: u64) -> Option<u32> {
-        if self.closed.is_some() {
-            return None;
-        }
-        let id = self
-            .large
-            .grant(call_id, addr, rkey, len, &mut self.actions)?;
-        self.flush();
-        Some(id)
-    }
-
-    /// Answers [`Action::GrantNeeded`] with a refusal (`status`, e.g. `RESOURCE_EXHAUSTED`
-    /// when the buffer budget is spent, and the most that could be lent, 0 if unknown); the
-    /// peer fails the call with it.
-    pub fn refuse(&mut self, call_id: u64, status: Code, limit: u64) {
-        if self.closed.is_some() {
-            return;
-        }
-        self.large.refuse(call_id, status, limit, &mut self.actions);
-        self.flush();
-    }
-
-    /// An RDMA WRITE of `transfer` completed.
-    pub fn on_write_complete(&mut self, transfer: u32) -> Result<(), ProtocolViolation> {
-        if self.closed.is_some() {
-            return Ok(());
-        }
-        if let Err(violation) = self.large.on_write_complete(transfer, &mut self.actions) {
-            return Err(self.fail(violation));
-        }
-        self.flush();
-        Ok(())
-    }
-
-    /// The window bind of `grant` completed.
-    pub fn on_bind_complete(&mut self, grant: u32) -> Result<(), ProtocolViolation> {
-        if self.closed.is_some() {
-            return Ok(());
-        }
-        self.large
-            .on_bind_complete(grant)
-            .map_err(|violation| self.fail(violation))
-    }
-
-    /// The invalidation of `grant`'s rkey completed.
-    pub fn on_invalidated(&mut self, grant: u32) -> Result<(), ProtocolViolation> {
-        if self.closed.is_some() {
-            return Ok(());
-        }
-        if let Err(violation) = self.large.on_invalidated(grant, &mut self.actions) {
-            return Err(self.fail(violation));
-        }
-        self.flush();
-        Ok(())
     }
 
     /// The upper layer is done with a received slot: it is re-posted and its credit becomes

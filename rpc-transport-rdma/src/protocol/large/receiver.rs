@@ -1,0 +1,230 @@
+//! The receiving role of the large-body path: buffer requests from the peer, the grants
+//! that answer them, placed bodies, and revocation.
+
+use std::collections::VecDeque;
+
+use rpc_core::{Code, FrameKind, Header, RemoteBuffer};
+
+use super::{Grant, GrantState, Large};
+use crate::protocol::action::Action;
+use crate::protocol::error::ProtocolViolation;
+
+impl Large {
+    /// The peer asks for a buffer.
+    pub(crate) fn on_buffer_request(
+        &mut self,
+        ask: &Header,
+        out: &mut VecDeque<Action>,
+    ) -> Result<(), ProtocolViolation> {
+        let call_id = ask.call_id;
+        // The response outgrew the buffer we advertised for it: the peer will not write
+        // there, so the buffer is revoked and the request handled like any other.
+        self.end_advertisement(call_id, out);
+        let known = self.asked.contains(&call_id)
+            || self.grant_by_call.contains_key(&call_id)
+            || self.waiting.iter().any(|&(c, _)| c == call_id);
+        if known {
+            return Err(ProtocolViolation::DuplicateBufferRequest { call_id });
+        }
+        let len = ask.remote.len;
+        if len > self.config.max_message {
+            self.push_refusal(call_id, Code::ResourceExhausted, self.config.max_message);
+            return Ok(());
+        }
+        self.waiting.push_back((call_id, len));
+        self.admit_waiting(out);
+        Ok(())
+    }
+
+    fn admit_waiting(&mut self, out: &mut VecDeque<Action>) {
+        while (self.grants.len() + self.asked.len()) < self.config.max_grants as usize {
+            let Some((call_id, len)) = self.waiting.pop_front() else {
+                return;
+            };
+            self.asked.insert(call_id);
+            out.push_back(Action::GrantNeeded { call_id, len });
+        }
+    }
+
+    /// The driver lent a buffer for `call_id` and will bind a window over it with `rkey`.
+    /// Returns the grant id, or `None` if the request is gone (cancelled meanwhile): the
+    /// driver takes its buffer back.
+    pub(crate) fn grant(
+        &mut self,
+        call_id: u64,
+        addr: u64,
+        rkey: u32,
+        len: u64,
+        out: &mut VecDeque<Action>,
+    ) -> Option<u32> {
+        if !self.asked.remove(&call_id) {
+            return None;
+        }
+        let id = self.open_grant(call_id, rkey, len, false, out);
+        let mut frame = Header::new(FrameKind::LargeGrant, call_id);
+        frame.remote = RemoteBuffer {
+            addr,
+            rkey,
+            generation: id,
+            len,
+        };
+        self.frames.push_back(frame);
+        Some(id)
+    }
+
+    /// Opens a grant for `call_id` under a fresh id (never 0, so a descriptor's generation
+    /// is never empty) and asks the driver to bind its window.
+    pub(super) fn open_grant(
+        &mut self,
+        call_id: u64,
+        rkey: u32,
+        len: u64,
+        advertised: bool,
+        out: &mut VecDeque<Action>,
+    ) -> u32 {
+        self.next_grant = self.next_grant.wrapping_add(1);
+        while self.next_grant == 0 || self.grants.contains_key(&self.next_grant) {
+            self.next_grant = self.next_grant.wrapping_add(1);
+        }
+        let id = self.next_grant;
+        self.grants.insert(
+            id,
+            Grant {
+                rkey,
+                len,
+                state: GrantState::Open,
+                advertised,
+            },
+        );
+        self.grant_by_call.insert(call_id, id);
+        out.push_back(Action::BindWindow { grant: id });
+        id
+    }
+
+    /// The driver cannot lend a buffer for `call_id` (budget, registration failure);
+    /// `limit` tells the writer the most it could have lent, 0 if unknown.
+    pub(crate) fn refuse(
+        &mut self,
+        call_id: u64,
+        status: Code,
+        limit: u64,
+        out: &mut VecDeque<Action>,
+    ) {
+        if self.asked.remove(&call_id) {
+            self.push_refusal(call_id, status, limit);
+            self.admit_waiting(out);
+        }
+    }
+
+    /// A refusal is a grant with an error status and no buffer; its length carries the
+    /// receiver's limit, so the writer's error can name both sizes.
+    fn push_refusal(&mut self, call_id: u64, status: Code, limit: u64) {
+        let mut frame = Header::new(FrameKind::LargeGrant, call_id);
+        frame.status = if status == Code::Ok {
+            Code::ResourceExhausted
+        } else {
+            status
+        };
+        frame.remote.len = limit;
+        self.frames.push_back(frame);
+    }
+
+    /// A frame announces that its body was written into the grant of its call.
+    pub(crate) fn on_placed(
+        &mut self,
+        notice: &Header,
+        out: &mut VecDeque<Action>,
+    ) -> Result<(), ProtocolViolation> {
+        let call_id = notice.call_id;
+        let grant = self
+            .grant_by_call
+            .get(&call_id)
+            .and_then(|id| Some((*id, self.grants.get_mut(id)?)));
+        let Some((id, grant)) = grant else {
+            return Err(ProtocolViolation::PlacedWithoutGrant { call_id });
+        };
+        let len = notice.message_len();
+        if len > grant.len {
+            return Err(ProtocolViolation::PlacedBeyondGrant {
+                call_id,
+                len,
+                granted: grant.len,
+            });
+        }
+        if grant.advertised {
+            self.counters.advertised_filled += 1;
+        }
+        grant.state = GrantState::Arrived(*notice);
+        self.grant_by_call.remove(&call_id);
+        out.push_back(Action::Invalidate {
+            grant: id,
+            rkey: grant.rkey,
+        });
+        Ok(())
+    }
+
+    /// The peer cancelled `call_id`: it will not write for it any more. A buffer request
+    /// not granted yet is answered with a refusal, so that every request gets one answer.
+    pub(crate) fn on_peer_cancel(&mut self, call_id: u64, out: &mut VecDeque<Action>) {
+        self.release_offer(call_id);
+        let was_waiting = self.waiting.iter().any(|&(c, _)| c == call_id);
+        if self.asked.remove(&call_id) || was_waiting {
+            self.waiting.retain(|&(c, _)| c != call_id);
+            self.push_refusal(call_id, Code::Cancelled, 0);
+            self.admit_waiting(out);
+            return;
+        }
+        self.revoke(call_id, out);
+    }
+
+    /// Ends the open grant of `call_id`, if any: its rkey is invalidated, then the buffer
+    /// goes back to the driver.
+    pub(super) fn revoke(&mut self, call_id: u64, out: &mut VecDeque<Action>) {
+        let Some(id) = self.grant_by_call.remove(&call_id) else {
+            return;
+        };
+        if let Some(grant) = self.grants.get_mut(&id) {
+            grant.state = GrantState::Revoking;
+            out.push_back(Action::Invalidate {
+                grant: id,
+                rkey: grant.rkey,
+            });
+        }
+    }
+
+    /// The bind of grant `id`'s window completed.
+    pub(crate) fn on_bind_complete(&mut self, id: u32) -> Result<(), ProtocolViolation> {
+        if self.grants.contains_key(&id) {
+            Ok(())
+        } else {
+            Err(ProtocolViolation::UnexpectedLargeCompletion { what: "bind", id })
+        }
+    }
+
+    /// The invalidation of grant `id`'s rkey completed: hand the body up, or the buffer back.
+    pub(crate) fn on_invalidated(
+        &mut self,
+        id: u32,
+        out: &mut VecDeque<Action>,
+    ) -> Result<(), ProtocolViolation> {
+        let state = self.grants.get(&id).map(|g| g.state);
+        match state {
+            Some(GrantState::Arrived(header)) => {
+                self.grants.remove(&id);
+                out.push_back(Action::DeliverLarge { grant: id, header });
+            }
+            Some(GrantState::Revoking) => {
+                self.grants.remove(&id);
+                out.push_back(Action::ReleaseGrant { grant: id });
+            }
+            Some(GrantState::Open) | None => {
+                return Err(ProtocolViolation::UnexpectedLargeCompletion {
+                    what: "invalidate",
+                    id,
+                })
+            }
+        }
+        self.admit_waiting(out);
+        Ok(())
+    }
+}
