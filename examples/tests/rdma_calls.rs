@@ -378,3 +378,63 @@ fn connecting_where_nobody_listens_fails_fast_and_clearly() {
     assert!(status.message().contains(&url), "{status}");
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+/// An application that keeps every reply it receives (zero-copy views of receive slots)
+/// while keeping 16 calls in flight: past the lend limit replies arrive as copies, so the
+/// ring never runs out of receives. Before the lend limit the 64th reply stalled the
+/// connection for good (held slots were never re-posted, so no credit came back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_replies_never_stall_the_connection() {
+    if !device() {
+        return;
+    }
+    let server = start(&Tester::default(), RdmaConfig::default());
+    let calls = Arc::new(rpc_core::CallTable::new());
+    let addr = server.local_url().trim_start_matches("rdma://");
+    let transport =
+        rpc_transport_rdma::RdmaClient::connect(addr, calls.clone(), &RdmaConfig::default())
+            .expect("rdma client connects");
+    let channel = Channel::new(calls, transport.clone(), rpc_core::ChannelConfig::default());
+    let client = EchoClient::new(channel);
+    let started = Instant::now();
+    let kept: Vec<_> = stream::iter(0..4_000u64)
+        .map(|seq| {
+            let client = client.clone();
+            async move {
+                let mut request = Request::new(EchoRequest {
+                    payload: pattern(64 + (seq as usize * 13) % 2000, seq).into(),
+                    seq,
+                });
+                request.set_timeout(Duration::from_secs(20));
+                client
+                    .echo(request)
+                    .await
+                    .expect("a call while replies are kept")
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    eprintln!("4000 calls, every reply kept: {:?}", started.elapsed());
+    let stats = transport.stats();
+    let limit = RdmaConfig::default().slots / 4;
+    assert!(stats.recv_held <= limit, "{stats:?}");
+    // Every kept reply is intact: lent slots were not re-posted under it, copies are whole.
+    for reply in &kept {
+        let reply = reply.get_ref();
+        let len = 64 + (reply.seq as usize * 13) % 2000;
+        assert_eq!(
+            reply.payload,
+            pattern(len, reply.seq),
+            "reply {}",
+            reply.seq
+        );
+    }
+    drop(kept);
+    // Letting go gives every slot back.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while transport.stats().recv_held > 0 {
+        assert!(Instant::now() < deadline, "{:?}", transport.stats());
+        client.echo(EchoRequest::default()).await.unwrap();
+    }
+}

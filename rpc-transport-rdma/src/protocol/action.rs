@@ -108,6 +108,10 @@ pub struct Received {
     pub header: Header,
     /// Frame length (header, metadata and payload), equal to the completion's byte count.
     pub len: u32,
+    /// Whether the upper layer may keep the slot as a zero-copy view. False once
+    /// [`crate::protocol::Geometry::lend_limit`] slots are held: the driver then copies the
+    /// frame out and releases the slot at once ([`crate::protocol::Connection::release_recv`]).
+    pub lend: bool,
 }
 
 impl Received {

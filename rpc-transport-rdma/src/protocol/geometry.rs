@@ -7,7 +7,7 @@
 //! interval, credit-return threshold, queue bound) is local policy and never on the wire.
 
 use super::action::SendTarget;
-use super::credits::RESERVED_CREDITS;
+use super::credits::{RESERVED_CREDITS, UNLENT_SLOTS};
 use super::error::ParamsError;
 use super::large::LargeConfig;
 use super::params::{validate_ring, ConnectParams, TRANSPORT_VERSION};
@@ -36,6 +36,15 @@ pub struct Config {
     /// Most frames that may wait for credits or for an earlier reservation
     /// (`1..=send_slots`); `None`: `send_slots`.
     pub max_queued: Option<u32>,
+    /// Receive slots the upper layer may hold at once as zero-copy views
+    /// (`0..=recv_slots - 3`, see [`crate::protocol::credits::UNLENT_SLOTS`]); `None`: a quarter
+    /// of the receive ring. The credit-return threshold is lowered to
+    /// `recv_slots - lend_limit - 1` if it is above, so slots held for long cannot keep the
+    /// peer's credits from coming back. A frame that arrives while
+    /// this many are held is handed up as a copy and its slot re-posted at once (see
+    /// [`crate::protocol::Received::lend`]), so an application that keeps what it received
+    /// never starves the ring of receives and the peer of credits.
+    pub lend_limit: Option<u32>,
     /// Largest send the QP accepts with `IBV_SEND_INLINE` (the `max_inline_data` the QP was
     /// created with); 0 disables inline hints.
     pub max_inline: u32,
@@ -53,6 +62,7 @@ impl Default for Config {
             signal_interval: None,
             credit_return_threshold: None,
             max_queued: None,
+            lend_limit: None,
             max_inline: 0,
             large: LargeConfig::default(),
         }
@@ -89,8 +99,8 @@ impl Config {
         self.sq_depth() + self.recv_slots
     }
 
-    /// Validates and returns (signal_interval, credit_return_threshold, max_queued).
-    fn resolve(&self) -> Result<(u32, u32, u32), ParamsError> {
+    /// Validates the knobs and resolves their defaults.
+    fn resolve(&self) -> Result<Policy, ParamsError> {
         validate_ring("local send ring", self.send_slots, self.send_slot_size)?;
         validate_ring("local receive ring", self.recv_slots, self.recv_slot_size)?;
         let knob = |what, value: Option<u32>, default: u32, min: u32, max: u32| {
@@ -122,13 +132,32 @@ impl Config {
             2,
             r - 1,
         )?;
-        let queued = knob("max_queued", self.max_queued, s, 1, s)?;
+        let max_queued = knob("max_queued", self.max_queued, s, 1, s)?;
+        let lend_max = r - UNLENT_SLOTS;
+        let lend_limit = knob("lend_limit", self.lend_limit, r / 4, 0, lend_max)?;
+        // A peer down to its reserved credit has left `r - held - 1` slots returnable, and
+        // the upper layer holds at most `lend_limit` for long: the threshold must be within
+        // reach, or the credits would wait for a release that may never come.
+        let threshold = threshold.min(r - lend_limit - RESERVED_CREDITS);
         let large = &self.large;
         knob("large.chunk_size", Some(large.chunk_size), 0, 4096, 1 << 30)?;
         knob("large.write_window", Some(large.write_window), 0, 1, 64)?;
         knob("large.max_grants", Some(large.max_grants), 0, 1, 1024)?;
-        Ok((signal, threshold, queued))
+        Ok(Policy {
+            signal_interval: signal,
+            credit_return_threshold: threshold,
+            max_queued,
+            lend_limit,
+        })
     }
+}
+
+/// The local knobs of a [`Config`], validated, defaults resolved.
+struct Policy {
+    signal_interval: u32,
+    credit_return_threshold: u32,
+    max_queued: u32,
+    lend_limit: u32,
 }
 
 /// The negotiated geometry and policy of one connection; input to
@@ -157,6 +186,8 @@ pub struct Geometry {
     pub credit_return_threshold: u32,
     /// Bound of the queue of frames waiting to be posted.
     pub max_queued: u32,
+    /// Receive slots the upper layer may hold as zero-copy views (see [`Config::lend_limit`]).
+    pub lend_limit: u32,
     /// Largest send posted with an inline hint.
     pub max_inline: u32,
     /// The large-body path.
@@ -166,7 +197,12 @@ pub struct Geometry {
 impl Geometry {
     /// Applies the negotiation rule to the local configuration and the peer's parameters.
     pub fn negotiate(local: &Config, peer: &ConnectParams) -> Result<Geometry, ParamsError> {
-        let (signal_interval, credit_return_threshold, max_queued) = local.resolve()?;
+        let Policy {
+            signal_interval,
+            credit_return_threshold,
+            max_queued,
+            lend_limit,
+        } = local.resolve()?;
         peer.validate()?;
         let version = local.connect_params().common_version(peer)?;
         debug_assert_eq!(version, TRANSPORT_VERSION);
@@ -181,6 +217,7 @@ impl Geometry {
             signal_interval,
             credit_return_threshold,
             max_queued,
+            lend_limit,
             max_inline: local.max_inline,
             large: local.large,
         })

@@ -87,6 +87,11 @@ pub struct RdmaConfig {
     pub large_cache: u64,
     /// Buffers the peer may be writing into at once; further requests wait their turn.
     pub large_max_grants: u32,
+    /// Receive slots the application may hold at once as zero-copy views of received
+    /// messages (`0..=slots - 3`); `None`: a quarter of the ring. Past it, received messages
+    /// are handed up as copies and their slots go straight back to the ring, so keeping
+    /// received `Bytes` never starves a connection of receives or its peer of credits.
+    pub lend_limit: Option<u32>,
 }
 
 impl Default for RdmaConfig {
@@ -106,6 +111,7 @@ impl Default for RdmaConfig {
             large_budget: 4 << 30,
             large_cache: 64 << 20,
             large_max_grants: 16,
+            lend_limit: None,
         }
     }
 }
@@ -123,6 +129,7 @@ impl RdmaConfig {
             recv_slots: self.slots,
             recv_slot_size: self.slot_size,
             max_inline,
+            lend_limit: self.lend_limit,
             large: crate::protocol::LargeConfig {
                 chunk_size: self.large_chunk,
                 write_window: self.large_write_window,

@@ -391,6 +391,8 @@ impl Connection {
             slot,
             header,
             len: byte_len,
+            // `held` counts this frame's slot already.
+            lend: self.recv.held() <= self.geometry.lend_limit,
         }))
     }
 

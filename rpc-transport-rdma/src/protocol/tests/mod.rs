@@ -5,5 +5,6 @@ mod advertise;
 mod fabric;
 mod hostile;
 mod large;
+mod lending;
 mod random;
 mod scenarios;

@@ -15,7 +15,7 @@ use super::{
     Conn, Engine, FrameSink, Polled, CLOCK_EVERY, DELIVERING, DRIVER, RELEASE_BATCH,
     UPPER_LAYER_LOCKED,
 };
-use crate::protocol::{SendTarget, WorkId};
+use crate::protocol::{Received, SendTarget, WorkId};
 use crate::transport::resources::verbs_status;
 use crate::verbs::WorkCompletion;
 
@@ -147,12 +147,7 @@ impl Conn {
                     continue;
                 }
             };
-            let owner = RecvSlot {
-                conn: Arc::clone(self),
-                slot: rx.slot,
-                len: rx.len as usize,
-            };
-            let frame_bytes = Bytes::from_owner(owner);
+            let frame_bytes = self.frame_bytes(&rx);
             // Most frames carry no metadata: an empty view needs no reference to the slot.
             let metadata = if rx.header.metadata_len == 0 {
                 Bytes::new()
@@ -168,6 +163,22 @@ impl Conn {
             // inline has sent its response by now, so the slot's release (re-post, credit
             // bookkeeping) happens after the response left, not before.
             drop(frame_bytes);
+        }
+    }
+
+    /// The bytes of a received frame for the upper layer: a zero-copy view that keeps the
+    /// slot while the protocol lends it, else a copy, and the slot goes back at once.
+    fn frame_bytes(self: &Arc<Self>, rx: &Received) -> Bytes {
+        let owner = RecvSlot {
+            conn: Arc::clone(self),
+            slot: rx.slot,
+            len: rx.len as usize,
+        };
+        if rx.lend {
+            Bytes::from_owner(owner)
+        } else {
+            // Dropping the owner releases the slot, after the copy.
+            Bytes::copy_from_slice(owner.as_ref())
         }
     }
 

@@ -98,6 +98,11 @@ pub(crate) struct Endpoint {
     pub(crate) dropped: Vec<u64>,
     /// Messages the application still wants to send (used by [`Pair::run_to_idle`]).
     pub(crate) quota: u64,
+    /// The driver honours [`Received::lend`] for an application that keeps every frame: a
+    /// lent frame stays held forever, any other is copied out and its slot released at once.
+    pub(crate) hoard: bool,
+    /// Frames copied out instead of lent (with `hoard`).
+    pub(crate) copied: u64,
 }
 
 /// Payload byte `i` of call `call_id`.
@@ -131,6 +136,8 @@ impl Endpoint {
             writable_events: 0,
             dropped: Vec::new(),
             quota: 0,
+            hoard: false,
+            copied: 0,
         };
         ep.absorb();
         ep
@@ -376,7 +383,15 @@ impl Endpoint {
             }
             self.delivered_kinds.push((call_id, rx.header.kind));
             self.delivered.push(call_id);
-            self.held.push(rx);
+            if self.hoard && !rx.lend {
+                self.copied += 1;
+                self.conn
+                    .release_recv(rx.slot)
+                    .expect("release of a copied frame");
+                self.absorb();
+            } else {
+                self.held.push(rx);
+            }
         }
         true
     }
@@ -571,7 +586,7 @@ impl Pair {
             while ep.poll_send() | ep.poll_recv() {
                 progress = true;
             }
-            while ep.release(0) {
+            while !ep.hoard && ep.release(0) {
                 progress = true;
             }
         }
