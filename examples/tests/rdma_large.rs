@@ -26,6 +26,16 @@ const MIB: usize = 1 << 20;
 const LIMIT: usize = (1 << 30) + MIB;
 const SLOT: usize = 8192;
 
+/// Tests that move hundreds of MiB at once take turns: each pins its bodies on both sides
+/// (plus the test's own copies), and two at once come near the VM's memory (6 GiB).
+static BIG_BODIES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn big_bodies() -> std::sync::MutexGuard<'static, ()> {
+    BIG_BODIES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn device() -> bool {
     // RUST_LOG=rpc_transport_rdma=debug shows the transport's side of a failure.
     let _ = tracing_subscriber::fmt()
@@ -77,6 +87,7 @@ fn bodies_from_a_slot_to_256_mib_in_both_directions() {
     if !device() {
         return;
     }
+    let _turn = big_bodies();
     let server = start(RdmaConfig::default());
     let client = TesterClient::new(connect(&server));
     let sizes = [
@@ -157,6 +168,7 @@ fn one_gib_each_way() {
     if !device() {
         return;
     }
+    let _turn = big_bodies();
     let server = start(RdmaConfig::default());
     let client = TesterClient::new(connect(&server));
     let started = Instant::now();

@@ -12,7 +12,6 @@ use crate::protocol::Stats;
 use crate::transport::config::{PollMode, RdmaConfig};
 use crate::transport::conn::{Conn, FrameSink};
 use crate::transport::events::expect_event;
-use crate::transport::poller;
 use crate::transport::resources::{verbs_status, Resources};
 use crate::transport::response_sizes::ResponseSizes;
 use crate::verbs::{CmEventKind, CmId, ConnParam, EventChannel};
@@ -130,8 +129,7 @@ impl RdmaClient {
             calls,
             response_sizes: response_sizes.clone(),
         }));
-        poller::spawn(conn.clone(), config.poll_mode, Some(channel))
-            .map_err(|e| Status::internal(format!("cannot start the poller thread: {e}")))?;
+        conn.start(true)?;
         Ok(Arc::new(RdmaClient {
             conn,
             spin: match config.poll_mode {

@@ -92,6 +92,10 @@ pub struct RdmaConfig {
     /// are handed up as copies and their slots go straight back to the ring, so keeping
     /// received `Bytes` never starves a connection of receives or its peer of credits.
     pub lend_limit: Option<u32>,
+    /// Entries of each completion queue the connections of one device share (the device's
+    /// limit permitting). A connection reserves room for its whole send and receive queues
+    /// on a CQ; once no CQ has room, another is created.
+    pub cq_entries: u32,
 }
 
 impl Default for RdmaConfig {
@@ -112,6 +116,7 @@ impl Default for RdmaConfig {
             large_cache: 64 << 20,
             large_max_grants: 16,
             lend_limit: None,
+            cq_entries: 16 * 1024,
         }
     }
 }

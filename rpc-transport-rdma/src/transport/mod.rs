@@ -7,10 +7,10 @@
 mod client;
 mod config;
 mod conn;
+mod engine;
 mod events;
 mod kick;
 mod large_pool;
-mod poller;
 mod resources;
 mod response_sizes;
 mod server;

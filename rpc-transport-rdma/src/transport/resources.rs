@@ -7,17 +7,16 @@ use rpc_core::Status;
 use crate::protocol::Config;
 use crate::protocol::WorkId;
 use crate::transport::config::RdmaConfig;
+use crate::transport::engine::{Attachment, Engine};
 use crate::transport::large_pool::LargePool;
 use crate::verbs::{
-    AccessFlags, CmId, CompletionChannel, CompletionQueue, MemoryRegion, ProtectionDomain,
-    QpCapabilities, QpInitAttr, QueuePair, RecvRequest, Sge, VerbsError,
+    AccessFlags, CmId, MemoryRegion, QpCapabilities, QpInitAttr, QueuePair, RecvRequest, Sge,
+    VerbsError,
 };
 
-/// Connection tag packed into every `wr_id`; each connection has its own CQ, so one suffices.
-pub(crate) const CONN_TAG: u32 = 0;
-
 /// Field order is teardown order: the QP is destroyed before the rings are deregistered,
-/// so no work request can name memory that is gone.
+/// so no work request can name memory that is gone, and before the attachment gives its
+/// completion-queue entries and tag back.
 pub(crate) struct Resources {
     pub(crate) qp: QueuePair,
     pub(crate) send_mr: MemoryRegion,
@@ -25,8 +24,8 @@ pub(crate) struct Resources {
     /// Buffers and windows of large bodies (shared with the `Bytes` of delivered bodies,
     /// which keep their registration alive after the connection is gone).
     pub(crate) large: Arc<LargePool>,
-    pub(crate) cq: Arc<CompletionQueue>,
-    pub(crate) channel: Arc<CompletionChannel>,
+    /// The connection's place in the shared completion engine.
+    pub(crate) attachment: Attachment,
     pub(crate) protocol: Config,
 }
 
@@ -35,29 +34,25 @@ pub(crate) fn verbs_status(what: &str, err: VerbsError) -> Status {
 }
 
 impl Resources {
-    /// Creates the PD, CQ, QP and both rings on `id`'s device and posts a receive in every
-    /// receive slot, as the peer's initial credits assume.
+    /// Attaches to the completion engine of `id`'s device, creates the QP (on a shared CQ)
+    /// and both rings, and posts a receive in every receive slot, as the peer's initial
+    /// credits assume.
     pub(crate) fn create(id: &CmId, config: &RdmaConfig) -> Result<Resources, Status> {
         let ctx = id
             .context()
             .map_err(|e| verbs_status("no RDMA device for the address", e))?;
-        let pd = ProtectionDomain::new(&ctx).map_err(|e| verbs_status("ibv_alloc_pd", e))?;
-        let channel =
-            CompletionChannel::new(&ctx).map_err(|e| verbs_status("ibv_create_comp_channel", e))?;
-        channel
-            .set_nonblocking(true)
-            .map_err(|e| verbs_status("completion channel", e))?;
         // Sized from the configuration before the QP exists; the inline limit the device
         // grants does not change the queue depths.
         let sizing = config.protocol(config.max_inline);
-        let cq = CompletionQueue::new(&ctx, sizing.cq_depth(), Some(&channel), 0)
-            .map_err(|e| verbs_status("ibv_create_cq", e))?;
+        let attachment = Engine::attach(&ctx, config, sizing.cq_depth())?;
+        let pd = attachment.engine.pd.clone();
+        let cq = attachment.cq.cq.clone();
         let qp = QueuePair::new(
             id,
             &pd,
             QpInitAttr {
                 send_cq: cq.clone(),
-                recv_cq: cq.clone(),
+                recv_cq: cq,
                 caps: QpCapabilities {
                     max_send_wr: sizing.sq_depth(),
                     max_recv_wr: config.slots,
@@ -80,14 +75,13 @@ impl Resources {
             .map_err(|e| verbs_status("registering the send ring", e))?;
         let recv_mr = MemoryRegion::alloc(&pd, recv_len, AccessFlags::LOCAL_WRITE)
             .map_err(|e| verbs_status("registering the receive ring", e))?;
-        let large = LargePool::new(pd.clone(), config.large_budget, config.large_cache);
+        let large = LargePool::new(pd, config.large_budget, config.large_cache);
         let resources = Resources {
             qp,
             send_mr,
             recv_mr,
             large,
-            cq,
-            channel,
+            attachment,
             protocol,
         };
         for slot in protocol.initial_recv_posts() {
@@ -96,6 +90,11 @@ impl Resources {
                 .map_err(|e| verbs_status("posting the initial receives", e))?;
         }
         Ok(resources)
+    }
+
+    /// The `wr_id` of `work` on this connection.
+    pub(crate) fn wr_id(&self, work: WorkId) -> u64 {
+        work.to_wr_id(self.attachment.tag)
     }
 
     /// Posts a receive into `slot`.
@@ -108,7 +107,7 @@ impl Resources {
             self.recv_mr.lkey(),
         )];
         let request = RecvRequest {
-            wr_id: WorkId::Recv(slot).to_wr_id(CONN_TAG),
+            wr_id: self.wr_id(WorkId::Recv(slot)),
             sges: &sge,
         };
         // SAFETY: the SGE lies inside `recv_mr`, which lives as long as the QP (it is

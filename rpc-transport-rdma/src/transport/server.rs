@@ -15,7 +15,6 @@ use crate::transport::client::resolve;
 use crate::transport::config::RdmaConfig;
 use crate::transport::conn::{Conn, FrameSink};
 use crate::transport::events::wait_readable;
-use crate::transport::poller;
 use crate::transport::resources::{verbs_status, Resources};
 use crate::verbs::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel};
 
@@ -203,10 +202,7 @@ fn accept(id: CmId, private_data: &[u8], peer: String, shared: &Shared) -> Resul
             ..ConnParam::default()
         })
         .map_err(|e| verbs_status("rdma_accept", e))
-        .and_then(|()| {
-            poller::spawn(conn.clone(), config.poll_mode, None)
-                .map_err(|e| Status::internal(format!("cannot start a poller thread: {e}")))
-        });
+        .and_then(|()| conn.start(false));
     if let Err(status) = started {
         // Breaks the connection <-> dispatch cycle and releases the verbs resources.
         conn.close(status.clone());

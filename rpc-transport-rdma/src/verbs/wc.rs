@@ -11,6 +11,14 @@ use super::error::{VerbsError, WcError};
 #[repr(transparent)]
 pub struct WorkCompletion(ibv_wc);
 
+impl Clone for WorkCompletion {
+    fn clone(&self) -> Self {
+        // SAFETY: `ibv_wc` is plain old data (integers and an integer union), so a bitwise
+        // copy is a valid, independent value.
+        WorkCompletion(unsafe { std::ptr::read(&self.0) })
+    }
+}
+
 impl Default for WorkCompletion {
     fn default() -> Self {
         // SAFETY: `ibv_wc` is plain old data (integers and an integer union); all-zero is valid.

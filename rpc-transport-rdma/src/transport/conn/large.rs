@@ -9,10 +9,9 @@ use bytes::Bytes;
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::{Code, Flags, FrameKind, Header, Status};
 
-use super::{Conn, Engine};
+use super::{Conn, State};
 use crate::protocol::{Action, LocalBuffer, Received, WorkId};
 use crate::transport::large_pool::LargeBuffer;
-use crate::transport::resources::CONN_TAG;
 use crate::verbs::{
     AccessFlags, MemoryWindow, RemoteAddr, SendFlags, SendOp, SendRequest, Sge, VerbsError,
 };
@@ -30,7 +29,7 @@ struct Granted {
     buffer: LargeBuffer,
 }
 
-/// Large-body resources of one connection, kept under the engine lock.
+/// Large-body resources of one connection, kept under the state lock.
 #[derive(Debug, Default)]
 pub(super) struct LargeState {
     /// Source buffers of outgoing transfers, until their WRITEs completed.
@@ -64,7 +63,7 @@ impl LargeState {
 
 /// Something to hand to the upper layer.
 #[derive(Debug)]
-pub(super) enum Arrival {
+pub(crate) enum Arrival {
     /// A frame in a receive slot.
     Slot(Received),
     /// A body placed by RDMA WRITE, announced by the header.
@@ -93,15 +92,15 @@ impl Conn {
             lkey: buffer.lkey(),
         };
         let started = {
-            let mut engine = self.engine.lock();
-            let started = engine.proto.start_large(&header, local);
+            let mut state = self.state.lock();
+            let started = state.proto.start_large(&header, local);
             if let Ok(transfer) = started {
-                engine.large.sources.insert(transfer, buffer);
+                state.large.sources.insert(transfer, buffer);
             }
-            self.run_actions(&mut engine);
+            self.run_actions(&mut state);
             started
         };
-        self.after_engine();
+        self.after_state();
         started.map(|_| ()).map_err(|e| self.send_error(e, total))
     }
 
@@ -125,48 +124,48 @@ impl Conn {
         };
         let rkey = window.next_rkey();
         let header = frame.header_mut();
-        let mut engine = self.engine.lock();
+        let mut state = self.state.lock();
         let advertised =
-            engine
+            state
                 .proto
                 .advertise(header.call_id, buffer.addr(), rkey, buffer.len() as u64);
         let Some(descriptor) = advertised else {
-            drop(engine);
+            drop(state);
             self.res.large.put_window(window);
             return false;
         };
-        engine
+        state
             .large
             .grants
             .insert(descriptor.generation, Granted { window, buffer });
         header.flags = header.flags.with(Flags::RESPONSE_BUFFER);
         header.remote = descriptor;
-        self.run_actions(&mut engine);
-        drop(engine);
-        self.after_engine();
+        self.run_actions(&mut state);
+        drop(state);
+        self.after_state();
         true
     }
 
     /// The request that advertised a response buffer for `call_id` was not sent.
     pub(crate) fn withdraw_response_buffer(&self, call_id: u64) {
-        let mut engine = self.engine.lock();
-        engine.proto.withdraw_advertisement(call_id);
-        self.run_actions(&mut engine);
-        drop(engine);
-        self.after_engine();
+        let mut state = self.state.lock();
+        state.proto.withdraw_advertisement(call_id);
+        self.run_actions(&mut state);
+        drop(state);
+        self.after_state();
     }
 
-    /// Executes an action of the large-body path. Engine lock held.
+    /// Executes an action of the large-body path. State lock held.
     pub(super) fn run_large_action(
         &self,
-        engine: &mut Engine,
+        state: &mut State,
         action: Action,
     ) -> Result<(), VerbsError> {
         match action {
             Action::PostWrite(w) => {
                 let sge = [Sge::new(w.local_addr, w.len, w.lkey)];
                 let request = SendRequest {
-                    wr_id: WorkId::Write(w.transfer).to_wr_id(CONN_TAG),
+                    wr_id: self.res.wr_id(WorkId::Write(w.transfer)),
                     sges: &sge,
                     op: SendOp::RdmaWrite(RemoteAddr {
                         addr: w.remote_addr,
@@ -174,14 +173,14 @@ impl Conn {
                     }),
                     flags: SendFlags::SIGNALED,
                 };
-                debug_assert!(engine.large.sources.contains_key(&w.transfer));
+                debug_assert!(state.large.sources.contains_key(&w.transfer));
                 // SAFETY: the source range lies in the transfer's leased buffer, which stays
                 // in `sources` (registered, unwritten) until the protocol's TransferDone,
                 // which comes only after this WRITE's completion.
                 unsafe { self.res.qp.post_send(&request) }
             }
             Action::TransferDone { transfer } => {
-                engine.large.sources.remove(&transfer);
+                state.large.sources.remove(&transfer);
                 Ok(())
             }
             Action::TransferFailed {
@@ -192,7 +191,7 @@ impl Conn {
                 len,
                 limit,
             } => {
-                engine.large.sources.remove(&transfer);
+                state.large.sources.remove(&transfer);
                 let what = if kind == FrameKind::Request {
                     "request"
                 } else {
@@ -209,18 +208,18 @@ impl Conn {
                         self.peer
                     ),
                 );
-                engine.large.failed.push((call_id, kind, status));
+                state.large.failed.push((call_id, kind, status));
                 Ok(())
             }
             Action::GrantNeeded { call_id, len } => {
-                self.lend_buffer(engine, call_id, len);
+                self.lend_buffer(state, call_id, len);
                 Ok(())
             }
             Action::BindWindow { grant } => {
-                let Some(g) = engine.large.grants.get_mut(&grant) else {
+                let Some(g) = state.large.grants.get_mut(&grant) else {
                     return Ok(());
                 };
-                let wr_id = WorkId::Bind(grant).to_wr_id(CONN_TAG);
+                let wr_id = self.res.wr_id(WorkId::Bind(grant));
                 // SAFETY: the buffer stays in `grants` until the window's invalidation has
                 // completed (DeliverLarge/ReleaseGrant come after it) or the connection is
                 // torn down (`Conn`'s Drop deallocates every window before the buffers go);
@@ -239,20 +238,20 @@ impl Conn {
                 .map(|_| ())
             }
             Action::Invalidate { grant, rkey } => {
-                let wr_id = WorkId::Invalidate(grant).to_wr_id(CONN_TAG);
+                let wr_id = self.res.wr_id(WorkId::Invalidate(grant));
                 self.res
                     .qp
                     .post_local_invalidate(wr_id, rkey, SendFlags::SIGNALED)
             }
             Action::DeliverLarge { grant, header } => {
-                if let Some(g) = engine.large.grants.remove(&grant) {
+                if let Some(g) = state.large.grants.remove(&grant) {
                     self.res.large.put_window(g.window);
-                    engine.large.arrived.push((header, g.buffer));
+                    state.large.arrived.push((header, g.buffer));
                 }
                 Ok(())
             }
             Action::ReleaseGrant { grant } => {
-                if let Some(g) = engine.large.grants.remove(&grant) {
+                if let Some(g) = state.large.grants.remove(&grant) {
                     self.res.large.put_window(g.window);
                 }
                 Ok(())
@@ -267,7 +266,7 @@ impl Conn {
     }
 
     /// Answers the peer's buffer request: lease, window, grant; or refuse.
-    fn lend_buffer(&self, engine: &mut Engine, call_id: u64, len: u64) {
+    fn lend_buffer(&self, state: &mut State, call_id: u64, len: u64) {
         let leased = usize::try_from(len)
             .map_err(|_| format!("{len} bytes do not fit this machine's address space"))
             .and_then(|len| self.res.large.lease(len).map_err(|e| e.to_string()))
@@ -279,22 +278,19 @@ impl Conn {
             Ok(leased) => leased,
             Err(reason) => {
                 tracing::warn!(peer = %self.peer, call_id, len, %reason, "refusing a large body");
-                engine
+                state
                     .proto
                     .refuse(call_id, Code::ResourceExhausted, self.res.large.budget());
                 return;
             }
         };
         let rkey = window.next_rkey();
-        match engine
+        match state
             .proto
             .grant(call_id, buffer.addr(), rkey, buffer.len() as u64)
         {
             Some(grant) => {
-                engine
-                    .large
-                    .grants
-                    .insert(grant, Granted { window, buffer });
+                state.large.grants.insert(grant, Granted { window, buffer });
             }
             None => self.res.large.put_window(window),
         }

@@ -1,6 +1,6 @@
 //! One RDMA connection: verbs resources driven by the sans-IO protocol.
 //!
-//! Threads meet here: callers send (under the engine lock: reserve a slot, encode the frame
+//! Threads meet here: callers send (under the state lock: reserve a slot, encode the frame
 //! straight into it, commit, post), and whoever polls the completion queue (the poller
 //! thread, or a blocking caller doing run-to-completion) feeds completions to the protocol
 //! and hands received frames to the upper layer *after* dropping the locks, so a handler run
@@ -9,32 +9,33 @@
 //! This file holds the connection, its send path and teardown; `recv.rs` the completion
 //! side (polling, delivery, receive-slot release, run-to-completion spinning).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::{FrameKind, Status};
+use smallvec::SmallVec;
 
 use crate::protocol::{self, Action, SendError};
-use crate::transport::kick::Kick;
+use crate::transport::engine::Engine;
 use crate::transport::resources::Resources;
-use crate::verbs::{CmId, SendFlags, SendOp, SendRequest, Sge, WorkCompletion};
+use crate::verbs::{CmEventKind, CmId, SendFlags, SendOp, SendRequest, Sge};
 
 mod large;
 mod recv;
 
-use large::{Arrival, LargeState};
+pub(crate) use large::Arrival;
+use large::LargeState;
 
-/// Completions taken from the CQ per poll.
-const POLL_BATCH: usize = 32;
+/// Frames taken from one poll of the completion queue.
+pub(crate) type Batch = SmallVec<[Arrival; 4]>;
+
 /// Receive slots whose release may wait for a better moment (see `recv.rs`); one more and
 /// they are released at once, so the credits held back stay few.
 const RELEASE_BATCH: usize = 8;
-/// Empty polls between two looks at the clock while spinning.
-pub(crate) const CLOCK_EVERY: u32 = 1024;
 
 thread_local! {
     /// This thread is inside the upper layer's code for some connection (delivering frames,
@@ -46,17 +47,6 @@ thread_local! {
     /// The connection (its address) whose CQ this thread last polled as a blocking caller:
     /// it comes back to send or poll. 0 for none.
     static DRIVER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// What one look at the completion queue found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Polled {
-    /// Completions were processed.
-    Some,
-    /// The queue was empty.
-    Empty,
-    /// Another thread is polling it right now.
-    Busy,
 }
 
 /// Where a connection's received frames and failures go.
@@ -72,7 +62,7 @@ pub(crate) trait FrameSink: Send + Sync {
     fn closed(&self, status: Status);
 }
 
-struct Engine {
+struct State {
     proto: protocol::Connection,
     /// Calls whose queued frames the protocol dropped, reported outside the lock.
     dropped: Vec<(u64, FrameKind)>,
@@ -88,8 +78,9 @@ pub(crate) struct Conn {
     // Field order matters for teardown: the verbs objects go before the cm_id they belong to.
     res: Resources,
     id: CmId,
-    engine: Mutex<Engine>,
-    completions: Mutex<Vec<WorkCompletion>>,
+    state: Mutex<State>,
+    /// This connection, for the engine's lists of work.
+    me: Weak<Conn>,
     /// Bumped on every `Writable`; senders waiting for slots watch it.
     writable_epoch: AtomicU64,
     writable_lock: Mutex<()>,
@@ -97,21 +88,12 @@ pub(crate) struct Conn {
     write_wakers: Mutex<Vec<Waker>>,
     /// `write_wakers` is not empty.
     has_wakers: AtomicBool,
-    /// The protocol dropped frames or closed: `after_engine` has work to do.
+    /// The protocol dropped frames or closed: `after_state` has work to do.
     attention: AtomicBool,
     closed: AtomicBool,
     sink: Mutex<Option<Arc<dyn FrameSink>>>,
-    /// Blocking callers currently polling the CQ themselves.
-    self_polling: AtomicUsize,
-    /// Bumped each time a blocking caller's own polling received something.
-    self_poll_epoch: AtomicU64,
-    /// Batches of completions processed, by anyone.
-    completions_seen: AtomicU64,
-    /// Wakes the poller out of its caller-driven (unarmed) sleep.
-    pub(crate) kick: Kick,
-    /// The poller sleeps without arming the CQ because callers drive it.
-    pub(crate) poller_unarmed: AtomicBool,
-    /// The protocol closed; the poller must run `close` (see `after_engine`).
+    /// The protocol closed, and the thread that saw it could not call back into the upper
+    /// layer: the engine's poller runs the close (see `after_state`).
     close_pending: AtomicBool,
     /// Frames received by a thread that was already delivering (a handler that polled while
     /// waiting for send credits); its outermost delivery loop hands them over, in order.
@@ -129,7 +111,7 @@ pub(crate) struct Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        self.engine.get_mut().large.revoke_all();
+        self.state.get_mut().large.revoke_all();
     }
 }
 
@@ -148,16 +130,16 @@ impl Conn {
             Status::unavailable(format!("cannot agree on ring geometry with {peer}: {e}"))
         })?;
         let max_send_frame = geometry.max_send_frame as usize;
-        Ok(Arc::new(Conn {
+        Ok(Arc::new_cyclic(|me| Conn {
             max_send_frame,
             res,
             id,
-            engine: Mutex::new(Engine {
+            state: Mutex::new(State {
                 proto: protocol::Connection::new(geometry),
                 dropped: Vec::new(),
                 large: LargeState::default(),
             }),
-            completions: Mutex::new(WorkCompletion::array(POLL_BATCH)),
+            me: me.clone(),
             writable_epoch: AtomicU64::new(0),
             writable_lock: Mutex::new(()),
             writable: Condvar::new(),
@@ -166,11 +148,6 @@ impl Conn {
             attention: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             sink: Mutex::new(None),
-            self_polling: AtomicUsize::new(0),
-            self_poll_epoch: AtomicU64::new(0),
-            completions_seen: AtomicU64::new(0),
-            kick: Kick::new()?,
-            poller_unarmed: AtomicBool::new(false),
             close_pending: AtomicBool::new(false),
             deferred: Mutex::new(Vec::new()),
             released: Mutex::new(Vec::with_capacity(RELEASE_BATCH)),
@@ -180,16 +157,24 @@ impl Conn {
         }))
     }
 
+    /// Starts processing the connection's completions: registers it with the engine
+    /// (handing it what arrived already) and, with `watch_cm` (clients, which own their
+    /// rdma_cm channel; a server's listener watches its connections), lets the engine's
+    /// poller watch its rdma_cm channel. Call once the sink is set.
+    pub(crate) fn start(self: &Arc<Self>, watch_cm: bool) -> Result<(), Status> {
+        Engine::register(&self.res.attachment, self);
+        if let Some(channel) = self.id.channel().filter(|_| watch_cm) {
+            self.res.attachment.watch_cm(channel.fd())?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn set_sink(&self, sink: Arc<dyn FrameSink>) {
         *self.sink.lock() = Some(sink);
     }
 
     pub(crate) fn peer(&self) -> &str {
         &self.peer
-    }
-
-    pub(crate) fn resources(&self) -> &Resources {
-        &self.res
     }
 
     pub(crate) fn id(&self) -> &CmId {
@@ -202,7 +187,7 @@ impl Conn {
 
     /// Every committed frame has been posted (nothing waits for credits).
     pub(crate) fn sends_drained(&self) -> bool {
-        self.engine.lock().proto.stats().send_unposted == 0
+        self.state.lock().proto.stats().send_unposted == 0
     }
 
     /// Largest frame this connection can send in one slot.
@@ -221,10 +206,10 @@ impl Conn {
         loop {
             let epoch = self.writable_epoch.load(Ordering::Acquire);
             {
-                let mut engine = self.engine.lock();
-                match engine.proto.reserve_send(len) {
+                let mut state = self.state.lock();
+                match state.proto.reserve_send(len) {
                     Ok(reservation) => {
-                        // SAFETY: the engine lock is held and the slot was just reserved, so no
+                        // SAFETY: the state lock is held and the slot was just reserved, so no
                         // posted work request reads it.
                         let slot = unsafe { self.res.send_buffer(reservation.target()) };
                         let written =
@@ -233,18 +218,18 @@ impl Conn {
                             }));
                         if let Err(panic) = written {
                             // A reservation left behind would block every later send.
-                            engine.proto.abort_send(reservation);
-                            drop(engine);
+                            state.proto.abort_send(reservation);
+                            drop(state);
                             std::panic::resume_unwind(panic);
                         }
-                        let committed = engine.proto.commit_send(reservation, frame.header());
-                        self.run_actions(&mut engine);
+                        let committed = state.proto.commit_send(reservation, frame.header());
+                        self.run_actions(&mut state);
                         // The frame is on its way: a good moment for slot releases that
                         // waited, under the lock already held. Their credits ride on the
                         // next frame.
-                        self.release_deferred(&mut engine);
-                        drop(engine);
-                        self.after_engine();
+                        self.release_deferred(&mut state);
+                        drop(state);
+                        self.after_state();
                         return committed.map_err(|e| self.send_error(e, len));
                     }
                     Err(SendError::WouldBlock) => {}
@@ -274,7 +259,7 @@ impl Conn {
 
     /// Counters and gauges of the protocol state.
     pub(crate) fn stats(&self) -> crate::protocol::Stats {
-        self.engine.lock().proto.stats()
+        self.state.lock().proto.stats()
     }
 
     fn send_error(&self, err: SendError, len: usize) -> Status {
@@ -299,31 +284,29 @@ impl Conn {
         if self.is_closed() {
             return Poll::Ready(Err(self.closed_status()));
         }
-        let stats = self.engine.lock().proto.stats();
+        let stats = self.state.lock().proto.stats();
         // An async task will wait for a response: the poller must be watching the CQ.
-        if self.poller_unarmed.load(Ordering::Acquire) {
-            self.kick.kick();
-        }
+        self.res.attachment.engine.wake_if_unarmed();
         if stats.send_free > 0 {
             return Poll::Ready(Ok(()));
         }
         self.write_wakers.lock().push(cx.waker().clone());
         self.has_wakers.store(true, Ordering::Release);
         // Re-check: `Writable` may have fired between the look and the registration.
-        if self.engine.lock().proto.stats().send_free > 0 {
+        if self.state.lock().proto.stats().send_free > 0 {
             return Poll::Ready(Ok(()));
         }
         Poll::Pending
     }
 
-    /// Executes the protocol's actions in order. Called with the engine lock held: posts are
+    /// Executes the protocol's actions in order. Called with the state lock held: posts are
     /// cheap (no blocking), and their order is part of the no-RNR guarantee.
-    fn run_actions(&self, engine: &mut Engine) {
-        while let Some(action) = engine.proto.poll_action() {
+    fn run_actions(&self, state: &mut State) {
+        while let Some(action) = state.proto.poll_action() {
             let posted = match action {
                 Action::PostRecv { slot } => self.res.post_recv(slot),
                 Action::PostSend(work) => {
-                    // SAFETY: engine lock held; the protocol posts each buffer once until its
+                    // SAFETY: state lock held; the protocol posts each buffer once until its
                     // completion reclaims it, and this is that post.
                     let buf = unsafe { self.res.send_buffer(work.target) };
                     work.prepare(buf);
@@ -337,9 +320,7 @@ impl Conn {
                         flags |= SendFlags::INLINE;
                     }
                     let request = SendRequest {
-                        wr_id: work
-                            .work_id()
-                            .to_wr_id(crate::transport::resources::CONN_TAG),
+                        wr_id: self.res.wr_id(work.work_id()),
                         sges: &sge,
                         op: SendOp::Send,
                         flags,
@@ -354,22 +335,22 @@ impl Conn {
                     Ok(())
                 }
                 Action::SendDropped { call_id, kind, .. } => {
-                    engine.dropped.push((call_id, kind));
+                    state.dropped.push((call_id, kind));
                     Ok(())
                 }
-                other => self.run_large_action(engine, other),
+                other => self.run_large_action(state, other),
             };
             if let Err(e) = posted {
                 tracing::warn!(peer = %self.peer, %e, "posting a work request failed");
-                engine.proto.close();
+                state.proto.close();
             }
         }
-        if !engine.dropped.is_empty() || engine.large.has_failures() || engine.proto.is_closed() {
+        if !state.dropped.is_empty() || state.large.has_failures() || state.proto.is_closed() {
             self.attention.store(true, Ordering::Release);
         }
     }
 
-    /// Work that must happen without the engine lock: waking async senders, reporting
+    /// Work that must happen without the state lock: waking async senders, reporting
     /// dropped frames, tearing down a connection the protocol closed.
     fn wake_writers(&self) {
         self.writable_epoch.fetch_add(1, Ordering::AcqRel);
@@ -378,7 +359,7 @@ impl Conn {
         self.writable.notify_all();
     }
 
-    fn after_engine(&self) {
+    fn after_state(&self) {
         // Plain loads first: these run on every send, completion batch and slot release,
         // and the flags are nearly always clear; a swap would be a locked instruction each.
         if self.has_wakers.load(Ordering::Acquire) && self.has_wakers.swap(false, Ordering::AcqRel)
@@ -394,7 +375,9 @@ impl Conn {
             // Called while the upper layer may hold its own locks (a receive buffer dropped
             // inside the call table, say): no callbacks from here; the poller closes.
             self.close_pending.store(true, Ordering::Release);
-            self.kick.kick();
+            let engine = &self.res.attachment.engine;
+            engine.call_attention(&self.me);
+            engine.wake_poller();
             return;
         }
         self.report_dropped_and_close();
@@ -404,10 +387,10 @@ impl Conn {
     /// Calls back into the upper layer: never from under its locks.
     pub(crate) fn report_dropped_and_close(&self) {
         let (dropped, failed, reason) = {
-            let mut engine = self.engine.lock();
-            let reason = engine.proto.close_reason().map(|r| format!("{r:?}"));
-            let failed = engine.large.take_failures();
-            (std::mem::take(&mut engine.dropped), failed, reason)
+            let mut state = self.state.lock();
+            let reason = state.proto.close_reason().map(|r| format!("{r:?}"));
+            let failed = state.large.take_failures();
+            (std::mem::take(&mut state.dropped), failed, reason)
         };
         if !dropped.is_empty() || !failed.is_empty() {
             if let Some(sink) = self.sink() {
@@ -441,9 +424,9 @@ impl Conn {
             return;
         }
         {
-            let mut engine = self.engine.lock();
-            engine.proto.close();
-            self.run_actions(&mut engine);
+            let mut state = self.state.lock();
+            state.proto.close();
+            self.run_actions(&mut state);
         }
         // Tell the peer; fails harmlessly if the peer disconnected first.
         let _ = self.id.disconnect();
@@ -451,7 +434,7 @@ impl Conn {
         let wakers = std::mem::take(&mut *self.write_wakers.lock());
         wakers.into_iter().for_each(Waker::wake);
         let sink = self.sink.lock().take();
-        let dropped = std::mem::take(&mut self.engine.lock().dropped);
+        let dropped = std::mem::take(&mut self.state.lock().dropped);
         if let Some(sink) = sink {
             for (call_id, kind) in dropped {
                 sink.dropped(call_id, kind);
@@ -460,12 +443,35 @@ impl Conn {
         }
     }
 
-    /// Whether a thread that must not call back into the upper layer left the reporting of
-    /// dropped frames or a protocol close to the poller (which then calls
-    /// [`Conn::report_dropped_and_close`]). Clears the flag.
-    pub(crate) fn take_deferred_report(&self) -> bool {
-        // Checked on every turn of a spinning poller: a plain load first, not a locked swap.
-        self.close_pending.load(Ordering::Acquire)
+    /// The engine's poller does what was left to it: a close a thread inside the upper
+    /// layer could not run, slot releases that waited for a quiet moment.
+    pub(crate) fn attend(&self) {
+        if self.close_pending.load(Ordering::Acquire)
             && self.close_pending.swap(false, Ordering::AcqRel)
+        {
+            self.report_dropped_and_close();
+        }
+        if self.has_released.load(Ordering::Acquire) {
+            self.release_deferred_now();
+        }
+    }
+
+    /// Reads the connection's rdma_cm events (clients): a disconnect closes it.
+    pub(crate) fn check_cm(&self) {
+        let Some(cm) = self.id.channel() else { return };
+        while let Ok(Some(event)) = cm.try_get_event() {
+            match event.kind() {
+                CmEventKind::Disconnected
+                | CmEventKind::DeviceRemoval
+                | CmEventKind::TimewaitExit => {
+                    self.close(Status::unavailable(format!(
+                        "{} disconnected ({})",
+                        self.peer,
+                        event.kind()
+                    )));
+                }
+                kind => tracing::debug!(%kind, "rdma_cm event on a connected id"),
+            }
+        }
     }
 }

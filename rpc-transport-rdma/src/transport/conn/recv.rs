@@ -2,114 +2,96 @@
 //! received frames to the upper layer as zero-copy buffers, and the run-to-completion
 //! spinning of blocking callers.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use rpc_core::frame::InboundFrame;
 use smallvec::SmallVec;
 
 use super::large::{placed_frame, Arrival};
-use super::{
-    Conn, Engine, FrameSink, Polled, CLOCK_EVERY, DELIVERING, DRIVER, RELEASE_BATCH,
-    UPPER_LAYER_LOCKED,
-};
+use super::{Batch, Conn, FrameSink, State, DELIVERING, DRIVER, RELEASE_BATCH, UPPER_LAYER_LOCKED};
 use crate::protocol::{Received, SendTarget, WorkId};
-use crate::transport::resources::verbs_status;
+use crate::transport::engine::Polled;
 use crate::verbs::WorkCompletion;
 
-/// Frames taken from one poll of the completion queue.
-type Batch = SmallVec<[Arrival; 4]>;
-
 impl Conn {
-    /// Polls the completion queue once (if no other thread is) and delivers what arrived.
-    /// Returns whether anything completed.
-    pub(crate) fn progress(self: &Arc<Self>) -> bool {
-        self.poll_once() == Polled::Some
+    /// Polls this connection's completion queue once (shared with other connections, whose
+    /// completions go to them) if no other thread is. Returns whether anything completed.
+    pub(crate) fn progress(&self) -> bool {
+        let attachment = &self.res.attachment;
+        attachment.engine.poll(&attachment.cq) == Polled::Some
     }
 
-    /// Polls the completion queue once and delivers what arrived, telling an empty queue
-    /// apart from one another thread is polling.
-    pub(crate) fn poll_once(self: &Arc<Self>) -> Polled {
-        let Some(mut completions) = self.completions.try_lock() else {
-            return Polled::Busy;
-        };
-        let polled = match self.res.cq.poll(&mut completions) {
-            Ok(polled) => polled,
-            Err(e) => {
-                drop(completions);
-                self.close(verbs_status("ibv_poll_cq", e));
-                return Polled::Empty;
-            }
-        };
-        if polled.is_empty() {
-            drop(completions);
-            // Nothing arrived: idle time, in which slot releases that waited cost no one.
-            if self.has_released.load(Ordering::Acquire) {
-                self.release_deferred_now();
-            }
-            return Polled::Empty;
-        }
-        self.completions_seen.fetch_add(1, Ordering::AcqRel);
+    /// Processes a run of this connection's completions, in CQ order: feeds them to the
+    /// protocol and executes its actions. Returns the frames to hand up (after the caller
+    /// dropped the CQ's poll lock, with [`Conn::hand_up`]).
+    pub(crate) fn process(&self, completions: &[WorkCompletion]) -> Batch {
         // Most batches hold a frame or two: no allocation for them.
         let mut received: Batch = SmallVec::new();
-        {
-            let mut engine = self.engine.lock();
-            for wc in polled.iter() {
-                self.on_completion(&mut engine, wc, &mut received);
-            }
-            self.run_actions(&mut engine);
-            received.extend(
-                engine
-                    .large
-                    .take_arrived()
-                    .into_iter()
-                    .map(|(header, buffer)| Arrival::Placed(header, buffer)),
-            );
+        if completions.is_empty() {
+            return received;
         }
-        drop(completions);
-        self.after_engine();
-        if !received.is_empty() {
-            if DELIVERING.get() == self.address() {
-                // A handler on this thread is waiting for send credits: hand these frames
-                // to the delivery loop it runs in rather than nesting handlers.
-                self.deferred.lock().extend(received.drain(..));
-            } else {
-                self.deliver(&mut received);
-            }
+        let mut state = self.state.lock();
+        for wc in completions {
+            self.on_completion(&mut state, wc, &mut received);
         }
-        Polled::Some
+        self.run_actions(&mut state);
+        received.extend(
+            state
+                .large
+                .take_arrived()
+                .into_iter()
+                .map(|(header, buffer)| Arrival::Placed(header, buffer)),
+        );
+        received
     }
 
-    fn on_completion(&self, engine: &mut Engine, wc: &WorkCompletion, received: &mut Batch) {
+    /// Hands frames [`Conn::process`] produced to the upper layer, and does what the
+    /// protocol left for outside its lock.
+    pub(crate) fn hand_up(self: &Arc<Self>, received: &mut Batch) {
+        self.after_state();
+        if received.is_empty() {
+            return;
+        }
+        if DELIVERING.get() == self.address() {
+            // A handler on this thread is waiting for send credits: hand these frames to
+            // the delivery loop it runs in rather than nesting handlers.
+            self.deferred.lock().extend(received.drain(..));
+        } else {
+            self.deliver(received);
+        }
+    }
+
+    fn on_completion(&self, state: &mut State, wc: &WorkCompletion, received: &mut Batch) {
         let Some((_, work)) = WorkId::from_wr_id(wc.wr_id()) else {
             tracing::error!(wr_id = wc.wr_id(), "completion for an unknown work request");
-            engine.proto.close();
+            state.proto.close();
             return;
         };
         if let Err(err) = wc.status() {
             if !err.is_flush() {
                 tracing::warn!(peer = %self.peer, ?work, %err, "work request failed");
             }
-            engine.proto.on_completion_error(work);
+            state.proto.on_completion_error(work);
             return;
         }
         let outcome = match work {
-            WorkId::Send(slot) => engine.proto.on_send_complete(SendTarget::Ring(slot)),
-            WorkId::Control => engine.proto.on_send_complete(SendTarget::Control),
+            WorkId::Send(slot) => state.proto.on_send_complete(SendTarget::Ring(slot)),
+            WorkId::Control => state.proto.on_send_complete(SendTarget::Control),
             WorkId::Recv(slot) => {
                 // SAFETY: the receive into `slot` just completed; the slot is not posted again
                 // until the protocol's `PostRecv` for it, which comes after `release_recv`.
                 let bytes = unsafe { self.res.recv_slot(slot) };
-                engine
+                state
                     .proto
                     .on_recv_complete(slot, wc.byte_len(), bytes)
                     .map(|frame| received.extend(frame.map(Arrival::Slot)))
             }
-            WorkId::Write(transfer) => engine.proto.on_write_complete(transfer),
-            WorkId::Bind(grant) => engine.proto.on_bind_complete(grant),
-            WorkId::Invalidate(grant) => engine.proto.on_invalidated(grant),
+            WorkId::Write(transfer) => state.proto.on_write_complete(transfer),
+            WorkId::Bind(grant) => state.proto.on_bind_complete(grant),
+            WorkId::Invalidate(grant) => state.proto.on_invalidated(grant),
         };
         if let Err(violation) = outcome {
             tracing::warn!(peer = %self.peer, %violation, "peer violated the protocol");
@@ -184,7 +166,7 @@ impl Conn {
 
     /// The upper layer dropped the last view of a received frame.
     ///
-    /// Re-posting its slot (engine lock, protocol, RECV) costs microseconds under emulation.
+    /// Re-posting its slot (state lock, protocol, RECV) costs microseconds under emulation.
     /// A thread that drives this connection's CQ (a poller delivering frames, a blocking
     /// caller decoding its response) leaves it for a moment off the critical path: its
     /// next send once the frame is posted, or its next poll that finds the CQ empty. The
@@ -198,15 +180,15 @@ impl Conn {
         if DELIVERING.get() != address && DRIVER.get() != address {
             let outer = UPPER_LAYER_LOCKED.replace(true);
             {
-                let mut engine = self.engine.lock();
-                if let Err(violation) = engine.proto.release_recv(slot) {
+                let mut state = self.state.lock();
+                if let Err(violation) = state.proto.release_recv(slot) {
                     tracing::error!(%violation, "releasing a receive slot");
                 }
-                self.run_actions(&mut engine);
+                self.run_actions(&mut state);
             }
             // Buffers are dropped wherever the upper layer drops them, possibly under its
             // locks: no callbacks from here.
-            self.after_engine();
+            self.after_state();
             UPPER_LAYER_LOCKED.set(outer);
             return;
         }
@@ -215,7 +197,10 @@ impl Conn {
             released.push(slot);
             released.len() >= RELEASE_BATCH
         };
-        self.has_released.store(true, Ordering::Release);
+        if !self.has_released.swap(true, Ordering::AcqRel) {
+            // The next empty poll of the engine releases them, if nothing else did before.
+            self.res.attachment.engine.call_attention(&self.me);
+        }
         if due {
             // Buffers are dropped wherever the upper layer drops them, possibly under its
             // locks: no callbacks from here.
@@ -226,17 +211,17 @@ impl Conn {
     }
 
     /// Re-posts the slots whose release waited.
-    fn release_deferred_now(&self) {
+    pub(super) fn release_deferred_now(&self) {
         {
-            let mut engine = self.engine.lock();
-            self.release_deferred(&mut engine);
+            let mut state = self.state.lock();
+            self.release_deferred(&mut state);
         }
-        self.after_engine();
+        self.after_state();
     }
 
-    /// Re-posts the slots whose release waited, under the engine lock (taken before the
+    /// Re-posts the slots whose release waited, under the state lock (taken before the
     /// list's, never the other way round).
-    pub(super) fn release_deferred(&self, engine: &mut Engine) {
+    pub(super) fn release_deferred(&self, state: &mut State) {
         if !(self.has_released.load(Ordering::Acquire)
             && self.has_released.swap(false, Ordering::AcqRel))
         {
@@ -244,77 +229,23 @@ impl Conn {
         }
         let slots: SmallVec<[u32; RELEASE_BATCH]> = self.released.lock().drain(..).collect();
         for slot in slots {
-            if let Err(violation) = engine.proto.release_recv(slot) {
+            if let Err(violation) = state.proto.release_recv(slot) {
                 tracing::error!(%violation, "releasing a receive slot");
             }
         }
-        self.run_actions(engine);
+        self.run_actions(state);
     }
 
     /// Spins on the CQ for up to `budget` (`None`: until something arrives) on the caller's
-    /// thread: the run-to-completion path of blocking calls. True once anything was
-    /// received, by this thread or another. Reads no clock unless the wait is long.
-    pub(crate) fn spin_progress(self: &Arc<Self>, budget: Option<Duration>) -> bool {
-        /// Keeps the count right even if a handler panics inside `progress`.
-        struct Polling<'a>(&'a AtomicUsize);
-        impl Drop for Polling<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        self.self_polling.fetch_add(1, Ordering::AcqRel);
-        let polling = Polling(&self.self_polling);
-        DRIVER.set(self.address());
-        let seen = self.completions_seen.load(Ordering::Acquire);
-        let mut started: Option<Instant> = None;
-        let mut spins: u32 = 0;
-        let progressed = loop {
-            if self.progress() || self.completions_seen.load(Ordering::Acquire) != seen {
-                break true;
-            }
-            spins = spins.wrapping_add(1);
-            // Clock reads are not free everywhere (an emulated HPET costs microseconds):
-            // look at the time only now and then, and only once the wait is not short.
-            if spins.is_multiple_of(CLOCK_EVERY) {
-                if self.is_closed() {
-                    break false;
-                }
-                if let Some(budget) = budget {
-                    if started.get_or_insert_with(Instant::now).elapsed() >= budget {
-                        break false;
-                    }
-                }
-            }
-            std::hint::spin_loop();
-        };
-        if progressed {
-            self.self_poll_epoch.fetch_add(1, Ordering::AcqRel);
-        }
-        drop(polling);
-        if !progressed {
-            // The caller is about to park: the poller must take over the CQ.
-            self.kick.kick();
-        }
-        progressed
-    }
-
-    /// Whether blocking callers drive the CQ: one is polling now, or one received something
-    /// since the poller's last look (`last_seen`, updated here).
+    /// thread: the run-to-completion path of blocking calls (see [`Engine::spin`]).
     ///
-    /// After a kick ([`Conn::callers_handed_over`]) only a caller polling again counts: the
-    /// caller that kicked is parked, and its earlier activity must not send the poller back
-    /// to sleep while nobody watches the CQ.
-    pub(crate) fn callers_drive(&self, last_seen: &mut u64) -> bool {
-        let epoch = self.self_poll_epoch.load(Ordering::Acquire);
-        let recent = epoch != *last_seen;
-        *last_seen = epoch;
-        recent || self.self_polling.load(Ordering::Acquire) > 0
-    }
-
-    /// A kick arrived: a caller is parking, or an async call waits. What blocking callers
-    /// did so far is history; the poller drives the CQ until one polls again.
-    pub(crate) fn callers_handed_over(&self, last_seen: &mut u64) {
-        *last_seen = self.self_poll_epoch.load(Ordering::Acquire);
+    /// [`Engine::spin`]: crate::transport::engine::Engine::spin
+    pub(crate) fn spin_progress(&self, budget: Option<Duration>) -> bool {
+        DRIVER.set(self.address());
+        let attachment = &self.res.attachment;
+        attachment
+            .engine
+            .spin(&attachment.cq, budget, || self.is_closed())
     }
 }
 

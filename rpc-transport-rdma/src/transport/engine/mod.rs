@@ -1,0 +1,482 @@
+//! The completion engine: what every RDMA connection of the process on one device, with one
+//! poll mode, shares.
+//!
+//! * One protection domain. Memory windows are type 2 and bind to one queue pair, so a
+//!   grant still reaches only the peer it was made for.
+//! * One completion channel and a few completion queues, each shared by many queue pairs.
+//!   A connection reserves CQ entries for its whole send and receive queues on a CQ with
+//!   room for them ([`Engine::attach`]), so no CQ can overflow; a full set of CQs grows by
+//!   one.
+//! * A [`Registry`] that routes each completion to its connection by the tag in its
+//!   `wr_id`.
+//! * One poller thread ([`poller`]) that processes every connection's completions when no
+//!   blocking caller does, and watches the rdma_cm channels of client connections. It is
+//!   started with the engine's first connection and ends with its last, so a process
+//!   without RDMA connections runs no poller, and an idle one (event or adaptive mode)
+//!   sleeps in `epoll_wait`.
+//!
+//! Who processes a CQ's completions: whoever holds its poll lock ([`SharedCq`]); the
+//! others see [`Polled::Busy`] and go on. A connection's completions are processed under
+//! the CQ's poll lock and then its own protocol lock, so they are processed in CQ order;
+//! frames are handed to the upper layer after both locks are dropped.
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use rpc_core::Status;
+use smallvec::SmallVec;
+
+use crate::protocol::WorkId;
+use crate::transport::config::{PollMode, RdmaConfig};
+use crate::transport::conn::{Batch, Conn};
+use crate::transport::kick::Kick;
+use crate::transport::resources::verbs_status;
+use crate::verbs::{CompletionChannel, CompletionQueue, Context, ProtectionDomain, WorkCompletion};
+
+mod epoll;
+mod poller;
+mod registry;
+
+use epoll::Epoll;
+use registry::{Registry, Route};
+
+/// Completions taken from a CQ per poll.
+const POLL_BATCH: usize = 32;
+/// Epoll tokens of the engine's own fds; client rdma_cm channels use their connection tag.
+const TOKEN_COMPLETIONS: u64 = u64::MAX;
+const TOKEN_KICK: u64 = u64::MAX - 1;
+/// Empty polls between two looks at the clock while spinning.
+pub(crate) const CLOCK_EVERY: u32 = 1024;
+
+/// Engines of the process, one per (device context, poll mode).
+static ENGINES: Mutex<Vec<Arc<Engine>>> = Mutex::new(Vec::new());
+
+/// What one look at a completion queue found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Polled {
+    /// Completions were processed.
+    Some,
+    /// The queue was empty.
+    Empty,
+    /// Another thread is polling it right now.
+    Busy,
+}
+
+/// A completion queue shared by many queue pairs.
+pub(crate) struct SharedCq {
+    pub(crate) cq: Arc<CompletionQueue>,
+    /// Entries promised to the queue pairs on this CQ (their send plus receive depths).
+    reserved: Mutex<u32>,
+    /// The poll buffer; holding it is what makes a thread the CQ's poller for a moment.
+    completions: Mutex<Vec<WorkCompletion>>,
+}
+
+/// Shared by the connections of one device and poll mode; see the module documentation.
+pub(crate) struct Engine {
+    context: Arc<Context>,
+    mode: PollMode,
+    pub(crate) pd: Arc<ProtectionDomain>,
+    channel: Arc<CompletionChannel>,
+    /// Entries per CQ (the device's limit permitting).
+    cq_entries: u32,
+    cqs: RwLock<Arc<[Arc<SharedCq>]>>,
+    /// Bumped whenever `cqs` changes, so the poller re-reads it only then.
+    cqs_epoch: AtomicU64,
+    registry: Registry,
+    epoll: Epoll,
+    kick: Kick,
+    /// Connections attached; the poller leaves when it drops to 0 (under `ENGINES`).
+    attached: AtomicUsize,
+    retired: AtomicBool,
+    /// Blocking callers currently polling a CQ themselves.
+    self_polling: AtomicUsize,
+    /// Bumped each time a blocking caller's own polling received something.
+    self_poll_epoch: AtomicU64,
+    /// Batches of completions processed, by anyone.
+    completions_seen: AtomicU64,
+    /// The poller sleeps without arming the CQs because blocking callers drive them.
+    poller_unarmed: AtomicBool,
+    /// Connections with work for the poller: slot releases that waited, or a close that a
+    /// thread inside the upper layer could not run itself.
+    attention: Mutex<Vec<Weak<Conn>>>,
+    has_attention: AtomicBool,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("device", &self.context.name())
+            .field("mode", &self.mode)
+            .field("attached", &self.attached.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// A connection's place in an engine: its tag, its CQ and the entries it reserved there.
+/// Dropped after the connection's queue pair is destroyed; gives everything back.
+pub(crate) struct Attachment {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) tag: u32,
+    pub(crate) cq: Arc<SharedCq>,
+    entries: u32,
+    /// A client's rdma_cm channel, watched by the poller (-1: none).
+    cm_fd: AtomicI32,
+}
+
+impl Attachment {
+    /// Lets the poller watch a client connection's rdma_cm channel.
+    pub(crate) fn watch_cm(&self, fd: RawFd) -> Result<(), Status> {
+        self.engine.epoll.add(fd, u64::from(self.tag))?;
+        self.cm_fd.store(fd, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        let fd = self.cm_fd.load(Ordering::Acquire);
+        if fd >= 0 {
+            self.engine.epoll.remove(fd);
+        }
+        self.engine.registry.remove(self.tag);
+        *self.cq.reserved.lock() -= self.entries;
+        if self.engine.attached.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The last one: the poller leaves.
+            self.engine.kick.kick();
+        }
+    }
+}
+
+impl Engine {
+    /// Attaches a new connection on `context` to the engine of its poll mode (created, with
+    /// its poller, if there is none), reserving `entries` CQ entries for its queue pair.
+    pub(crate) fn attach(
+        context: &Arc<Context>,
+        config: &RdmaConfig,
+        entries: u32,
+    ) -> Result<Attachment, Status> {
+        let engine = {
+            let mut engines = ENGINES.lock();
+            let found = engines.iter().find(|e| {
+                e.context.as_ptr() == context.as_ptr()
+                    && e.mode == config.poll_mode
+                    && !e.retired.load(Ordering::Acquire)
+            });
+            let engine = match found {
+                Some(engine) => engine.clone(),
+                None => {
+                    let engine = Engine::new(context, config)?;
+                    poller::spawn(engine.clone()).map_err(|e| {
+                        Status::internal(format!("cannot start the RDMA poller thread: {e}"))
+                    })?;
+                    engines.push(engine.clone());
+                    engine
+                }
+            };
+            // Under the lock the poller retires under: it cannot leave now.
+            engine.attached.fetch_add(1, Ordering::AcqRel);
+            engine
+        };
+        // From here on, dropping the attachment undoes the count.
+        let mut attachment = Attachment {
+            cq: engine.place(entries).inspect_err(|_| {
+                engine.attached.fetch_sub(1, Ordering::AcqRel);
+                engine.kick.kick();
+            })?,
+            tag: 0,
+            entries,
+            cm_fd: AtomicI32::new(-1),
+            engine,
+        };
+        attachment.tag = attachment.engine.registry.reserve().ok_or_else(|| {
+            Status::resource_exhausted("this process used up its RDMA connection tags")
+        })?;
+        Ok(attachment)
+    }
+
+    fn new(context: &Arc<Context>, config: &RdmaConfig) -> Result<Arc<Engine>, Status> {
+        let pd = ProtectionDomain::new(context).map_err(|e| verbs_status("ibv_alloc_pd", e))?;
+        let channel = CompletionChannel::new(context)
+            .map_err(|e| verbs_status("ibv_create_comp_channel", e))?;
+        channel
+            .set_nonblocking(true)
+            .map_err(|e| verbs_status("completion channel", e))?;
+        let max_cqe = context
+            .query_device()
+            .map_err(|e| verbs_status("ibv_query_device", e))?
+            .max_cqe;
+        let epoll = Epoll::new()?;
+        let kick = Kick::new()?;
+        epoll.add(channel.fd(), TOKEN_COMPLETIONS)?;
+        epoll.add(kick.fd(), TOKEN_KICK)?;
+        Ok(Arc::new(Engine {
+            context: context.clone(),
+            mode: config.poll_mode,
+            pd,
+            channel,
+            cq_entries: config.cq_entries.min(max_cqe).max(1),
+            cqs: RwLock::new(Arc::from(Vec::new())),
+            cqs_epoch: AtomicU64::new(0),
+            registry: Registry::default(),
+            epoll,
+            kick,
+            attached: AtomicUsize::new(0),
+            retired: AtomicBool::new(false),
+            self_polling: AtomicUsize::new(0),
+            self_poll_epoch: AtomicU64::new(0),
+            completions_seen: AtomicU64::new(0),
+            poller_unarmed: AtomicBool::new(false),
+            attention: Mutex::new(Vec::new()),
+            has_attention: AtomicBool::new(false),
+        }))
+    }
+
+    /// A CQ with room for `entries` more, reserved; a new CQ if none has room.
+    fn place(&self, entries: u32) -> Result<Arc<SharedCq>, Status> {
+        let mut cqs = self.cqs.write();
+        for cq in cqs.iter() {
+            let mut reserved = cq.reserved.lock();
+            if cq.cq.capacity().saturating_sub(*reserved) >= entries {
+                *reserved += entries;
+                return Ok(cq.clone());
+            }
+        }
+        let size = self.cq_entries.max(entries);
+        let cq = CompletionQueue::new(&self.context, size, Some(&self.channel), cqs.len() as u64)
+            .map_err(|e| verbs_status("ibv_create_cq", e))?;
+        if cq.capacity() < entries {
+            return Err(Status::resource_exhausted(format!(
+                "a connection needs {entries} completion queue entries; the device gives {}",
+                cq.capacity()
+            )));
+        }
+        let shared = Arc::new(SharedCq {
+            cq,
+            reserved: Mutex::new(entries),
+            completions: Mutex::new(WorkCompletion::array(POLL_BATCH)),
+        });
+        let mut grown = cqs.to_vec();
+        grown.push(shared.clone());
+        *cqs = Arc::from(grown);
+        self.cqs_epoch.fetch_add(1, Ordering::AcqRel);
+        Ok(shared)
+    }
+
+    /// The CQs, and the epoch they were read at.
+    fn cqs(&self) -> (u64, Arc<[Arc<SharedCq>]>) {
+        let epoch = self.cqs_epoch.load(Ordering::Acquire);
+        (epoch, self.cqs.read().clone())
+    }
+
+    /// Polls `cq` once, if no other thread is, and processes what it found: each
+    /// completion goes to its connection; received frames are handed up after the locks.
+    pub(crate) fn poll(&self, cq: &SharedCq) -> Polled {
+        let Some(mut buffer) = cq.completions.try_lock() else {
+            return Polled::Busy;
+        };
+        let polled = match cq.cq.poll(&mut buffer) {
+            Ok(polled) => polled,
+            Err(e) => {
+                // A CQ that cannot be polled serves nobody: fail its connections loudly.
+                drop(buffer);
+                tracing::error!(%e, "ibv_poll_cq failed");
+                return Polled::Empty;
+            }
+        };
+        if polled.is_empty() {
+            drop(buffer);
+            // Nothing arrived: idle time, in which work that waited costs no one.
+            self.run_attention();
+            return Polled::Empty;
+        }
+        self.completions_seen.fetch_add(1, Ordering::AcqRel);
+        // Runs of completions of one connection, processed in CQ order under its lock.
+        let mut runs: SmallVec<[(Arc<Conn>, Batch); 2]> = SmallVec::new();
+        let mut start = 0;
+        while start < polled.len() {
+            let tag = tag_of(&polled[start]);
+            let end = polled[start..]
+                .iter()
+                .position(|wc| tag_of(wc) != tag)
+                .map_or(polled.len(), |n| start + n);
+            let run = &polled[start..end];
+            start = end;
+            match self.registry.route(tag, run) {
+                Route::Conn(conn) => {
+                    let received = conn.process(run);
+                    runs.push((conn, received));
+                }
+                Route::Held => {}
+                Route::Gone => {
+                    tracing::trace!(tag, n = run.len(), "completions of a closed connection");
+                }
+            }
+        }
+        drop(buffer);
+        for (conn, mut received) in runs {
+            conn.hand_up(&mut received);
+        }
+        Polled::Some
+    }
+
+    /// Registers a connection created on `attachment`; processes the completions that
+    /// arrived for it before.
+    pub(crate) fn register(attachment: &Attachment, conn: &Arc<Conn>) {
+        // Under the CQ's poll lock, which every routing happens under: the early
+        // completions are processed before anything polled later.
+        let lock = attachment.cq.completions.lock();
+        let early = attachment.engine.registry.register(attachment.tag, conn);
+        let mut received = conn.process(&early);
+        drop(lock);
+        conn.hand_up(&mut received);
+    }
+
+    /// `conn` has work for the poller (see `attention`).
+    pub(crate) fn call_attention(&self, conn: &Weak<Conn>) {
+        self.attention.lock().push(conn.clone());
+        self.has_attention.store(true, Ordering::Release);
+    }
+
+    /// Wakes the poller so it does the work handed to it now rather than at its next look.
+    pub(crate) fn wake_poller(&self) {
+        self.kick.kick();
+    }
+
+    /// An async call is about to wait: the poller must watch the CQs.
+    pub(crate) fn wake_if_unarmed(&self) {
+        if self.poller_unarmed.load(Ordering::Acquire) {
+            self.kick.kick();
+        }
+    }
+
+    /// A client connection's rdma_cm channel is readable.
+    fn cm_ready(&self, token: u64) {
+        let conn = u32::try_from(token)
+            .ok()
+            .and_then(|tag| self.registry.get(tag));
+        if let Some(conn) = conn {
+            conn.check_cm();
+        }
+    }
+
+    fn run_attention(&self) {
+        if !(self.has_attention.load(Ordering::Acquire)
+            && self.has_attention.swap(false, Ordering::AcqRel))
+        {
+            return;
+        }
+        let conns = std::mem::take(&mut *self.attention.lock());
+        for conn in conns.iter().filter_map(Weak::upgrade) {
+            conn.attend();
+        }
+    }
+
+    /// Spins on `cq` for up to `budget` (`None`: until something arrives) on the caller's
+    /// thread: the run-to-completion path of blocking calls. True once anything was
+    /// received, by this thread or another. Reads no clock unless the wait is long.
+    pub(crate) fn spin(
+        &self,
+        cq: &SharedCq,
+        budget: Option<Duration>,
+        closed: impl Fn() -> bool,
+    ) -> bool {
+        /// Keeps the count right even if a handler panics inside `poll`.
+        struct Polling<'a>(&'a AtomicUsize);
+        impl Drop for Polling<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.self_polling.fetch_add(1, Ordering::AcqRel);
+        let polling = Polling(&self.self_polling);
+        let seen = self.completions_seen.load(Ordering::Acquire);
+        let mut started: Option<Instant> = None;
+        let mut spins: u32 = 0;
+        let progressed = loop {
+            if self.poll(cq) == Polled::Some
+                || self.completions_seen.load(Ordering::Acquire) != seen
+            {
+                break true;
+            }
+            spins = spins.wrapping_add(1);
+            // Clock reads are not free everywhere (an emulated HPET costs microseconds):
+            // look at the time only now and then, and only once the wait is not short.
+            if spins.is_multiple_of(CLOCK_EVERY) {
+                if closed() {
+                    break false;
+                }
+                if let Some(budget) = budget {
+                    if started.get_or_insert_with(Instant::now).elapsed() >= budget {
+                        break false;
+                    }
+                }
+            }
+            std::hint::spin_loop();
+        };
+        if progressed {
+            self.self_poll_epoch.fetch_add(1, Ordering::AcqRel);
+        }
+        drop(polling);
+        if !progressed {
+            // The caller is about to park: the poller must take over the CQs.
+            self.kick.kick();
+        }
+        progressed
+    }
+
+    /// Whether blocking callers drive the CQs: one is polling now, or one received something
+    /// since the poller's last look (`last_seen`, updated here).
+    ///
+    /// After a kick ([`Engine::callers_handed_over`]) only a caller polling again counts:
+    /// the caller that kicked is parked, and its earlier activity must not send the poller
+    /// back to sleep while nobody watches the CQs.
+    fn callers_drive(&self, last_seen: &mut u64) -> bool {
+        let epoch = self.self_poll_epoch.load(Ordering::Acquire);
+        let recent = epoch != *last_seen;
+        *last_seen = epoch;
+        recent || self.self_polling.load(Ordering::Acquire) > 0
+    }
+
+    /// A kick arrived: a caller is parking, or an async call waits. What blocking callers
+    /// did so far is history; the poller drives the CQs until one polls again.
+    fn callers_handed_over(&self, last_seen: &mut u64) {
+        *last_seen = self.self_poll_epoch.load(Ordering::Acquire);
+    }
+
+    /// Leaves the process's engines if no connection is attached; true if it did.
+    fn retire_if_unused(&self) -> bool {
+        if self.attached.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        let mut engines = ENGINES.lock();
+        if self.attached.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        self.retired.store(true, Ordering::Release);
+        engines.retain(|e| !std::ptr::eq(Arc::as_ptr(e), self));
+        true
+    }
+
+    /// Connections registered and alive (for tests and stats).
+    #[allow(dead_code)]
+    pub(crate) fn live_connections(&self) -> usize {
+        self.registry.live()
+    }
+}
+
+fn tag_of(wc: &WorkCompletion) -> u32 {
+    WorkId::from_wr_id(wc.wr_id()).map_or(0, |(tag, _)| tag)
+}
+
+/// Engines alive in the process and the connections attached to each (for tests).
+#[allow(dead_code)]
+pub(crate) fn engines() -> Vec<(PollMode, usize)> {
+    ENGINES
+        .lock()
+        .iter()
+        .map(|e| (e.mode, e.attached.load(Ordering::Acquire)))
+        .collect()
+}

@@ -1,0 +1,165 @@
+//! The engine's thread: processes the completions of every connection when no caller does,
+//! and the rdma_cm events of client connections.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Engine, Polled, SharedCq, CLOCK_EVERY, TOKEN_COMPLETIONS, TOKEN_KICK};
+
+/// How often a spinning poller looks at the rdma_cm channels, and how long a sleeping one
+/// waits before looking again whether it is still needed.
+const CM_CHECK: Duration = Duration::from_millis(1);
+const SLEEP_SLICE: Duration = Duration::from_millis(100);
+/// Empty polls between two yields of the CPU while spinning...
+const YIELD_EVERY: u32 = 128;
+/// ...once this many went by without a completion. A yield is a system call (about 2 µs
+/// under emulation) that a frame arriving meanwhile waits for, and a connection that
+/// receives now and then (a ping-pong) would pay it on most frames; one that went quiet
+/// for this long gives the CPU away.
+const YIELD_AFTER: u32 = 4 * CLOCK_EVERY;
+/// How long the poller sleeps between looks at whether blocking callers still drive the
+/// CQs. Long on purpose: every case that needs the poller sooner wakes it (a caller about
+/// to park, an async call about to wait, an rdma_cm event), and each needless wake-up
+/// steals a core from the callers.
+const CALLER_WINDOW: Duration = Duration::from_millis(50);
+
+pub(super) fn spawn(engine: Arc<Engine>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("rpc-rdma-poll".into())
+        .spawn(move || Poller::new(engine).run())
+        .map(drop)
+}
+
+struct Poller {
+    engine: Arc<Engine>,
+    cqs: Arc<[Arc<SharedCq>]>,
+    cqs_epoch: u64,
+    /// A kick or a completion event: the next pass over the CQs is owed, whoever drives.
+    kicked: bool,
+    callers_epoch: u64,
+}
+
+impl Poller {
+    fn new(engine: Arc<Engine>) -> Poller {
+        let (cqs_epoch, cqs) = engine.cqs();
+        Poller {
+            engine,
+            cqs,
+            cqs_epoch,
+            kicked: false,
+            callers_epoch: 0,
+        }
+    }
+
+    fn run(mut self) {
+        let mode = self.engine.mode;
+        let mut last_activity = Instant::now();
+        let mut last_cm_check = Instant::now();
+        let mut idle_spins: u32 = 0;
+        loop {
+            if self.engine.retire_if_unused() {
+                return;
+            }
+            self.engine.run_attention();
+            if !std::mem::take(&mut self.kicked)
+                && self.engine.callers_drive(&mut self.callers_epoch)
+            {
+                // Blocking callers poll the CQs themselves: stay off the CPU and the CQs,
+                // unarmed (armed, every completion would wake us for nothing). A caller about
+                // to park, or an async call about to wait, kicks us awake.
+                let engine = self.engine.clone();
+                engine
+                    .poller_unarmed
+                    .store(true, std::sync::atomic::Ordering::Release);
+                self.wait(CALLER_WINDOW);
+                engine
+                    .poller_unarmed
+                    .store(false, std::sync::atomic::Ordering::Release);
+                continue;
+            }
+            if self.poll_all() == Polled::Some {
+                idle_spins = 0;
+                continue;
+            }
+            idle_spins = idle_spins.wrapping_add(1);
+            // Clock reads are not free everywhere: look at the time now and then, never
+            // right after a completion (the next one may be close behind).
+            if !idle_spins.is_multiple_of(CLOCK_EVERY) {
+                if idle_spins >= YIELD_AFTER && idle_spins.is_multiple_of(YIELD_EVERY) {
+                    // Spinning must not starve the threads our completions wake (an async
+                    // runtime, a handler) when cores are scarce.
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+                continue;
+            }
+            if idle_spins == CLOCK_EVERY {
+                last_activity = Instant::now();
+            }
+            if last_cm_check.elapsed() >= CM_CHECK {
+                last_cm_check = Instant::now();
+                self.wait(Duration::ZERO);
+            }
+            if mode
+                .spin()
+                .is_none_or(|spin| last_activity.elapsed() < spin)
+            {
+                std::hint::spin_loop();
+                continue;
+            }
+            for cq in self.cqs.iter() {
+                if let Err(e) = cq.cq.req_notify(false) {
+                    tracing::error!(%e, "ibv_req_notify_cq failed; polling instead of sleeping");
+                    self.kicked = true;
+                }
+            }
+            // A completion that arrived before arming raised no event: look once more, and
+            // do not sleep while another thread is in the middle of polling.
+            if self.kicked || self.poll_all() != Polled::Empty {
+                continue;
+            }
+            self.wait(SLEEP_SLICE);
+        }
+    }
+
+    /// One pass over every CQ: `Some` if any had completions, `Busy` if none had but one
+    /// was being polled by another thread.
+    fn poll_all(&mut self) -> Polled {
+        if self
+            .engine
+            .cqs_epoch
+            .load(std::sync::atomic::Ordering::Acquire)
+            != self.cqs_epoch
+        {
+            (self.cqs_epoch, self.cqs) = self.engine.cqs();
+        }
+        let mut result = Polled::Empty;
+        for cq in self.cqs.iter() {
+            match self.engine.poll(cq) {
+                Polled::Some => result = Polled::Some,
+                Polled::Busy if result == Polled::Empty => result = Polled::Busy,
+                _ => {}
+            }
+        }
+        result
+    }
+
+    /// Sleeps in epoll for up to `timeout` and handles what woke it.
+    fn wait(&mut self, timeout: Duration) {
+        let engine = self.engine.clone();
+        engine.epoll.wait(timeout, |token| match token {
+            TOKEN_COMPLETIONS => {
+                while let Ok(Some(_)) = engine.channel.try_get_event() {}
+                // Whatever woke us is ours to process, even if a caller polled a moment ago.
+                self.kicked = true;
+            }
+            TOKEN_KICK => {
+                engine.kick.drain();
+                engine.callers_handed_over(&mut self.callers_epoch);
+                self.kicked = true;
+            }
+            tag => engine.cm_ready(tag),
+        });
+    }
+}

@@ -1,0 +1,112 @@
+//! Which connection a completion belongs to: the tag packed into every `wr_id`.
+//!
+//! Tags are handed out in increasing order and never reused while the process lives (29
+//! bits: half a billion connections), so a late completion of a connection that is gone
+//! finds no entry instead of someone else's. A tag is reserved before its queue pair
+//! exists; completions that arrive before the connection registers (a client's first
+//! receive can race the ESTABLISHED event) wait in the entry and are handed over with the
+//! registration.
+
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use crate::transport::conn::Conn;
+use crate::verbs::WorkCompletion;
+
+/// Largest tag `WorkId::to_wr_id` can carry.
+const MAX_TAG: u32 = (1 << 29) - 1;
+
+/// Completions that may wait for a connection still being set up: its whole receive ring
+/// at most, plus the few sends of a handshake.
+const MAX_EARLY: usize = 4096;
+
+enum Entry {
+    /// Reserved; the connection is being created. Completions wait here.
+    Early(Vec<WorkCompletion>),
+    Live(Weak<Conn>),
+}
+
+/// Where a completion goes.
+pub(crate) enum Route {
+    Conn(Arc<Conn>),
+    /// Kept for a connection being set up.
+    Held,
+    /// Its connection is gone (or the tag was never ours): drop it.
+    Gone,
+}
+
+#[derive(Default)]
+pub(crate) struct Registry {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    next: u32,
+    entries: FxHashMap<u32, Entry>,
+}
+
+impl Registry {
+    /// A fresh tag, for a connection about to be created. None once every tag was used.
+    pub(crate) fn reserve(&self) -> Option<u32> {
+        let mut inner = self.inner.lock();
+        if inner.next >= MAX_TAG {
+            return None;
+        }
+        inner.next += 1;
+        let tag = inner.next;
+        inner.entries.insert(tag, Entry::Early(Vec::new()));
+        Some(tag)
+    }
+
+    /// The connection of `tag` is ready: returns the completions that arrived before it.
+    pub(crate) fn register(&self, tag: u32, conn: &Arc<Conn>) -> Vec<WorkCompletion> {
+        let mut inner = self.inner.lock();
+        match inner.entries.insert(tag, Entry::Live(Arc::downgrade(conn))) {
+            Some(Entry::Early(early)) => early,
+            _ => Vec::new(),
+        }
+    }
+
+    /// The connection of `tag` is gone; later completions with it are dropped.
+    pub(crate) fn remove(&self, tag: u32) {
+        self.inner.lock().entries.remove(&tag);
+    }
+
+    /// Where completions with `tag` go; keeps them if their connection is being set up.
+    pub(crate) fn route(&self, tag: u32, run: &[WorkCompletion]) -> Route {
+        let mut inner = self.inner.lock();
+        match inner.entries.get_mut(&tag) {
+            Some(Entry::Live(conn)) => conn.upgrade().map_or(Route::Gone, Route::Conn),
+            Some(Entry::Early(early)) if early.len() + run.len() <= MAX_EARLY => {
+                early.extend(run.iter().cloned());
+                Route::Held
+            }
+            Some(Entry::Early(_)) => {
+                tracing::warn!(tag, "completions of a connection being set up overflowed");
+                Route::Gone
+            }
+            None => Route::Gone,
+        }
+    }
+
+    /// The live connection of `tag`.
+    pub(crate) fn get(&self, tag: u32) -> Option<Arc<Conn>> {
+        match self.inner.lock().entries.get(&tag) {
+            Some(Entry::Live(conn)) => conn.upgrade(),
+            _ => None,
+        }
+    }
+
+    /// Connections registered and alive.
+    pub(crate) fn live(&self) -> usize {
+        self.inner
+            .lock()
+            .entries
+            .values()
+            .filter(|e| matches!(e, Entry::Live(c) if c.strong_count() > 0))
+            .count()
+    }
+}
