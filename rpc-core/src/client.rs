@@ -30,11 +30,24 @@ pub trait ClientTransport: Send + Sync + 'static {
     /// transport-owned header fields (credits) first.
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status>;
 
-    /// Resolves when the transport can accept another frame without exceeding its queue
-    /// bound (back-pressure). Called only by async calls, right before they send; blocking
-    /// calls rely on `send` blocking instead. The default is always ready.
-    fn poll_ready(&self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        Poll::Ready(Ok(()))
+    /// Sends `frame` from an async task: like [`ClientTransport::send`], but a transport
+    /// with no room for it now (credits, slots, its queue bound) returns `Pending` and wakes
+    /// `cx` once it may have room, instead of blocking the thread (back-pressure). A
+    /// `Pending` attempt leaves nothing behind; the next poll starts over. The default sends
+    /// at once.
+    fn poll_send(
+        &self,
+        _cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        Poll::Ready(self.send(frame))
+    }
+
+    /// Sends a header-only frame (a `Cancel`) without ever blocking, from any context,
+    /// `Drop` included: a transport with no room now queues it within a bound, or drops it
+    /// (the call was given up on; its late answer is ignored). The default calls `send`.
+    fn send_control(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        self.send(frame)
     }
 
     /// Lets a blocked caller make progress on its own thread (run-to-completion): poll the
@@ -141,8 +154,16 @@ impl Channel {
     {
         let channel = self.clone();
         async move {
-            poll_fn(|cx| channel.inner.transport.poll_ready(cx)).await?;
-            let call = channel.start_call(method_id, &request, true)?;
+            let (mut call, header) = channel.prepare_call(method_id, &request)?;
+            let metadata: &MetadataMap = request.metadata();
+            let mut frame = OutgoingFrame::new(header, metadata, request.get_ref())
+                .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+            // The deadline runs from the start: waiting for room to send counts against it.
+            if let Some(at) = call.deadline {
+                call.timer =
+                    Some(DeadlineTimer::global().schedule(at, &channel.inner.calls, call.id));
+            }
+            poll_fn(|cx| call.poll_send(cx, &mut frame)).await?;
             decode_response(call.await?)
         }
     }
@@ -158,18 +179,23 @@ impl Channel {
         Req: Message,
         Resp: Message + Default,
     {
-        // No `poll_ready` here: a blocking caller may block in `send` itself when the
-        // transport is full, and transports learn from `poll_ready` that an async task waits.
-        let call = self.start_call(method_id, &request, false)?;
+        // A blocking caller may block in `send` itself when the transport is full.
+        let (mut call, header) = self.prepare_call(method_id, &request)?;
+        let metadata: &MetadataMap = request.metadata();
+        let mut frame = OutgoingFrame::new(header, metadata, request.get_ref())
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        let sent = self.inner.transport.send(&mut frame);
+        call.sent(sent)?;
         decode_response(call.wait_blocking()?)
     }
 
-    fn start_call<Req: Message>(
+    /// Checks the request against the limits, registers a call for it and returns the call
+    /// with the header of its request frame.
+    fn prepare_call<Req: Message>(
         &self,
         method_id: u32,
         request: &Request<Req>,
-        async_deadline: bool,
-    ) -> Result<PendingCall, Status> {
+    ) -> Result<(PendingCall, Header), Status> {
         let limit = self.inner.config.max_message_size;
         let size = Message::encoded_len(request.get_ref());
         if size > limit {
@@ -188,29 +214,18 @@ impl Channel {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
 
         let id = self.inner.calls.register()?;
-        let mut call = PendingCall {
+        let call = PendingCall {
             channel: self.clone(),
             id,
             deadline,
             timer: None,
+            sent: false,
             finished: false,
         };
         let mut header = Header::new(FrameKind::Request, id);
         header.method_id = method_id;
         header.timeout_us = timeout.map_or(0, |t| t.as_micros().clamp(1, u64::MAX as u128) as u64);
-        let metadata: &MetadataMap = request.metadata();
-        let mut frame = OutgoingFrame::new(header, metadata, request.get_ref())
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-        if let Err(status) = self.inner.transport.send(&mut frame) {
-            // Never sent, so nothing to cancel at the server.
-            call.finished = true;
-            self.inner.calls.remove(id);
-            return Err(status);
-        }
-        if let (Some(at), true) = (deadline, async_deadline) {
-            call.timer = Some(DeadlineTimer::global().schedule(at, &self.inner.calls, id));
-        }
-        Ok(call)
+        Ok((call, header))
     }
 }
 
@@ -230,17 +245,66 @@ fn decode_response<Resp: Message + Default>(frame: InboundFrame) -> Result<Respo
     Ok(Response::from_parts(metadata, message))
 }
 
-/// A call registered in the table and sent; resolves to the response frame. Dropping it
-/// before completion cancels the call at the server.
+/// A call registered in the table; once sent, resolves to the response frame. Dropping it
+/// after its request was sent and before completion cancels the call at the server.
 struct PendingCall {
     channel: Channel,
     id: u64,
     deadline: Option<Instant>,
     timer: Option<TimerKey>,
+    /// The request went to the transport: the server may be running the call.
+    sent: bool,
     finished: bool,
 }
 
 impl PendingCall {
+    /// Records the outcome of sending the request; a request never sent leaves nothing to
+    /// cancel at the server.
+    fn sent(&mut self, sent: Result<(), Status>) -> Result<(), Status> {
+        match sent {
+            Ok(()) => {
+                self.sent = true;
+                Ok(())
+            }
+            Err(status) => Err(self.abandon(status)),
+        }
+    }
+
+    /// Sends the request from an async task, waiting (`Pending`) while the transport has no
+    /// room. A call that ends meanwhile (its deadline, the connection closing) ends the wait.
+    fn poll_send(
+        &mut self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        let inner = &self.channel.inner;
+        match inner.transport.poll_send(cx, frame) {
+            Poll::Ready(sent) => return Poll::Ready(self.sent(sent)),
+            Poll::Pending => {}
+        }
+        match inner.calls.poll_call(self.id, cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(ended) => {
+                // Ended before its request left: a deadline or a closed connection. A
+                // "response" to a request never sent is a peer guessing call ids.
+                let status = ended.err().unwrap_or_else(|| {
+                    Status::internal("the peer answered a call whose request was never sent")
+                });
+                Poll::Ready(Err(self.abandon(status)))
+            }
+        }
+    }
+
+    /// Gives up on a call whose request was not sent.
+    fn abandon(&mut self, status: Status) -> Status {
+        self.finished = true;
+        if let Some(key) = self.timer.take() {
+            DeadlineTimer::global().cancel(key);
+        }
+        self.channel.inner.calls.remove(self.id);
+        status
+    }
+
     fn finish(&mut self, result: Result<InboundFrame, Status>) -> Result<InboundFrame, Status> {
         self.finished = true;
         if let Some(key) = self.timer.take() {
@@ -258,7 +322,7 @@ impl PendingCall {
             return;
         }
         let mut frame = OutgoingFrame::control(Header::new(FrameKind::Cancel, self.id));
-        if let Err(status) = inner.transport.send(&mut frame) {
+        if let Err(status) = inner.transport.send_control(&mut frame) {
             tracing::debug!(call_id = self.id, %status, "could not send cancel");
         }
     }
@@ -326,7 +390,7 @@ impl Drop for PendingCall {
         if let Some(key) = self.timer.take() {
             DeadlineTimer::global().cancel(key);
         }
-        if self.channel.inner.calls.remove(self.id) {
+        if self.channel.inner.calls.remove(self.id) && self.sent {
             self.send_cancel();
         }
     }

@@ -107,6 +107,11 @@ impl Flags {
     pub const fn with(self, other: Flags) -> Flags {
         Flags(self.0 | other.0)
     }
+    /// `self` without the bits of `other`.
+    #[must_use]
+    pub const fn without(self, other: Flags) -> Flags {
+        Flags(self.0 & !other.0)
+    }
     fn from_wire(raw: u16) -> Result<Self, HeaderError> {
         if raw & !Self::KNOWN != 0 {
             return Err(HeaderError::UnknownFlags(raw & !Self::KNOWN));

@@ -54,6 +54,34 @@ impl Default for ServerConfig {
 pub trait ReplySink: Send + Sync + 'static {
     /// Writes and sends one frame.
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status>;
+
+    /// Sends one frame without blocking: with no room for it now, returns `Pending` and
+    /// wakes `cx` once there may be. A `Pending` attempt leaves nothing behind. The default
+    /// calls [`ReplySink::send`].
+    fn poll_send(
+        &self,
+        _cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        Poll::Ready(self.send(frame))
+    }
+}
+
+/// What a call is answered with.
+enum Answer {
+    /// The handler's reply.
+    Reply(ServerReply),
+    /// A status: the handler's error, or why its reply could not go.
+    Status(Status),
+}
+
+impl From<Result<ServerReply, Status>> for Answer {
+    fn from(result: Result<ServerReply, Status>) -> Self {
+        match result {
+            Ok(reply) => Answer::Reply(reply),
+            Err(status) => Answer::Status(status),
+        }
+    }
 }
 
 enum RuntimeSlot {
@@ -267,7 +295,7 @@ impl ConnectionDispatch {
 
     /// Answers a request the transport refused to read because its declared size exceeds
     /// the limit.
-    pub fn reject_oversized(&self, header: &Header, declared: u64) {
+    pub fn reject_oversized(self: &Arc<Self>, header: &Header, declared: u64) {
         let limit = self.dispatcher.config.max_message_size as u64;
         self.send_status(
             header.call_id,
@@ -277,7 +305,7 @@ impl ConnectionDispatch {
 
     /// Answers `call_id` with an error status in place of a response the transport could
     /// not deliver (a large body the client refused a buffer for, say).
-    pub fn fail_call(&self, call_id: u64, status: &Status) {
+    pub fn fail_call(self: &Arc<Self>, call_id: u64, status: &Status) {
         self.send_status(call_id, status);
     }
 
@@ -358,7 +386,7 @@ impl ConnectionDispatch {
                 Err(_) => Some(panicked()),
             };
             if let Some(result) = done {
-                self.send_reply(call_id, method_id, result);
+                self.answer(call_id, method_id, result.into());
                 return;
             }
         }
@@ -377,7 +405,9 @@ impl ConnectionDispatch {
                 }),
                 None => handler.await,
             };
-            conn.send_reply(call_id, method_id, result);
+            let mut answer = Answer::from(result);
+            futures::future::poll_fn(|cx| conn.poll_answer(cx, call_id, method_id, &mut answer))
+                .await;
             drop(guard);
         };
         let (abort, registration) = AbortHandle::new_pair();
@@ -390,65 +420,121 @@ impl ConnectionDispatch {
         dispatcher.runtime.handle().spawn(task);
     }
 
-    /// Answers `call_id`; the response echoes `method_id`, so that clients can learn the
-    /// size of each method's responses (RDMA clients advertise a response buffer from it).
-    fn send_reply(&self, call_id: u64, method_id: u32, result: Result<ServerReply, Status>) {
-        let reply = match result {
-            Ok(reply) => reply,
-            Err(status) => return self.send_status(call_id, &status),
+    /// Answers `call_id` from the thread that received its request: sends the answer at
+    /// once if the transport has room, else finishes on the runtime, so the receive path
+    /// never blocks on a peer that does not hand back credits.
+    fn answer(self: &Arc<Self>, call_id: u64, method_id: u32, answer: Answer) {
+        let mut answer = answer;
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        if self
+            .poll_answer(&mut cx, call_id, method_id, &mut answer)
+            .is_ready()
+        {
+            return;
+        }
+        let guard = self.dispatcher.enter();
+        let conn = self.clone();
+        self.dispatcher.runtime.handle().spawn(async move {
+            futures::future::poll_fn(|cx| conn.poll_answer(cx, call_id, method_id, &mut answer))
+                .await;
+            drop(guard);
+        });
+    }
+
+    /// Sends the answer of `call_id`; the response echoes `method_id`, so that clients can
+    /// learn the size of each method's responses (RDMA clients advertise a response buffer
+    /// from it). A reply that cannot go (too large, bad metadata, more than the transport
+    /// carries) turns into a status naming the reason. `Pending` while the transport has no
+    /// room; each poll starts the frame over.
+    fn poll_answer(
+        &self,
+        cx: &mut Context<'_>,
+        call_id: u64,
+        method_id: u32,
+        answer: &mut Answer,
+    ) -> Poll<()> {
+        let mut header = Header::new(FrameKind::Response, call_id);
+        let failed = match answer {
+            Answer::Reply(reply) => {
+                header.method_id = method_id;
+                let sent = match self.check_reply(reply) {
+                    Err(status) => Err(status),
+                    Ok(()) => {
+                        let metadata: &MetadataMap = &reply.metadata;
+                        match OutgoingFrame::new(header, metadata, &*reply.body) {
+                            Ok(mut frame) => match self.sink.poll_send(cx, &mut frame) {
+                                Poll::Pending => return Poll::Pending,
+                                // Too large for what the transport can carry (an RDMA slot,
+                                // say): the call still gets an answer, with the reason.
+                                Poll::Ready(Err(status))
+                                    if status.code() == Code::ResourceExhausted =>
+                                {
+                                    Err(Status::resource_exhausted(format!(
+                                        "response {}",
+                                        status.message()
+                                    )))
+                                }
+                                Poll::Ready(Err(status)) => {
+                                    tracing::debug!(call_id, %status, "response not sent: connection gone");
+                                    Ok(())
+                                }
+                                Poll::Ready(Ok(())) => Ok(()),
+                            },
+                            Err(e) => Err(Status::resource_exhausted(e.to_string())),
+                        }
+                    }
+                };
+                match sent {
+                    Ok(()) => return Poll::Ready(()),
+                    Err(status) => status,
+                }
+            }
+            Answer::Status(status) => {
+                header.status = if status.code() == Code::Ok {
+                    Code::Unknown
+                } else {
+                    status.code()
+                };
+                let message = truncate_at_char(status.message(), MAX_STATUS_MESSAGE);
+                let body = RawBody(message.as_bytes());
+                let empty = MetadataMap::new();
+                match OutgoingFrame::new(header, &empty, &body) {
+                    Ok(mut frame) => match self.sink.poll_send(cx, &mut frame) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Err(status)) => {
+                            tracing::debug!(call_id, %status, "response not sent: connection gone");
+                        }
+                        Poll::Ready(Ok(())) => {}
+                    },
+                    Err(e) => tracing::error!(call_id, %e, "status frame does not fit"),
+                }
+                return Poll::Ready(());
+            }
         };
+        *answer = Answer::Status(failed);
+        self.poll_answer(cx, call_id, method_id, answer)
+    }
+
+    /// Why `reply` cannot be sent as it is, if it cannot.
+    fn check_reply(&self, reply: &ServerReply) -> Result<(), Status> {
         let limit = self.dispatcher.config.max_message_size;
         let size = reply.body.encoded_len();
         if size > limit {
-            return self.send_status(
-                call_id,
-                &Status::message_too_large("response", size as u64, limit as u64),
-            );
+            return Err(Status::message_too_large(
+                "response",
+                size as u64,
+                limit as u64,
+            ));
         }
-        if let Err(e) = reply.metadata.checked_encoded_len() {
-            return self.send_status(call_id, &Status::internal(format!("response {e}")));
-        }
-        let metadata: &MetadataMap = &reply.metadata;
-        let mut header = Header::new(FrameKind::Response, call_id);
-        header.method_id = method_id;
-        let mut frame = match OutgoingFrame::new(header, metadata, &*reply.body) {
-            Ok(frame) => frame,
-            Err(e) => return self.send_status(call_id, &Status::resource_exhausted(e.to_string())),
-        };
-        match self.sink.send(&mut frame) {
-            // Too large for what the transport can carry (an RDMA slot, say): the call still
-            // gets an answer, with the reason.
-            Err(status) if status.code() == Code::ResourceExhausted => self.send_status(
-                call_id,
-                &Status::resource_exhausted(format!("response {}", status.message())),
-            ),
-            Err(status) => {
-                tracing::debug!(call_id, %status, "response not sent: connection gone");
-            }
-            Ok(()) => {}
-        }
+        reply
+            .metadata
+            .checked_encoded_len()
+            .map(drop)
+            .map_err(|e| Status::internal(format!("response {e}")))
     }
 
-    fn send_status(&self, call_id: u64, status: &Status) {
-        let mut header = Header::new(FrameKind::Response, call_id);
-        header.status = if status.code() == Code::Ok {
-            Code::Unknown
-        } else {
-            status.code()
-        };
-        let message = truncate_at_char(status.message(), MAX_STATUS_MESSAGE);
-        let body = RawBody(message.as_bytes());
-        let empty = MetadataMap::new();
-        match OutgoingFrame::new(header, &empty, &body) {
-            Ok(mut frame) => self.send(&mut frame, call_id),
-            Err(e) => tracing::error!(call_id, %e, "status frame does not fit"),
-        }
-    }
-
-    fn send(&self, frame: &mut OutgoingFrame<'_>, call_id: u64) {
-        if let Err(status) = self.sink.send(frame) {
-            tracing::debug!(call_id, %status, "response not sent: connection gone");
-        }
+    fn send_status(self: &Arc<Self>, call_id: u64, status: &Status) {
+        self.answer(call_id, 0, Answer::Status(status.clone()));
     }
 }
 

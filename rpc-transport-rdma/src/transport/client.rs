@@ -11,6 +11,7 @@ use rpc_core::{CallTable, ClientTransport, FrameKind, Status, HEADER_LEN};
 use crate::protocol::Stats;
 use crate::transport::config::{PollMode, RdmaConfig};
 use crate::transport::conn::{Conn, FrameSink};
+use crate::transport::engine::Role;
 use crate::transport::events::expect_event;
 use crate::transport::resources::{verbs_status, Resources};
 use crate::transport::response_sizes::ResponseSizes;
@@ -106,7 +107,7 @@ impl RdmaClient {
             .map_err(|e| verbs_status(&what, e))?;
         expect_event(&channel, CmEventKind::RouteResolved, deadline, &what)?;
 
-        let res = Resources::create(&id, config)?;
+        let res = Resources::create(&id, config, Role::Client)?;
         let slot_body = u64::from(res.protocol.recv_slot_size).saturating_sub(HEADER_LEN as u64);
         let response_sizes = Arc::new(ResponseSizes::new(slot_body));
         let params = res.protocol.connect_params().encode();
@@ -118,13 +119,7 @@ impl RdmaClient {
         })
         .map_err(|e| verbs_status(&what, e))?;
         let established = expect_event(&channel, CmEventKind::Established, deadline, &what)?;
-        let conn = Conn::new(
-            res,
-            id,
-            established.private_data(),
-            peer.clone(),
-            config.stall_limit,
-        )?;
+        let conn = Conn::new(res, id, established.private_data(), peer.clone(), config)?;
         conn.set_sink(Arc::new(ClientFrames {
             calls,
             response_sizes: response_sizes.clone(),
@@ -152,26 +147,44 @@ impl RdmaClient {
     }
 }
 
-impl ClientTransport for RdmaClient {
-    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        let (kind, method_id, call_id) = {
-            let h = frame.header();
-            (h.kind, h.method_id, h.call_id)
-        };
-        let advertised = kind == FrameKind::Request
+impl RdmaClient {
+    /// Advertises a response buffer with a request whose method answered large last time.
+    fn advertise(&self, frame: &mut OutgoingFrame<'_>) -> bool {
+        let (kind, method_id) = (frame.header().kind, frame.header().method_id);
+        kind == FrameKind::Request
             && self
                 .response_sizes
                 .predict(method_id)
-                .is_some_and(|len| self.conn.advertise_response_buffer(frame, len));
+                .is_some_and(|len| self.conn.advertise_response_buffer(frame, len))
+    }
+}
+
+impl ClientTransport for RdmaClient {
+    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        let advertised = self.advertise(frame);
         let sent = self.conn.send(frame);
         if sent.is_err() && advertised {
-            self.conn.withdraw_response_buffer(call_id);
+            self.conn.withdraw_response_buffer(frame);
         }
         sent
     }
 
-    fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        self.conn.poll_writable(cx)
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        let advertised = self.advertise(frame);
+        let sent = self.conn.poll_send(cx, frame);
+        if advertised && !matches!(sent, Poll::Ready(Ok(()))) {
+            // Not sent (yet): the offer goes; a later poll starts over.
+            self.conn.withdraw_response_buffer(frame);
+        }
+        sent
+    }
+
+    fn send_control(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        self.conn.send_control(frame)
     }
 
     fn poll_progress(&self) -> bool {

@@ -96,6 +96,10 @@ pub struct RdmaConfig {
     /// limit permitting). A connection reserves room for its whole send and receive queues
     /// on a CQ; once no CQ has room, another is created.
     pub cq_entries: u32,
+    /// Header-only frames (the `Cancel` of a dropped call) that may wait for credits on one
+    /// connection. Dropping a call never blocks: its Cancel is sent at once or queued;
+    /// past this bound it is dropped, and the server's late answer to the call is ignored.
+    pub control_queue: u32,
 }
 
 impl Default for RdmaConfig {
@@ -117,6 +121,7 @@ impl Default for RdmaConfig {
             large_max_grants: 16,
             lend_limit: None,
             cq_entries: 16 * 1024,
+            control_queue: 1024,
         }
     }
 }

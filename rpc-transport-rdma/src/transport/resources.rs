@@ -7,7 +7,7 @@ use rpc_core::Status;
 use crate::protocol::Config;
 use crate::protocol::WorkId;
 use crate::transport::config::RdmaConfig;
-use crate::transport::engine::{Attachment, Engine};
+use crate::transport::engine::{Attachment, Engine, Role};
 use crate::transport::large_pool::LargePool;
 use crate::verbs::{
     AccessFlags, CmId, MemoryRegion, QpCapabilities, QpInitAttr, QueuePair, RecvRequest, Sge,
@@ -37,14 +37,14 @@ impl Resources {
     /// Attaches to the completion engine of `id`'s device, creates the QP (on a shared CQ)
     /// and both rings, and posts a receive in every receive slot, as the peer's initial
     /// credits assume.
-    pub(crate) fn create(id: &CmId, config: &RdmaConfig) -> Result<Resources, Status> {
+    pub(crate) fn create(id: &CmId, config: &RdmaConfig, role: Role) -> Result<Resources, Status> {
         let ctx = id
             .context()
             .map_err(|e| verbs_status("no RDMA device for the address", e))?;
         // Sized from the configuration before the QP exists; the inline limit the device
         // grants does not change the queue depths.
         let sizing = config.protocol(config.max_inline);
-        let attachment = Engine::attach(&ctx, config, sizing.cq_depth())?;
+        let attachment = Engine::attach(&ctx, config, role, sizing.cq_depth())?;
         let pd = attachment.engine.pd.clone();
         let cq = attachment.cq.cq.clone();
         let qp = QueuePair::new(

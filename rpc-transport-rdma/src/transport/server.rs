@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,7 @@ use rpc_core::{FrameKind, Status};
 use crate::transport::client::resolve;
 use crate::transport::config::RdmaConfig;
 use crate::transport::conn::{Conn, FrameSink};
+use crate::transport::engine::Role;
 use crate::transport::events::wait_readable;
 use crate::transport::resources::{verbs_status, Resources};
 use crate::verbs::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel};
@@ -185,9 +187,9 @@ fn on_event(listener: &CmId, mut event: CmEvent, shared: &Arc<Shared>) {
 
 fn accept(id: CmId, private_data: &[u8], peer: String, shared: &Shared) -> Result<(), Status> {
     let config = &shared.config;
-    let res = Resources::create(&id, config)?;
+    let res = Resources::create(&id, config, Role::Server)?;
     let params = res.protocol.connect_params().encode();
-    let conn = Conn::new(res, id, private_data, peer, config.stall_limit)?;
+    let conn = Conn::new(res, id, private_data, peer, config)?;
     let dispatch = ConnectionDispatch::new(
         shared.dispatcher.clone(),
         Arc::new(RdmaReplySink(conn.clone())),
@@ -238,5 +240,13 @@ struct RdmaReplySink(Arc<Conn>);
 impl ReplySink for RdmaReplySink {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
         self.0.send(frame)
+    }
+
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        self.0.poll_send(cx, frame)
     }
 }

@@ -146,8 +146,13 @@ impl Conn {
         true
     }
 
-    /// The request that advertised a response buffer for `call_id` was not sent.
-    pub(crate) fn withdraw_response_buffer(&self, call_id: u64) {
+    /// The request `frame`, which advertised a response buffer, was not sent: the offer is
+    /// withdrawn, and taken out of the frame's header.
+    pub(crate) fn withdraw_response_buffer(&self, frame: &mut OutgoingFrame<'_>) {
+        let header = frame.header_mut();
+        header.flags = header.flags.without(Flags::RESPONSE_BUFFER);
+        header.remote = Default::default();
+        let call_id = header.call_id;
         let mut state = self.state.lock();
         state.proto.withdraw_advertisement(call_id);
         self.run_actions(&mut state);

@@ -9,6 +9,7 @@
 //! This file holds the connection, its send path and teardown; `recv.rs` the completion
 //! side (polling, delivery, receive-slot release, run-to-completion spinning).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
@@ -16,10 +17,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::{FrameKind, Status};
+use rpc_core::{FrameKind, Header, Status};
 use smallvec::SmallVec;
 
 use crate::protocol::{self, Action, SendError};
+use crate::transport::config::RdmaConfig;
 use crate::transport::engine::Engine;
 use crate::transport::resources::Resources;
 use crate::verbs::{CmEventKind, CmId, SendFlags, SendOp, SendRequest, Sge};
@@ -88,6 +90,11 @@ pub(crate) struct Conn {
     write_wakers: Mutex<Vec<Waker>>,
     /// `write_wakers` is not empty.
     has_wakers: AtomicBool,
+    /// The protocol reported `Writable`: wake the async senders, flush queued controls.
+    writable_fired: AtomicBool,
+    /// Header-only frames (`Cancel`) waiting for room (see [`Conn::send_control`]).
+    queued_controls: Mutex<VecDeque<Header>>,
+    control_queue_limit: usize,
     /// The protocol dropped frames or closed: `after_state` has work to do.
     attention: AtomicBool,
     closed: AtomicBool,
@@ -121,8 +128,10 @@ impl Conn {
         id: CmId,
         peer_params: &[u8],
         peer: String,
-        stall_limit: Duration,
+        config: &RdmaConfig,
     ) -> Result<Arc<Conn>, Status> {
+        let stall_limit = config.stall_limit;
+        let control_queue_limit = config.control_queue as usize;
         let params = protocol::ConnectParams::decode(peer_params).map_err(|e| {
             Status::unavailable(format!("{peer} sent unusable connection parameters: {e}"))
         })?;
@@ -145,6 +154,9 @@ impl Conn {
             writable: Condvar::new(),
             write_wakers: Mutex::new(Vec::new()),
             has_wakers: AtomicBool::new(false),
+            writable_fired: AtomicBool::new(false),
+            queued_controls: Mutex::new(VecDeque::new()),
+            control_queue_limit,
             attention: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             sink: Mutex::new(None),
@@ -196,7 +208,8 @@ impl Conn {
     }
 
     /// Encodes `frame` into a send slot and posts it (or queues it behind earlier frames
-    /// waiting for credits). Blocks while the ring and queue are full.
+    /// waiting for credits). Blocks while the ring and queue are full: for blocking callers
+    /// only; async code uses [`Conn::poll_send`].
     pub(crate) fn send(self: &Arc<Self>, frame: &OutgoingFrame<'_>) -> Result<(), Status> {
         let len = frame.len();
         if len > self.max_send_frame && large::is_body_kind(frame.header().kind) {
@@ -205,36 +218,9 @@ impl Conn {
         let mut blocked_since: Option<Instant> = None;
         loop {
             let epoch = self.writable_epoch.load(Ordering::Acquire);
-            {
-                let mut state = self.state.lock();
-                match state.proto.reserve_send(len) {
-                    Ok(reservation) => {
-                        // SAFETY: the state lock is held and the slot was just reserved, so no
-                        // posted work request reads it.
-                        let slot = unsafe { self.res.send_buffer(reservation.target()) };
-                        let written =
-                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                frame.write_to(&mut slot[..len])
-                            }));
-                        if let Err(panic) = written {
-                            // A reservation left behind would block every later send.
-                            state.proto.abort_send(reservation);
-                            drop(state);
-                            std::panic::resume_unwind(panic);
-                        }
-                        let committed = state.proto.commit_send(reservation, frame.header());
-                        self.run_actions(&mut state);
-                        // The frame is on its way: a good moment for slot releases that
-                        // waited, under the lock already held. Their credits ride on the
-                        // next frame.
-                        self.release_deferred(&mut state);
-                        drop(state);
-                        self.after_state();
-                        return committed.map_err(|e| self.send_error(e, len));
-                    }
-                    Err(SendError::WouldBlock) => {}
-                    Err(e) => return Err(self.send_error(e, len)),
-                }
+            match self.try_send(frame) {
+                Err(SendError::WouldBlock) => {}
+                done => return done.map_err(|e| self.send_error(e, len)),
             }
             // Out of slots or credits: make progress ourselves if nobody else is, else wait
             // for the protocol to report `Writable`.
@@ -257,6 +243,105 @@ impl Conn {
         }
     }
 
+    /// Sends `frame` from an async task: `Pending` while the ring and queue are full, and
+    /// `cx` is woken on the protocol's next `Writable` (or the close). Never blocks.
+    pub(crate) fn poll_send(
+        self: &Arc<Self>,
+        cx: &mut Context<'_>,
+        frame: &OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        let len = frame.len();
+        if len > self.max_send_frame && large::is_body_kind(frame.header().kind) {
+            return Poll::Ready(self.send_large(frame));
+        }
+        // An async task will wait for a response (or for room): the poller must be watching
+        // the CQs.
+        self.res.attachment.engine.wake_if_unarmed();
+        match self.try_send(frame) {
+            Err(SendError::WouldBlock) => {}
+            done => return Poll::Ready(done.map_err(|e| self.send_error(e, len))),
+        }
+        self.write_wakers.lock().push(cx.waker().clone());
+        self.has_wakers.store(true, Ordering::Release);
+        // Again: `Writable` may have come between the attempt and the registration.
+        match self.try_send(frame) {
+            Err(SendError::WouldBlock) => Poll::Pending,
+            done => Poll::Ready(done.map_err(|e| self.send_error(e, len))),
+        }
+    }
+
+    /// Sends a header-only frame (a client's `Cancel`) without blocking: with no room now it
+    /// waits in a queue of at most `control_queue_limit` frames, sent on the next
+    /// `Writable`; past the bound it is dropped (the peer then answers a call nobody waits
+    /// for, and the answer is ignored).
+    pub(crate) fn send_control(&self, frame: &OutgoingFrame<'_>) -> Result<(), Status> {
+        let header = *frame.header();
+        {
+            let mut queued = self.queued_controls.lock();
+            if queued.is_empty() {
+                match self.try_send(frame) {
+                    Err(SendError::WouldBlock) => {}
+                    done => return done.map_err(|e| self.send_error(e, frame.len())),
+                }
+            }
+            if queued.len() < self.control_queue_limit {
+                queued.push_back(header);
+                return Ok(());
+            }
+        }
+        tracing::debug!(peer = %self.peer, call_id = header.call_id, "control queue full; frame dropped");
+        Err(Status::resource_exhausted(format!(
+            "{} queued control frames wait for credits already",
+            self.control_queue_limit
+        )))
+    }
+
+    /// Sends what `send_control` queued, in order, while there is room.
+    fn flush_controls(&self) {
+        let mut queued = self.queued_controls.lock();
+        while let Some(header) = queued.front() {
+            match self.try_send(&OutgoingFrame::control(*header)) {
+                Err(SendError::WouldBlock) => return,
+                Err(e) => {
+                    tracing::debug!(peer = %self.peer, %e, "queued control frame not sent");
+                    queued.clear();
+                    return;
+                }
+                Ok(()) => {
+                    queued.pop_front();
+                }
+            }
+        }
+    }
+
+    /// One attempt to encode `frame` into a send slot and post it (or queue it behind
+    /// earlier frames waiting for credits). `WouldBlock` when the ring and queue are full.
+    fn try_send(&self, frame: &OutgoingFrame<'_>) -> Result<(), SendError> {
+        let len = frame.len();
+        let mut state = self.state.lock();
+        let reservation = state.proto.reserve_send(len)?;
+        // SAFETY: the state lock is held and the slot was just reserved, so no posted work
+        // request reads it.
+        let slot = unsafe { self.res.send_buffer(reservation.target()) };
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            frame.write_to(&mut slot[..len])
+        }));
+        if let Err(panic) = written {
+            // A reservation left behind would block every later send.
+            state.proto.abort_send(reservation);
+            drop(state);
+            std::panic::resume_unwind(panic);
+        }
+        let committed = state.proto.commit_send(reservation, frame.header());
+        self.run_actions(&mut state);
+        // The frame is on its way: a good moment for slot releases that waited, under the
+        // lock already held. Their credits ride on the next frame.
+        self.release_deferred(&mut state);
+        drop(state);
+        self.after_state();
+        committed
+    }
+
     /// Counters and gauges of the protocol state.
     pub(crate) fn stats(&self) -> crate::protocol::Stats {
         self.state.lock().proto.stats()
@@ -277,26 +362,6 @@ impl Conn {
 
     fn closed_status(&self) -> Status {
         Status::unavailable(format!("connection to {} is closed", self.peer))
-    }
-
-    /// Back-pressure for async senders: ready when a slot can be reserved.
-    pub(crate) fn poll_writable(&self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        if self.is_closed() {
-            return Poll::Ready(Err(self.closed_status()));
-        }
-        let stats = self.state.lock().proto.stats();
-        // An async task will wait for a response: the poller must be watching the CQ.
-        self.res.attachment.engine.wake_if_unarmed();
-        if stats.send_free > 0 {
-            return Poll::Ready(Ok(()));
-        }
-        self.write_wakers.lock().push(cx.waker().clone());
-        self.has_wakers.store(true, Ordering::Release);
-        // Re-check: `Writable` may have fired between the look and the registration.
-        if self.state.lock().proto.stats().send_free > 0 {
-            return Poll::Ready(Ok(()));
-        }
-        Poll::Pending
     }
 
     /// Executes the protocol's actions in order. Called with the state lock held: posts are
@@ -353,6 +418,7 @@ impl Conn {
     /// Work that must happen without the state lock: waking async senders, reporting
     /// dropped frames, tearing down a connection the protocol closed.
     fn wake_writers(&self) {
+        self.writable_fired.store(true, Ordering::Release);
         self.writable_epoch.fetch_add(1, Ordering::AcqRel);
         // Under the lock, so a sender between its check and its wait cannot miss this.
         let _guard = self.writable_lock.lock();
@@ -362,10 +428,16 @@ impl Conn {
     fn after_state(&self) {
         // Plain loads first: these run on every send, completion batch and slot release,
         // and the flags are nearly always clear; a swap would be a locked instruction each.
-        if self.has_wakers.load(Ordering::Acquire) && self.has_wakers.swap(false, Ordering::AcqRel)
+        if self.writable_fired.load(Ordering::Acquire)
+            && self.writable_fired.swap(false, Ordering::AcqRel)
         {
-            let wakers = std::mem::take(&mut *self.write_wakers.lock());
-            wakers.into_iter().for_each(Waker::wake);
+            self.flush_controls();
+            if self.has_wakers.load(Ordering::Acquire)
+                && self.has_wakers.swap(false, Ordering::AcqRel)
+            {
+                let wakers = std::mem::take(&mut *self.write_wakers.lock());
+                wakers.into_iter().for_each(Waker::wake);
+            }
         }
         if !(self.attention.load(Ordering::Acquire) && self.attention.swap(false, Ordering::AcqRel))
         {

@@ -1,5 +1,8 @@
 //! The completion engine: what every RDMA connection of the process on one device, with one
-//! poll mode, shares.
+//! poll mode and one [`Role`], shares.
+//!
+//! Client and server connections never share an engine: a blocking client call drives its
+//! CQ on its own thread, and must not find itself running server handlers inline there.
 //!
 //! * One protection domain. Memory windows are type 2 and bind to one queue pair, so a
 //!   grant still reaches only the peer it was made for.
@@ -51,7 +54,14 @@ const TOKEN_KICK: u64 = u64::MAX - 1;
 /// Empty polls between two looks at the clock while spinning.
 pub(crate) const CLOCK_EVERY: u32 = 1024;
 
-/// Engines of the process, one per (device context, poll mode).
+/// Which side of its connections an engine serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Client,
+    Server,
+}
+
+/// Engines of the process, one per (device context, poll mode, role).
 static ENGINES: Mutex<Vec<Arc<Engine>>> = Mutex::new(Vec::new());
 
 /// What one look at a completion queue found.
@@ -78,6 +88,7 @@ pub(crate) struct SharedCq {
 pub(crate) struct Engine {
     context: Arc<Context>,
     mode: PollMode,
+    role: Role,
     pub(crate) pd: Arc<ProtectionDomain>,
     channel: Arc<CompletionChannel>,
     /// Entries per CQ (the device's limit permitting).
@@ -110,6 +121,7 @@ impl std::fmt::Debug for Engine {
         f.debug_struct("Engine")
             .field("device", &self.context.name())
             .field("mode", &self.mode)
+            .field("role", &self.role)
             .field("attached", &self.attached.load(Ordering::Relaxed))
             .finish()
     }
@@ -151,11 +163,13 @@ impl Drop for Attachment {
 }
 
 impl Engine {
-    /// Attaches a new connection on `context` to the engine of its poll mode (created, with
-    /// its poller, if there is none), reserving `entries` CQ entries for its queue pair.
+    /// Attaches a new connection on `context` to the engine of its poll mode and role
+    /// (created, with its poller, if there is none), reserving `entries` CQ entries for its
+    /// queue pair.
     pub(crate) fn attach(
         context: &Arc<Context>,
         config: &RdmaConfig,
+        role: Role,
         entries: u32,
     ) -> Result<Attachment, Status> {
         let engine = {
@@ -163,12 +177,13 @@ impl Engine {
             let found = engines.iter().find(|e| {
                 e.context.as_ptr() == context.as_ptr()
                     && e.mode == config.poll_mode
+                    && e.role == role
                     && !e.retired.load(Ordering::Acquire)
             });
             let engine = match found {
                 Some(engine) => engine.clone(),
                 None => {
-                    let engine = Engine::new(context, config)?;
+                    let engine = Engine::new(context, config, role)?;
                     poller::spawn(engine.clone()).map_err(|e| {
                         Status::internal(format!("cannot start the RDMA poller thread: {e}"))
                     })?;
@@ -197,7 +212,7 @@ impl Engine {
         Ok(attachment)
     }
 
-    fn new(context: &Arc<Context>, config: &RdmaConfig) -> Result<Arc<Engine>, Status> {
+    fn new(context: &Arc<Context>, config: &RdmaConfig, role: Role) -> Result<Arc<Engine>, Status> {
         let pd = ProtectionDomain::new(context).map_err(|e| verbs_status("ibv_alloc_pd", e))?;
         let channel = CompletionChannel::new(context)
             .map_err(|e| verbs_status("ibv_create_comp_channel", e))?;
@@ -215,6 +230,7 @@ impl Engine {
         Ok(Arc::new(Engine {
             context: context.clone(),
             mode: config.poll_mode,
+            role,
             pd,
             channel,
             cq_entries: config.cq_entries.min(max_cqe).max(1),
@@ -473,10 +489,10 @@ fn tag_of(wc: &WorkCompletion) -> u32 {
 
 /// Engines alive in the process and the connections attached to each (for tests).
 #[allow(dead_code)]
-pub(crate) fn engines() -> Vec<(PollMode, usize)> {
+pub(crate) fn engines() -> Vec<(PollMode, Role, usize)> {
     ENGINES
         .lock()
         .iter()
-        .map(|e| (e.mode, e.attached.load(Ordering::Acquire)))
+        .map(|e| (e.mode, e.role, e.attached.load(Ordering::Acquire)))
         .collect()
 }
