@@ -17,10 +17,13 @@ use crate::transport::config::RdmaConfig;
 use crate::transport::conn::{Conn, FrameSink};
 use crate::transport::engine::Role;
 use crate::transport::events::wait_readable;
+use crate::transport::kick::Kick;
 use crate::transport::resources::{verbs_status, Resources};
 use crate::verbs::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel};
 
 const LISTEN_BACKLOG: u32 = 128;
+/// Longest the listener sleeps without an event.
+const IDLE_WAKE: Duration = Duration::from_secs(60);
 /// Least time a shutdown gives queued answers to leave.
 const DRAIN_SENDS: Duration = Duration::from_millis(100);
 
@@ -29,6 +32,8 @@ struct Shared {
     config: RdmaConfig,
     channel: Arc<EventChannel>,
     stop: AtomicBool,
+    /// Wakes the listener for `stop`: it sleeps on its channel, not on a timer.
+    wake: Kick,
     connections: Mutex<Vec<Served>>,
 }
 
@@ -77,6 +82,7 @@ impl RdmaServer {
             config,
             channel,
             stop: AtomicBool::new(false),
+            wake: Kick::new()?,
             connections: Mutex::new(Vec::new()),
         });
         let listener = {
@@ -106,6 +112,7 @@ impl RdmaServer {
         };
         let started = Instant::now();
         self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.wake.kick();
         let _ = listener.join();
         let served = std::mem::take(&mut *self.shared.connections.lock());
         // A queue pair cannot stop receiving alone: answer new requests UNAVAILABLE instead.
@@ -136,7 +143,9 @@ impl Drop for RdmaServer {
 
 fn listen_loop(listener: &CmId, shared: &Arc<Shared>) {
     while !shared.stop.load(Ordering::SeqCst) {
-        wait_readable([shared.channel.fd()], Duration::from_millis(50));
+        // An idle server costs nothing here: the listener wakes for an rdma_cm event or
+        // its stop, and otherwise only once a minute.
+        wait_readable([shared.channel.fd(), shared.wake.fd()], IDLE_WAKE);
         loop {
             match shared.channel.try_get_event() {
                 Ok(Some(event)) => on_event(listener, event, shared),

@@ -6,10 +6,12 @@ use std::time::{Duration, Instant};
 
 use super::{Engine, Polled, SharedCq, CLOCK_EVERY, TOKEN_COMPLETIONS, TOKEN_KICK};
 
-/// How often a spinning poller looks at the rdma_cm channels, and how long a sleeping one
-/// waits before looking again whether it is still needed.
+/// How often a spinning poller looks at the rdma_cm channels.
 const CM_CHECK: Duration = Duration::from_millis(1);
-const SLEEP_SLICE: Duration = Duration::from_millis(100);
+/// Longest a sleeping poller sleeps: everything that needs it sooner wakes it (a
+/// completion on an armed CQ, an rdma_cm event, a kick from a parking caller, a close left
+/// to it, the last connection leaving), so an idle process wakes only this often.
+const SLEEP_SLICE: Duration = Duration::from_secs(1);
 /// Empty polls between two yields of the CPU while spinning...
 const YIELD_EVERY: u32 = 128;
 /// ...once this many went by without a completion. A yield is a system call (about 2 µs
