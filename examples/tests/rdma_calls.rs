@@ -1,8 +1,9 @@
 //! Generated stubs over real verbs (run in the soft-RoCE VM by `cargo xtask test`).
 //!
-//! Without an RDMA device every test prints "skipped: no RDMA device" and passes, unless
-//! RDMA_RPC_REQUIRE_DEVICE=1 (set in the VM) turns that into a failure. Queue pairs use
-//! `rnr_retry = 0`, so a receive-not-ready anywhere fails the call that hit it.
+//! Every test needs an RDMA device, so a plain `cargo test` ignores them; `cargo xtask test`
+//! runs them in the soft-RoCE VM with `--include-ignored` (and RDMA_RPC_REQUIRE_DEVICE=1, so
+//! a missing device fails instead of skipping). Queue pairs use `rnr_retry = 0`, so a
+//! receive-not-ready anywhere fails the call that hit it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -58,6 +59,7 @@ fn sleep_for(d: Duration) -> SleepRequest {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 async fn echo_over_rdma_through_generated_stubs() {
     if !device() {
         return;
@@ -103,6 +105,7 @@ async fn echo_over_rdma_through_generated_stubs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 async fn ten_thousand_calls_sixteen_in_flight_with_checksums() {
     if !device() {
         return;
@@ -136,6 +139,7 @@ async fn ten_thousand_calls_sixteen_in_flight_with_checksums() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 async fn slow_server_exhausts_credits_without_rnr_or_loss() {
     if !device() {
         return;
@@ -162,6 +166,7 @@ async fn slow_server_exhausts_credits_without_rnr_or_loss() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn messages_at_slot_size_and_one_byte_either_side() {
     if !device() {
         return;
@@ -192,6 +197,7 @@ fn messages_at_slot_size_and_one_byte_either_side() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn parked_blocking_callers_are_answered_without_a_stall() {
     if !device() {
         return;
@@ -217,6 +223,7 @@ fn parked_blocking_callers_are_answered_without_a_stall() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn eight_threads_share_one_client() {
     if !device() {
         return;
@@ -248,6 +255,7 @@ fn eight_threads_share_one_client() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn thirty_two_concurrent_connections() {
     if !device() {
         return;
@@ -285,6 +293,7 @@ fn thirty_two_concurrent_connections() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 async fn server_gone_mid_call_is_unavailable_promptly() {
     if !device() {
         return;
@@ -315,6 +324,7 @@ async fn server_gone_mid_call_is_unavailable_promptly() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn killed_server_process_fails_pending_calls_with_unavailable() {
     if !device() {
         return;
@@ -366,6 +376,7 @@ fn killed_server_process_fails_pending_calls_with_unavailable() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn connecting_where_nobody_listens_fails_fast_and_clearly() {
     if !device() {
         return;
@@ -384,6 +395,7 @@ fn connecting_where_nobody_listens_fails_fast_and_clearly() {
 /// ring never runs out of receives. Before the lend limit the 64th reply stalled the
 /// connection for good (held slots were never re-posted, so no credit came back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 async fn kept_replies_never_stall_the_connection() {
     if !device() {
         return;

@@ -3,8 +3,8 @@
 //!
 //! Sizes from a slot through 256 MiB in both directions, 1 GiB once each way, small calls
 //! running while a large transfer is on the wire, cancel and deadline mid-transfer, and
-//! sizes beyond the configured limits. Skipped without an RDMA device (a failure with
-//! RDMA_RPC_REQUIRE_DEVICE=1).
+//! sizes beyond the configured limits. Ignored by a plain `cargo test` (they need a device);
+//! `cargo xtask test` runs them in the soft-RoCE VM with `--include-ignored`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,6 +83,7 @@ fn bulk(client: &TesterClient, request_len: usize, reply_len: usize, seed: u64) 
 }
 
 #[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn bodies_from_a_slot_to_256_mib_in_both_directions() {
     if !device() {
         return;
@@ -112,6 +113,7 @@ fn bodies_from_a_slot_to_256_mib_in_both_directions() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn repeated_large_responses_go_straight_into_an_advertised_buffer() {
     if !device() {
         return;
@@ -164,6 +166,7 @@ fn repeated_large_responses_go_straight_into_an_advertised_buffer() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn one_gib_each_way() {
     if !device() {
         return;
@@ -180,6 +183,7 @@ fn one_gib_each_way() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 async fn small_calls_keep_flowing_during_a_large_transfer() {
     if !device() {
         return;
@@ -228,6 +232,7 @@ async fn small_calls_keep_flowing_during_a_large_transfer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 async fn cancel_and_deadline_in_the_middle_of_a_large_transfer() {
     if !device() {
         return;
@@ -271,6 +276,7 @@ async fn cancel_and_deadline_in_the_middle_of_a_large_transfer() {
 }
 
 #[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn sizes_beyond_the_limits_are_refused_with_both_sizes() {
     if !device() {
         return;
