@@ -34,6 +34,32 @@ pub enum Command {
     /// On TCP loopback: rdma-rpc (tcp://) vs tonic vs a raw length-prefixed ping-pong, one
     /// call at a time.
     TcpCompare(CompareArgs),
+    /// Open many connections to a running `rpc-bench server` (one call each), let them sit
+    /// idle, and report the server process's threads, pinned memory and idle CPU.
+    Connections(ConnectionsArgs),
+}
+
+/// Arguments of `rpc-bench connections`.
+#[derive(Debug, Args)]
+pub struct ConnectionsArgs {
+    /// Server URL (a running `rpc-bench server`).
+    #[arg(long, value_parser = parse_url)]
+    pub url: Endpoint,
+    /// Connections to open.
+    #[arg(long, default_value_t = 200, value_parser = positive_usize)]
+    pub count: usize,
+    /// Process id of the server, whose /proc entry is read.
+    #[arg(long)]
+    pub server_pid: u32,
+    /// Seconds every connection sits idle while the server's CPU time is measured.
+    #[arg(long, default_value_t = 10)]
+    pub idle_secs: u64,
+    /// Print exactly one JSON object on stdout instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+    /// RDMA settings.
+    #[command(flatten)]
+    pub rdma: RdmaArgs,
 }
 
 /// Arguments of `rpc-bench server`.

@@ -12,12 +12,14 @@
 //! * [`tonic_echo`]: the same echo service over tonic (gRPC over HTTP/2).
 //! * [`floor`]: a raw length-prefixed ping-pong over a plain `TcpStream`.
 //! * [`compare`]: `tcp-compare`, the three of them side by side.
+//! * [`fleet`]: `connections`, many connections to one server process and what they cost it.
 //! * [`error`]: [`BenchError`] and the process exit codes.
 
 pub mod cli;
 pub mod clock;
 pub mod compare;
 pub mod error;
+pub mod fleet;
 pub mod floor;
 pub mod ours;
 pub mod payload;

@@ -5,6 +5,7 @@
 //! rpc-bench client   --url rdma://192.168.77.1:7471 --size 4096 --iters 100000 --json
 //! rpc-bench loopback --url tcp://127.0.0.1:0 --size 64 --iters 10000 --concurrency 8
 //! rpc-bench tcp-compare --size 32 --iters 20000
+//! rpc-bench connections --url rdma://192.168.77.1:7471 --count 1000 --server-pid 4242
 //! ```
 //!
 //! Exit codes: 0 success, 1 a failure while running (connect, call, reply mismatch),
@@ -14,7 +15,7 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use rpc_bench::cli::{Cli, ClientArgs, Command, CompareArgs, ServerArgs};
+use rpc_bench::cli::{Cli, ClientArgs, Command, CompareArgs, ConnectionsArgs, ServerArgs};
 use rpc_bench::ours::{self, ClientPlan};
 use rpc_bench::{compare, BenchError, BenchResult};
 
@@ -25,6 +26,7 @@ fn main() -> ExitCode {
         Command::Client(args) => client(&args, None),
         Command::Loopback(args) => loopback(&args),
         Command::TcpCompare(args) => tcp_compare(&args),
+        Command::Connections(args) => connections(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -70,6 +72,26 @@ fn loopback(args: &ClientArgs) -> Result<(), BenchError> {
     let outcome = client(args, Some(server.local_url()));
     server.shutdown(std::time::Duration::from_secs(1));
     outcome
+}
+
+fn connections(args: &ConnectionsArgs) -> Result<(), BenchError> {
+    let report = rpc_bench::fleet::run(
+        &args.url,
+        args.count,
+        args.server_pid,
+        std::time::Duration::from_secs(args.idle_secs),
+        args.rdma.config(),
+    )?;
+    let text = if args.json {
+        serde_json::to_string(&report).map_err(|e| BenchError::failed("encoding JSON", e))? + "\n"
+    } else {
+        report.text()
+    };
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(|e| BenchError::failed("writing to stdout", e))
 }
 
 fn tcp_compare(args: &CompareArgs) -> Result<(), BenchError> {

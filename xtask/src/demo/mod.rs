@@ -22,8 +22,15 @@ pub use report::{BenchPoint, DemoReport};
 pub const SIZES: &[u64] = &[32, 512, 4096, 32768, 262_144, 1 << 20, 4 << 20];
 /// Size of the goodput comparison with `ib_write_bw` (request and response both this big).
 pub const GOODPUT_SIZE: u64 = 1 << 20;
-/// Calls in flight in the concurrency sweep (32 B).
-pub const CONCURRENCY: &[u32] = &[1, 4, 16];
+/// Calls in flight in the concurrency sweep (32 B, async stubs; 1 is the blocking stub).
+pub const CONCURRENCY: &[u32] = &[1, 4, 16, 64];
+/// Polling modes of the concurrency sweep.
+pub const POLL_MODES: &[&str] = &["busy", "adaptive", "event"];
+/// Runs of `ib_send_bw -s 32`; the best message rate is the reference of the sweep.
+const SEND_BW_RUNS: usize = 3;
+/// Client connections of the fleet step, all to one server process.
+pub const FLEET: usize = 1000;
+const FLEET_PORT: u16 = 7472;
 /// Ring slot size of the benchmark connections.
 const SLOT_SIZE: u32 = 65536;
 const DEMO_PORT: u16 = 7471;
@@ -42,6 +49,20 @@ pub struct BenchJson {
     pub max_us: f64,
     pub calls_per_sec: f64,
     pub goodput_mib_s: f64,
+    #[serde(default)]
+    pub poll: Option<String>,
+}
+
+/// Minimal view of `rpc-bench connections --json` output.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+pub struct FleetJson {
+    pub connections: usize,
+    pub connect_secs: f64,
+    pub server_threads: u64,
+    pub server_vm_pin_kib: u64,
+    pub server_rss_kib: u64,
+    pub server_idle_cpu: f64,
+    pub idle_secs: f64,
 }
 
 fn perftest_suite() -> Vec<Perftest> {
@@ -50,6 +71,7 @@ fn perftest_suite() -> Vec<Perftest> {
         .map(|&size| Perftest::new("ib_send_lat", size, iterations(size, 2000)))
         .collect();
     suite.push(Perftest::new("ib_send_bw", 65536, 500));
+    suite.extend((0..SEND_BW_RUNS).map(|_| Perftest::new("ib_send_bw", 32, 20000)));
     suite.push(Perftest::new("ib_write_bw", 1 << 20, 100));
     suite
 }
@@ -65,18 +87,42 @@ fn iterations(size: u64, base: u32) -> u32 {
     }
 }
 
-fn bench_args(bin: &Path, size: u64, concurrency: u32, addr: &str) -> Vec<String> {
+/// One `rpc-bench loopback` run of the demo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Point {
+    size: u64,
+    concurrency: u32,
+    poll: &'static str,
+}
+
+impl Point {
+    /// A point of the size sweep. Busy polling only where it wins: one call at a time,
+    /// small enough for SEND/RECV. Bodies that move by RDMA WRITE keep soft-RoCE busy for
+    /// milliseconds, and its kernel threads share the VM's two vCPUs with our pollers:
+    /// spinning there starves the very transfer it waits for (1 MiB x1: busy 0.42x of
+    /// ib_write_bw, adaptive 0.70x).
+    fn sized(size: u64, concurrency: u32) -> Point {
+        let poll = if concurrency == 1 && size < u64::from(SLOT_SIZE) {
+            "busy"
+        } else {
+            "adaptive"
+        };
+        Point {
+            size,
+            concurrency,
+            poll,
+        }
+    }
+}
+
+fn bench_args(bin: &Path, point: Point, addr: &str) -> Vec<String> {
+    let Point {
+        size,
+        concurrency,
+        poll,
+    } = point;
     let iters = iterations(size, if size >= 4096 { 2000 } else { 5000 });
     let warmup = (iters / 10).clamp(3, 500);
-    // Busy polling only where it wins: one call at a time, small enough for SEND/RECV.
-    // Bodies that move by RDMA WRITE keep soft-RoCE busy for milliseconds, and its kernel
-    // threads share the VM's two vCPUs with our pollers: spinning there starves the very
-    // transfer it waits for (1 MiB x1: busy 0.42x of ib_write_bw, adaptive 0.70x).
-    let poll = if concurrency == 1 && size < u64::from(SLOT_SIZE) {
-        "busy"
-    } else {
-        "adaptive"
-    };
     [
         bin.display().to_string(),
         "loopback".into(),
@@ -99,12 +145,35 @@ fn bench_args(bin: &Path, size: u64, concurrency: u32, addr: &str) -> Vec<String
     .into()
 }
 
-fn bench_points() -> Vec<(u64, u32)> {
-    let mut points: Vec<(u64, u32)> = SIZES.iter().map(|&s| (s, 1)).collect();
-    points.extend(CONCURRENCY.iter().filter(|&&c| c > 1).map(|&c| (32, c)));
+fn bench_points() -> Vec<Point> {
+    let mut points: Vec<Point> = SIZES.iter().map(|&s| Point::sized(s, 1)).collect();
     // Two large calls in flight: one's request and the other's response overlap.
-    points.push((GOODPUT_SIZE, 2));
+    points.push(Point::sized(GOODPUT_SIZE, 2));
+    for &poll in POLL_MODES {
+        for &concurrency in CONCURRENCY {
+            let point = Point {
+                size: 32,
+                concurrency,
+                poll,
+            };
+            // The size sweep's 32 B point may be one of these already.
+            if !points.contains(&point) {
+                points.push(point);
+            }
+        }
+    }
     points
+}
+
+/// One shell command: an `rpc-bench server` process, and `rpc-bench connections` opening
+/// [`FLEET`] connections to it and measuring it.
+fn fleet_step(bin: &Path, addr: &str) -> Vec<String> {
+    let url = format!("rdma://{addr}:{FLEET_PORT}");
+    let script = format!(
+        "ulimit -n 65536; {bin} server --url {url} >/dev/null & s=$!; sleep 2;          {bin} connections --url {url} --count {FLEET} --server-pid $s --idle-secs 10 --json;          rc=$?; kill $s; wait $s; exit $rc",
+        bin = bin.display(),
+    );
+    vec!["sh".into(), "-c".into(), script]
 }
 
 /// Runs the main job; returns whether every step succeeded.
@@ -131,7 +200,8 @@ pub fn run(opts: &VmOptions, out_dir: &Path) -> Result<bool, VmError> {
     for line in &echo.output {
         println!("  {line}");
     }
-    let (perf_outcomes, bench_outcomes) = rest.split_at(suite.len());
+    let (perf_outcomes, rest) = rest.split_at(suite.len());
+    let (bench_outcomes, fleet_outcome) = rest.split_at(points.len());
     let figures: Vec<Figure> = match perftest::figures(&suite, perf_outcomes) {
         Ok(f) => f,
         Err(e) => {
@@ -141,17 +211,31 @@ pub fn run(opts: &VmOptions, out_dir: &Path) -> Result<bool, VmError> {
     };
     let mut ok = echo.success();
     let mut results = Vec::new();
-    for (&(size, concurrency), outcome) in points.iter().zip(bench_outcomes) {
-        match parse_bench(outcome) {
+    for (point, outcome) in points.iter().zip(bench_outcomes) {
+        match parse_json_line::<BenchJson>(outcome) {
             Ok(result) => results.push(result),
             Err(e) => {
                 ok = false;
-                eprintln!("error: rpc-bench {size} B x{concurrency}: {e}");
+                eprintln!(
+                    "error: rpc-bench {} B x{} {}: {e}",
+                    point.size, point.concurrency, point.poll
+                );
             }
         }
     }
+    let fleet =
+        fleet_outcome
+            .first()
+            .and_then(|outcome| match parse_json_line::<FleetJson>(outcome) {
+                Ok(fleet) => Some(fleet),
+                Err(e) => {
+                    ok = false;
+                    eprintln!("error: rpc-bench connections: {e}");
+                    None
+                }
+            });
     let tcp = run_tcp_compare(&rpc_bench);
-    let report = DemoReport::new(figures, results, tcp);
+    let report = DemoReport::new(figures, results, fleet, tcp);
     print!("{}", report.table());
     std::fs::create_dir_all(out_dir).map_err(|e| VmError::io("creating the output folder", e))?;
     let json_path = out_dir.join("results.json");
@@ -212,7 +296,7 @@ fn echo_demo(bin_dir: &Path, addr: &str) -> Vec<String> {
 fn run_in_vm(
     opts: &VmOptions,
     suite: &[Perftest],
-    points: &[(u64, u32)],
+    points: &[Point],
     bin_dir: &Path,
     root: &Path,
 ) -> Result<Vec<StepOutcome>, VmError> {
@@ -223,16 +307,26 @@ fn run_in_vm(
             .with_timeout(Duration::from_secs(120)),
     );
     plan.steps.extend(suite.iter().map(Perftest::step));
-    for &(size, concurrency) in points {
-        let argv = bench_args(&bin_dir.join("rpc-bench"), size, concurrency, addr);
+    for &point in points {
+        let argv = bench_args(&bin_dir.join("rpc-bench"), point, addr);
         plan.steps.push(
             Step::run(
-                format!("rpc-bench {size} B x{concurrency}"),
+                format!(
+                    "rpc-bench {} B x{} {}",
+                    point.size, point.concurrency, point.poll
+                ),
                 GuestCommand::new(argv),
             )
             .with_timeout(Duration::from_secs(300)),
         );
     }
+    plan.steps.push(
+        Step::run(
+            format!("rpc-bench connections x{FLEET}"),
+            GuestCommand::new(fleet_step(&bin_dir.join("rpc-bench"), addr)),
+        )
+        .with_timeout(Duration::from_secs(600)),
+    );
     let mut opts = opts.clone();
     opts.echo = false;
     let report = vm::run(&plan, &opts)?;
@@ -246,7 +340,7 @@ fn run_in_vm(
 
 fn run_on_host(
     suite: &[Perftest],
-    points: &[(u64, u32)],
+    points: &[Point],
     bin_dir: &Path,
 ) -> Result<Vec<StepOutcome>, VmError> {
     let addr = std::env::var("RDMA_RPC_TEST_ADDR").map_err(|_| {
@@ -279,13 +373,20 @@ fn run_on_host(
             Duration::from_secs(1),
         ));
     }
-    for &(size, concurrency) in points {
-        let argv = bench_args(&bin_dir.join("rpc-bench"), size, concurrency, &addr);
+    for &point in points {
+        let argv = bench_args(&bin_dir.join("rpc-bench"), point, &addr);
         outcomes.push(host::run(
-            &format!("rpc-bench {size} B x{concurrency}"),
+            &format!(
+                "rpc-bench {} B x{} {}",
+                point.size, point.concurrency, point.poll
+            ),
             &argv,
         ));
     }
+    outcomes.push(host::run(
+        &format!("rpc-bench connections x{FLEET}"),
+        &fleet_step(&bin_dir.join("rpc-bench"), &addr),
+    ));
     Ok(outcomes)
 }
 
@@ -366,7 +467,8 @@ mod host {
     }
 }
 
-fn parse_bench(outcome: &StepOutcome) -> Result<BenchJson, String> {
+/// The last line of a step's output that parses as `T` (a `--json` result).
+fn parse_json_line<T: serde::de::DeserializeOwned>(outcome: &StepOutcome) -> Result<T, String> {
     if !outcome.success() {
         return Err(format!(
             "exit {}: {}",
@@ -378,7 +480,7 @@ fn parse_bench(outcome: &StepOutcome) -> Result<BenchJson, String> {
         .output
         .iter()
         .rev()
-        .find_map(|line| serde_json::from_str::<BenchJson>(line.trim()).ok())
+        .find_map(|line| serde_json::from_str::<T>(line.trim()).ok())
         .ok_or_else(|| format!("no JSON result in: {}", outcome.output.join("\n")))
 }
 

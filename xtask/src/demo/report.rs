@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::BenchJson;
+use super::{BenchJson, FleetJson};
 use crate::perftest::Figure;
 
 /// Our latency at one size next to perftest's round trip at the same size.
@@ -30,6 +30,19 @@ pub struct GoodputPoint {
     pub ratio: Option<f64>,
 }
 
+/// 32 B calls at some calls in flight and polling mode, next to `ib_send_bw -s 32`.
+#[derive(Debug, Clone, Serialize)]
+pub struct InFlightPoint {
+    pub poll: String,
+    pub concurrency: u32,
+    pub p50_us: f64,
+    pub calls_per_sec: f64,
+    /// Calls/s over the same mode's calls/s with one call in flight.
+    pub speedup: Option<f64>,
+    /// RPC messages per second (2 × calls/s) over `ib_send_bw -s 32`'s best message rate.
+    pub msg_rate_ratio: Option<f64>,
+}
+
 /// Everything the demo measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct DemoReport {
@@ -37,6 +50,10 @@ pub struct DemoReport {
     pub rdma: Vec<BenchJson>,
     pub latency: Vec<BenchPoint>,
     pub goodput: Vec<GoodputPoint>,
+    pub in_flight: Vec<InFlightPoint>,
+    /// `ib_send_bw -s 32`, best message rate of its runs, msg/s.
+    pub send_bw_32_msg_rate: Option<f64>,
+    pub fleet: Option<FleetJson>,
     pub tcp_compare: Option<serde_json::Value>,
 }
 
@@ -44,6 +61,7 @@ impl DemoReport {
     pub fn new(
         perftest: Vec<Figure>,
         rdma: Vec<BenchJson>,
+        fleet: Option<FleetJson>,
         tcp_compare: Option<serde_json::Value>,
     ) -> DemoReport {
         let send_lat = |size: u64| {
@@ -52,9 +70,13 @@ impl DemoReport {
                 .find(|f| f.test == "ib_send_lat" && f.size == size && f.figure == "t_typical")
                 .map(|f| 2.0 * f.value)
         };
+        // The size sweep: one call at a time, its polling mode chosen per size.
+        let sweep = |r: &&BenchJson| {
+            r.concurrency == 1 && (r.size != 32 || r.poll.as_deref() == Some("busy"))
+        };
         let latency = rdma
             .iter()
-            .filter(|r| r.concurrency == 1)
+            .filter(sweep)
             .map(|r| {
                 let round_trip = send_lat(r.size);
                 BenchPoint {
@@ -86,11 +108,20 @@ impl DemoReport {
                 }
             })
             .collect();
+        let send_bw_32_msg_rate = perftest
+            .iter()
+            .filter(|f| f.test == "ib_send_bw" && f.size == 32 && f.figure == "msg_rate")
+            .map(|f| f.value)
+            .reduce(f64::max);
+        let in_flight = in_flight(&rdma, send_bw_32_msg_rate);
         DemoReport {
             perftest,
             rdma,
             latency,
             goodput,
+            in_flight,
+            send_bw_32_msg_rate,
+            fleet,
             tcp_compare,
         }
     }
@@ -116,15 +147,39 @@ impl DemoReport {
                 p.ratio.map_or("-".into(), |v| format!("{v:.2}×")),
             ));
         }
-        out.push_str("\n== concurrency sweep, 32 B (async calls, adaptive polling) ==\n");
         out.push_str(&format!(
-            "{:>11}  {:>10}  {:>10}  {:>10}\n",
-            "in flight", "p50 µs", "p99 µs", "calls/s"
+            "\n== calls in flight, 32 B, one connection (1: blocking stub, more: async stubs) vs \
+             ib_send_bw -s 32 (best of its runs: {} msg/s), same boot ==\n",
+            self.send_bw_32_msg_rate
+                .map_or("-".into(), |v| format!("{v:.0}"))
         ));
-        for r in self.rdma.iter().filter(|r| r.size == 32) {
+        out.push_str(&format!(
+            "{:<9}  {:>9}  {:>10}  {:>10}  {:>8}  {:>14}\n",
+            "polling", "in flight", "p50 µs", "calls/s", "vs x1", "2×calls/s / bw"
+        ));
+        for p in &self.in_flight {
             out.push_str(&format!(
-                "{:>11}  {:>10.1}  {:>10.1}  {:>10.0}\n",
-                r.concurrency, r.p50_us, r.p99_us, r.calls_per_sec
+                "{:<9}  {:>9}  {:>10.1}  {:>10.0}  {:>8}  {:>14}\n",
+                p.poll,
+                p.concurrency,
+                p.p50_us,
+                p.calls_per_sec,
+                p.speedup.map_or("-".into(), |v| format!("{v:.2}×")),
+                p.msg_rate_ratio.map_or("-".into(), |v| format!("{v:.2}×")),
+            ));
+        }
+        if let Some(f) = &self.fleet {
+            out.push_str(&format!(
+                "\n== {} client connections to one server process (default adaptive polling) ==\n  \
+                 connected in {:.1} s; server: {} threads, VmPin {:.1} MiB, RSS {:.1} MiB, \
+                 {:.2}% of a core over {:.0} s with every connection idle\n",
+                f.connections,
+                f.connect_secs,
+                f.server_threads,
+                f.server_vm_pin_kib as f64 / 1024.0,
+                f.server_rss_kib as f64 / 1024.0,
+                f.server_idle_cpu * 100.0,
+                f.idle_secs,
             ));
         }
         out.push_str("\n== bandwidth ==\n");
@@ -171,4 +226,34 @@ impl DemoReport {
         );
         out
     }
+}
+
+/// The concurrency sweep (32 B, every polling mode) next to `ib_send_bw -s 32`.
+fn in_flight(rdma: &[BenchJson], send_bw: Option<f64>) -> Vec<InFlightPoint> {
+    let points: Vec<&BenchJson> = rdma
+        .iter()
+        .filter(|r| r.size == 32 && r.poll.is_some())
+        .collect();
+    let one = |poll: &str| {
+        points
+            .iter()
+            .find(|r| r.concurrency == 1 && r.poll.as_deref() == Some(poll))
+            .map(|r| r.calls_per_sec)
+    };
+    super::POLL_MODES
+        .iter()
+        .flat_map(|&mode| {
+            points
+                .iter()
+                .filter(move |r| r.poll.as_deref().is_some_and(|p| p.starts_with(mode)))
+                .map(move |r| InFlightPoint {
+                    poll: mode.to_owned(),
+                    concurrency: r.concurrency,
+                    p50_us: r.p50_us,
+                    calls_per_sec: r.calls_per_sec,
+                    speedup: one(r.poll.as_deref().unwrap_or(mode)).map(|x1| r.calls_per_sec / x1),
+                    msg_rate_ratio: send_bw.map(|bw| 2.0 * r.calls_per_sec / bw),
+                })
+        })
+        .collect()
 }
