@@ -85,7 +85,7 @@ pub use cq::CompletionQueue;
 pub use device::{devices, DeviceInfo};
 pub use error::{Result, VerbsError, WcError};
 pub use event_channel::{CmEvent, CmEventKind, EventChannel, PeerConnParam};
-pub use mr::{AccessFlags, AlignedBuffer, MemoryRegion, StableBuffer};
+pub use mr::{AccessFlags, AlignedBuffer, Borrowed, MemoryRegion, StableBuffer};
 pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
 pub use qp::{QpCapabilities, QpInitAttr, QueuePair};

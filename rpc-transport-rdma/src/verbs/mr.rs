@@ -2,6 +2,7 @@
 //! device through its lkey (locally) and rkey (by the peer).
 
 use std::alloc::{self, Layout};
+use std::marker::PhantomData;
 use std::ops::{BitOr, BitOrAssign, Range};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -104,17 +105,69 @@ unsafe impl StableBuffer for Box<[u8]> {
     }
 }
 
-// SAFETY: borrowed memory stays put for the borrow's lifetime, which bounds the
-// MemoryRegion's lifetime; the exclusive borrow keeps the caller from touching it meanwhile.
-unsafe impl StableBuffer for &mut [u8] {
+/// Caller-owned memory in a [`MemoryRegion`]: made only by the `unsafe`
+/// [`MemoryRegion::register_borrowed`], whose contract keeps the device away from the
+/// memory once the borrow ends.
+#[derive(Debug)]
+pub struct Borrowed<'a> {
+    ptr: NonNull<u8>,
+    len: usize,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: `Borrowed` stands for an exclusive `&'a mut [u8]`, which is Send.
+unsafe impl Send for Borrowed<'_> {}
+// SAFETY: shared access only reads, like `&[u8]`.
+unsafe impl Sync for Borrowed<'_> {}
+
+// SAFETY: borrowed memory stays put for the borrow's lifetime; `register_borrowed`'s caller
+// guarantees the region is deregistered before the borrow ends.
+unsafe impl StableBuffer for Borrowed<'_> {
     fn as_ptr(&self) -> *const u8 {
-        <[u8]>::as_ptr(self)
+        self.ptr.as_ptr()
     }
     fn as_mut_ptr(&mut self) -> *mut u8 {
-        <[u8]>::as_mut_ptr(self)
+        self.ptr.as_ptr()
     }
     fn len(&self) -> usize {
-        <[u8]>::len(self)
+        self.len
+    }
+}
+
+impl<'a> MemoryRegion<Borrowed<'a>> {
+    /// Registers memory the caller keeps owning, for the borrow's lifetime.
+    ///
+    /// # Safety
+    /// The device may read and write registered memory by address, whatever Rust knows of
+    /// its borrows. The caller must make sure the region is dropped (deregistered) before
+    /// `buf`'s borrow ends: not leaked with `mem::forget`, not kept alive by a reference
+    /// cycle. And, as for every region, no work request may name the memory once the region
+    /// is gone (destroy or drain the queue pairs using it first).
+    ///
+    /// Safe code cannot register borrowed memory, since a leaked region would outlive the
+    /// borrow:
+    ///
+    /// ```compile_fail
+    /// use std::sync::Arc;
+    /// use rpc_transport_rdma::verbs::{AccessFlags, MemoryRegion, ProtectionDomain};
+    /// fn leak(pd: &Arc<ProtectionDomain>, buf: &mut [u8]) {
+    ///     let region = MemoryRegion::register(pd, buf, AccessFlags::LOCAL_WRITE).unwrap();
+    ///     std::mem::forget(region);
+    /// }
+    /// ```
+    pub unsafe fn register_borrowed(
+        pd: &Arc<ProtectionDomain>,
+        buf: &'a mut [u8],
+        access: AccessFlags,
+    ) -> Result<Self> {
+        let ptr = NonNull::new(buf.as_mut_ptr())
+            .ok_or_else(|| VerbsError::invalid("ibv_reg_mr", "cannot register a null pointer"))?;
+        let borrowed = Borrowed {
+            ptr,
+            len: buf.len(),
+            _borrow: PhantomData,
+        };
+        Self::register(pd, borrowed, access)
     }
 }
 
@@ -193,9 +246,10 @@ fn page_size() -> usize {
         .unwrap_or(4096)
 }
 
-/// Registered memory. Owns its buffer `B` (or, for `B = &mut [u8]`, borrows the caller's
-/// memory); deregisters on drop *before* the buffer is freed, and holds an `Arc` to its
-/// protection domain, so the domain outlives it.
+/// Registered memory. Owns its buffer `B` (or, for [`Borrowed`], borrows the caller's
+/// memory through the `unsafe` [`MemoryRegion::register_borrowed`]); deregisters on drop
+/// *before* the buffer is freed, and holds an `Arc` to its protection domain, so the domain
+/// outlives it.
 ///
 /// Memory the device may write (receives, RDMA READ targets, and regions whose rkey was given
 /// to a peer with [`AccessFlags::REMOTE_WRITE`]) may change under `as_slice` while such an
