@@ -1,13 +1,20 @@
 //! RDMA transport for rdma-rpc: RC queue pairs set up with rdma_cm, pre-registered
-//! memory-region rings, SEND/RECV under a credit protocol.
+//! memory-region rings, SEND/RECV under a credit protocol, large bodies by RDMA WRITE.
 //!
-//! * [`verbs`]: safe RAII owners over `rdma-sys` (one file per verbs object).
-//! * [`protocol`]: the sans-IO wire protocol (credits, ring slots); no verbs inside.
-//! * [`RdmaClient`], [`RdmaServer`], [`RdmaConfig`]: the transport that drives the protocol
-//!   with verbs, used by `rdma-rpc` for `rdma://` URLs.
+//! Three crates, cut along their seams; this one is what users pick:
+//!
+//! * [`verbs`] (crate `rpc-rdma-verbs`): safe RAII owners over `rdma-sys`, one file per
+//!   verbs object.
+//! * [`protocol`] (crate `rpc-rdma-protocol`): the sans-IO wire protocol (credits, ring
+//!   slots, large bodies); no verbs, no libibverbs, no libclang: it builds, tests and fuzzes
+//!   anywhere.
+//! * here, the driver: [`RdmaClient`], [`RdmaServer`], [`RdmaConfig`], which run the
+//!   protocol over verbs with a completion engine shared by connections; used by `rdma-rpc`
+//!   for `rdma://` URLs.
 
-pub mod protocol;
+pub use rpc_rdma_protocol as protocol;
+pub use rpc_rdma_verbs as verbs;
+
 mod transport;
-pub mod verbs;
 
 pub use transport::{PollMode, RdmaClient, RdmaConfig, RdmaServer};

@@ -175,7 +175,7 @@ impl Engine {
         let engine = {
             let mut engines = ENGINES.lock();
             let found = engines.iter().find(|e| {
-                e.context.as_ptr() == context.as_ptr()
+                e.context.is_same(context)
                     && e.mode == config.poll_mode
                     && e.role == role
                     && !e.retired.load(Ordering::Acquire)

@@ -4,7 +4,7 @@
 use rpc_core::{Flags, FrameKind, Header};
 
 use super::Endpoint;
-use crate::protocol::SendError;
+use crate::SendError;
 
 impl Endpoint {
     /// Sends a request of `payload` bytes advertising a fresh `buffer` byte response

@@ -6,8 +6,8 @@ use std::collections::VecDeque;
 use rpc_core::{Code, FrameKind, Header, RemoteBuffer};
 
 use super::{Grant, GrantState, Large};
-use crate::protocol::action::Action;
-use crate::protocol::error::ProtocolViolation;
+use crate::action::Action;
+use crate::error::ProtocolViolation;
 
 impl Large {
     /// The peer asks for a buffer.

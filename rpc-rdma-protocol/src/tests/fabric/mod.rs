@@ -29,7 +29,7 @@ mod large;
 
 pub(crate) use large::LargeSide;
 
-use crate::protocol::{
+use crate::{
     Action, Config, Connection, Geometry, Received, SendError, SendReservation, SendTarget, WorkId,
     WriteWork, CREDITS_OFFSET,
 };
@@ -289,7 +289,7 @@ impl Endpoint {
                 );
                 let cap = match work.target {
                     SendTarget::Ring(_) => self.geom.send_slot_size,
-                    SendTarget::Control => crate::protocol::CONTROL_BUF_LEN as u32,
+                    SendTarget::Control => crate::CONTROL_BUF_LEN as u32,
                 };
                 assert!(work.len <= cap && work.len <= self.geom.max_send_frame);
                 let off = self.geom.send_offset(work.target);
@@ -432,7 +432,7 @@ impl Endpoint {
         true
     }
 
-    fn pending_sends(&self) -> impl Iterator<Item = &crate::protocol::SendWork> {
+    fn pending_sends(&self) -> impl Iterator<Item = &crate::SendWork> {
         self.pending.iter().filter_map(|a| match a {
             Action::PostSend(w) => Some(w),
             _ => None,
@@ -521,10 +521,8 @@ pub(crate) struct Pair {
 impl Pair {
     /// Negotiates both sides from their configurations, as rdma_cm private data would.
     pub(crate) fn new(a: Config, b: Config) -> Pair {
-        let pa =
-            crate::protocol::ConnectParams::decode(&a.connect_params().encode()).expect("a params");
-        let pb =
-            crate::protocol::ConnectParams::decode(&b.connect_params().encode()).expect("b params");
+        let pa = crate::ConnectParams::decode(&a.connect_params().encode()).expect("a params");
+        let pb = crate::ConnectParams::decode(&b.connect_params().encode()).expect("b params");
         let ga = Geometry::negotiate(&a, &pb).expect("a negotiates");
         let gb = Geometry::negotiate(&b, &pa).expect("b negotiates");
         Pair {

@@ -4,7 +4,7 @@
 use rpc_core::Code;
 
 use super::fabric::{Pair, Side};
-use crate::protocol::{Config, LargeConfig};
+use crate::{Config, LargeConfig};
 
 pub(super) const CHUNK: u32 = 4096;
 

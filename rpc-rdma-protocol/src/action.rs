@@ -12,7 +12,7 @@ pub const CREDITS_OFFSET: usize = 28;
 pub enum SendTarget {
     /// A slot of the send ring.
     Ring(u32),
-    /// The connection's control buffer ([`crate::protocol::CONTROL_BUF_LEN`] bytes after the
+    /// The connection's control buffer ([`crate::CONTROL_BUF_LEN`] bytes after the
     /// send ring), used only by credit-only frames.
     Control,
 }
@@ -99,7 +99,7 @@ impl SendTarget {
 }
 
 /// A frame delivered to the upper layer. Its slot stays out of the receive ring until
-/// [`crate::protocol::Connection::release_recv`].
+/// [`crate::Connection::release_recv`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Received {
     /// Receive slot holding the frame.
@@ -109,8 +109,8 @@ pub struct Received {
     /// Frame length (header, metadata and payload), equal to the completion's byte count.
     pub len: u32,
     /// Whether the upper layer may keep the slot as a zero-copy view. False once
-    /// [`crate::protocol::Geometry::lend_limit`] slots are held: the driver then copies the
-    /// frame out and releases the slot at once ([`crate::protocol::Connection::release_recv`]).
+    /// [`crate::Geometry::lend_limit`] slots are held: the driver then copies the
+    /// frame out and releases the slot at once ([`crate::Connection::release_recv`]).
     pub lend: bool,
 }
 
@@ -139,7 +139,7 @@ pub enum Action {
     },
     /// Call [`SendWork::prepare`] on the target's memory, then post the SEND.
     PostSend(SendWork),
-    /// Send capacity is available again after a [`crate::protocol::SendError::WouldBlock`].
+    /// Send capacity is available again after a [`crate::SendError::WouldBlock`].
     Writable,
     /// A committed frame will never be sent (the connection closed first); fail its call.
     SendDropped {
@@ -174,8 +174,8 @@ pub enum Action {
         limit: u64,
     },
     /// The peer asks for a buffer of `len` bytes for `call_id`: lend one and call
-    /// [`crate::protocol::Connection::grant`], or call
-    /// [`crate::protocol::Connection::refuse`], before executing further actions.
+    /// [`crate::Connection::grant`], or call
+    /// [`crate::Connection::refuse`], before executing further actions.
     GrantNeeded {
         /// The call.
         call_id: u64,
@@ -302,7 +302,7 @@ mod tests {
         let mut buf = [0xEEu8; HEADER_LEN];
         let work = SendWork {
             target: SendTarget::Control,
-            len: crate::protocol::CONTROL_BUF_LEN as u32,
+            len: crate::CONTROL_BUF_LEN as u32,
             credits: 5,
             signaled: true,
             inline: true,
@@ -311,8 +311,8 @@ mod tests {
             frame: None,
         };
         work.prepare(&mut buf);
-        let h = Header::decode(&buf[..crate::protocol::CONTROL_BUF_LEN]).unwrap();
-        assert_eq!(h.encoded_len(), crate::protocol::CONTROL_BUF_LEN);
+        let h = Header::decode(&buf[..crate::CONTROL_BUF_LEN]).unwrap();
+        assert_eq!(h.encoded_len(), crate::CONTROL_BUF_LEN);
         assert_eq!(
             (h.kind, h.credits, h.call_id),
             (FrameKind::CreditOnly, 5, 0)

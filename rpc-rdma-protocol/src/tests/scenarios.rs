@@ -3,7 +3,7 @@
 use rpc_core::{FrameKind, Header, HEADER_LEN};
 
 use super::fabric::{Pair, Side};
-use crate::protocol::{CloseReason, Config, SendError, WorkId};
+use crate::{CloseReason, Config, SendError, WorkId};
 
 fn cfg(send_slots: u32, recv_slots: u32, slot_size: u32) -> Config {
     Config {
@@ -301,8 +301,7 @@ fn completion_error_closes_and_fails_queued_sends() {
     // Late completions and releases after close are harmless no-ops.
     assert_eq!(p.a.conn.release_recv(0), Ok(()));
     assert_eq!(
-        p.a.conn
-            .on_send_complete(crate::protocol::SendTarget::Control),
+        p.a.conn.on_send_complete(crate::SendTarget::Control),
         Ok(())
     );
     assert_eq!(p.a.conn.on_recv_complete(0, 0, &[]), Ok(None));
@@ -321,7 +320,7 @@ fn close_turns_unexecuted_sends_into_drops() {
     p.a.conn.close();
     assert_eq!(
         p.a.conn.poll_action(),
-        Some(crate::protocol::Action::SendDropped {
+        Some(crate::Action::SendDropped {
             slot: 0,
             kind: FrameKind::Request,
             call_id: 42

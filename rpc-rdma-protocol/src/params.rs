@@ -4,7 +4,7 @@
 //! client puts its [`ConnectParams`] in the CONNECT_REQUEST private data (at most
 //! [`MAX_CONNECT_PRIVATE_DATA`] bytes), the server answers with its own in the accept
 //! private data (at most [`MAX_ACCEPT_PRIVATE_DATA`] bytes). Both sides then run the same
-//! [`crate::protocol::Geometry::negotiate`].
+//! [`crate::Geometry::negotiate`].
 //!
 //! Layout ([`CONNECT_PARAMS_LEN`] bytes, little-endian):
 //!

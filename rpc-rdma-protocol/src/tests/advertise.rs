@@ -138,7 +138,7 @@ fn a_request_cannot_carry_a_buffer_it_did_not_advertise() {
     let w = p.a.written.pop_back().expect("written");
     assert_eq!(
         p.a.conn.commit_send(w.reservation, &w.header),
-        Err(crate::protocol::SendError::NotAdvertised { call_id: 99 })
+        Err(crate::SendError::NotAdvertised { call_id: 99 })
     );
     assert_eq!(p.a.conn.stats().send_unposted, 0, "the slot was given back");
 }

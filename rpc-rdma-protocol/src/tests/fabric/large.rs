@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use rpc_core::{Code, FrameKind, Header};
 
 use super::{pattern, Endpoint, Wire};
-use crate::protocol::{Action, LocalBuffer, SendError, WorkId, WriteWork};
+use crate::{Action, LocalBuffer, SendError, WorkId, WriteWork};
 
 /// A memory window at the receiver: the range its current rkey grants, while valid.
 #[derive(Debug, Clone, Copy)]

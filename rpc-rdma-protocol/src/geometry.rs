@@ -3,7 +3,7 @@
 //! Negotiation rule: each side announces its receive ring ([`ConnectParams`]). A side's
 //! largest outgoing frame is `min(own send slot size, peer receive slot size)`; its initial
 //! credits are the peer's receive slot count (one of which is the reserved credit, see
-//! [`crate::protocol::RESERVED_CREDITS`]). Everything else (send ring size, signaling
+//! [`crate::RESERVED_CREDITS`]). Everything else (send ring size, signaling
 //! interval, credit-return threshold, queue bound) is local policy and never on the wire.
 
 use super::action::SendTarget;
@@ -37,12 +37,12 @@ pub struct Config {
     /// (`1..=send_slots`); `None`: `send_slots`.
     pub max_queued: Option<u32>,
     /// Receive slots the upper layer may hold at once as zero-copy views
-    /// (`0..=recv_slots - 3`, see [`crate::protocol::credits::UNLENT_SLOTS`]); `None`: a quarter
+    /// (`0..=recv_slots - 3`, see [`crate::credits::UNLENT_SLOTS`]); `None`: a quarter
     /// of the receive ring. The credit-return threshold is lowered to
     /// `recv_slots - lend_limit - 1` if it is above, so slots held for long cannot keep the
     /// peer's credits from coming back. A frame that arrives while
     /// this many are held is handed up as a copy and its slot re-posted at once (see
-    /// [`crate::protocol::Received::lend`]), so an application that keeps what it received
+    /// [`crate::Received::lend`]), so an application that keeps what it received
     /// never starves the ring of receives and the peer of credits.
     pub lend_limit: Option<u32>,
     /// Largest send the QP accepts with `IBV_SEND_INLINE` (the `max_inline_data` the QP was
@@ -161,7 +161,7 @@ struct Policy {
 }
 
 /// The negotiated geometry and policy of one connection; input to
-/// [`crate::protocol::Connection::new`], and the driver's guide to sizing its memory regions
+/// [`crate::Connection::new`], and the driver's guide to sizing its memory regions
 /// and queues. Only [`Geometry::negotiate`] makes one, so its fields are always consistent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

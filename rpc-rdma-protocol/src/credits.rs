@@ -14,7 +14,7 @@ use super::error::ProtocolViolation;
 pub const RESERVED_CREDITS: u32 = 1;
 
 /// Receive slots that stay posted however many the upper layer holds (see
-/// [`crate::protocol::Config::lend_limit`]): the peer's reserved credit and at least two
+/// [`crate::Config::lend_limit`]): the peer's reserved credit and at least two
 /// credits to return in a credit-only frame (which must return more than the one it costs).
 pub const UNLENT_SLOTS: u32 = RESERVED_CREDITS + 2;
 

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 
 use super::fabric::{Pair, Side};
-use crate::protocol::Config;
+use crate::Config;
 
 fn cfg(slots: u32, lend_limit: Option<u32>) -> Config {
     Config {

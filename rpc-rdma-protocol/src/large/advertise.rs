@@ -23,8 +23,8 @@ use std::collections::VecDeque;
 use rpc_core::{FrameKind, Header, RemoteBuffer};
 
 use super::{GrantState, Large};
-use crate::protocol::action::Action;
-use crate::protocol::error::{ProtocolViolation, SendError};
+use crate::action::Action;
+use crate::error::{ProtocolViolation, SendError};
 
 impl Large {
     // ---- the side that advertises (client) ----

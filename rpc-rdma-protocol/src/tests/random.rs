@@ -11,7 +11,7 @@
 use proptest::prelude::*;
 
 use super::fabric::{Pair, Side};
-use crate::protocol::{Config, SendError};
+use crate::{Config, SendError};
 
 #[derive(Debug, Clone, Copy)]
 enum Op {

@@ -70,6 +70,12 @@ impl Context {
         Arc::new(Context { raw, owned: false })
     }
 
+    /// Whether both name the same open device context (librdmacm hands every `cm_id` on a
+    /// device the same one).
+    pub fn is_same(&self, other: &Context) -> bool {
+        self.raw == other.raw
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut ibv_context {
         self.raw.as_ptr()
     }

@@ -4,7 +4,7 @@
 use proptest::prelude::*;
 use rpc_core::{FrameKind, Header, HeaderError};
 
-use crate::protocol::{
+use crate::{
     Action, CloseReason, Config, Connection, Geometry, ProtocolViolation, SendError, SendTarget,
 };
 
@@ -432,7 +432,7 @@ fn grants_nobody_asked_for_or_too_small_are_violations() {
     notice.payload_len = 5000;
     c.start_large(
         &notice,
-        crate::protocol::LocalBuffer {
+        crate::LocalBuffer {
             addr: 0x1000,
             lkey: 1,
         },

@@ -170,7 +170,7 @@ pub enum ProtocolViolation {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SendError {
     /// Back-pressure: no free send slot, or the queue of frames waiting for credits is at its
-    /// bound. Not an error of the connection: retry after [`crate::protocol::Action::Writable`].
+    /// bound. Not an error of the connection: retry after [`crate::Action::Writable`].
     #[error("send ring full or send queue at its bound; retry after Action::Writable")]
     WouldBlock,
     /// The frame does not fit the negotiated maximum; use the large-payload path.
@@ -207,7 +207,7 @@ pub enum SendError {
         len: u64,
     },
     /// A request carries a response-buffer descriptor that
-    /// [`crate::protocol::Connection::advertise`] did not make for its call.
+    /// [`crate::Connection::advertise`] did not make for its call.
     #[error("request for call {call_id} advertises a response buffer that was not set up")]
     NotAdvertised {
         /// The call.
@@ -227,7 +227,7 @@ pub enum SendError {
 /// Connection parameters that failed validation or negotiation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParamsError {
-    /// Fewer bytes than an encoded [`crate::protocol::ConnectParams`].
+    /// Fewer bytes than an encoded [`crate::ConnectParams`].
     #[error("connection parameters truncated: {len} bytes, need {need}")]
     Truncated {
         /// Bytes available.

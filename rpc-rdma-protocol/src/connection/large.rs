@@ -5,8 +5,8 @@
 use rpc_core::{Code, Flags, Header, RemoteBuffer};
 
 use super::Connection;
-use crate::protocol::error::{ProtocolViolation, SendError};
-use crate::protocol::large::LocalBuffer;
+use crate::error::{ProtocolViolation, SendError};
+use crate::large::LocalBuffer;
 
 impl Connection {
     /// Starts sending a body too large for a slot: `notice` is the request or response
