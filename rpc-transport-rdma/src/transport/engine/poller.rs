@@ -55,6 +55,7 @@ impl Poller {
 
     fn run(mut self) {
         let mode = self.engine.mode;
+        let event_mode = mode.spin() == Some(Duration::ZERO);
         let mut last_activity = Instant::now();
         let mut last_cm_check = Instant::now();
         let mut idle_spins: u32 = 0;
@@ -85,8 +86,11 @@ impl Poller {
             }
             idle_spins = idle_spins.wrapping_add(1);
             // Clock reads are not free everywhere: look at the time now and then, never
-            // right after a completion (the next one may be close behind).
-            if !idle_spins.is_multiple_of(CLOCK_EVERY) {
+            // right after a completion (the next one may be close behind). Event mode does
+            // not spin at all: it arms and sleeps at the first empty look (every message
+            // pays a wake-up, and an idle or lightly loaded process leaves the CPU to the
+            // threads its completions wake).
+            if !event_mode && !idle_spins.is_multiple_of(CLOCK_EVERY) {
                 if idle_spins >= YIELD_AFTER && idle_spins.is_multiple_of(YIELD_EVERY) {
                     // Spinning must not starve the threads our completions wake (an async
                     // runtime, a handler) when cores are scarce.
@@ -99,13 +103,14 @@ impl Poller {
             if idle_spins == CLOCK_EVERY {
                 last_activity = Instant::now();
             }
-            if last_cm_check.elapsed() >= CM_CHECK {
+            if !event_mode && last_cm_check.elapsed() >= CM_CHECK {
                 last_cm_check = Instant::now();
                 self.wait(Duration::ZERO);
             }
-            if mode
-                .spin()
-                .is_none_or(|spin| last_activity.elapsed() < spin)
+            if !event_mode
+                && mode
+                    .spin()
+                    .is_none_or(|spin| last_activity.elapsed() < spin)
             {
                 std::hint::spin_loop();
                 continue;
