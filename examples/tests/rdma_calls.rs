@@ -165,6 +165,51 @@ async fn slow_server_exhausts_credits_without_rnr_or_loss() {
     assert!(started.elapsed() < Duration::from_secs(60));
 }
 
+/// Thousands of calls given up on (1 ms deadlines against 0-3 ms handlers) on four-slot
+/// rings, from two runtime threads: their Cancels race the `Writable`s of the sends and
+/// completions around them. Every call ends, with its answer or DEADLINE_EXCEEDED, and the
+/// connection still serves calls afterwards. (A Cancel sent while a `Writable` was being
+/// handled once locked its thread up for good on the queued-controls mutex.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+async fn cancels_racing_back_pressure_never_hang() {
+    if !device() {
+        return;
+    }
+    let small = RdmaConfig {
+        slots: 4,
+        ..RdmaConfig::default()
+    };
+    let server = start(&Tester::default(), small.clone());
+    let client = TesterClient::new(connect(&server, small));
+    let run = stream::iter(0..3_000u64)
+        .map(|n| {
+            let client = client.clone();
+            async move {
+                let mut request = Request::new(sleep_for(Duration::from_micros(n % 4 * 1000)));
+                request.set_timeout(Duration::from_millis(1));
+                match client.sleep(request).await {
+                    Ok(_) => true,
+                    Err(status) => {
+                        assert_eq!(status.code(), Code::DeadlineExceeded, "{status}");
+                        false
+                    }
+                }
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<bool>>();
+    let outcomes = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("every call ends");
+    let answered = outcomes.iter().filter(|&&ok| ok).count();
+    eprintln!("3000 calls: {answered} answered, the rest past their deadline");
+    client
+        .sleep(sleep_for(Duration::ZERO))
+        .await
+        .expect("the connection lives on");
+}
+
 #[test]
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn messages_at_slot_size_and_one_byte_either_side() {

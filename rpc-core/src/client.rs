@@ -278,21 +278,19 @@ impl PendingCall {
         frame: &mut OutgoingFrame<'_>,
     ) -> Poll<Result<(), Status>> {
         let inner = &self.channel.inner;
-        match inner.transport.poll_send(cx, frame) {
-            Poll::Ready(sent) => return Poll::Ready(self.sent(sent)),
-            Poll::Pending => {}
+        // The call first: one that ended while it waited (its deadline, a closed
+        // connection) must not be sent after all.
+        if let Poll::Ready(ended) = inner.calls.poll_call(self.id, cx) {
+            // A "response" to a request never sent is a peer guessing call ids.
+            let status = ended.err().unwrap_or_else(|| {
+                Status::internal("the peer answered a call whose request was never sent")
+            });
+            return Poll::Ready(Err(self.abandon(status)));
         }
-        match inner.calls.poll_call(self.id, cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(ended) => {
-                // Ended before its request left: a deadline or a closed connection. A
-                // "response" to a request never sent is a peer guessing call ids.
-                let status = ended.err().unwrap_or_else(|| {
-                    Status::internal("the peer answered a call whose request was never sent")
-                });
-                Poll::Ready(Err(self.abandon(status)))
-            }
-        }
+        inner
+            .transport
+            .poll_send(cx, frame)
+            .map(|sent| self.sent(sent))
     }
 
     /// Gives up on a call whose request was not sent.

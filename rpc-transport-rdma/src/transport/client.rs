@@ -124,7 +124,10 @@ impl RdmaClient {
             calls,
             response_sizes: response_sizes.clone(),
         }));
-        conn.start(true)?;
+        if let Err(status) = conn.start(true) {
+            conn.close(status.clone());
+            return Err(status);
+        }
         Ok(Arc::new(RdmaClient {
             conn,
             spin: match config.poll_mode {

@@ -92,6 +92,8 @@ pub(crate) struct Conn {
     has_wakers: AtomicBool,
     /// The protocol reported `Writable`: wake the async senders, flush queued controls.
     writable_fired: AtomicBool,
+    /// Since when async senders wait for room, with no `Writable` since.
+    stalled_since: Mutex<Option<Instant>>,
     /// Header-only frames (`Cancel`) waiting for room (see [`Conn::send_control`]).
     queued_controls: Mutex<VecDeque<Header>>,
     control_queue_limit: usize,
@@ -155,6 +157,7 @@ impl Conn {
             write_wakers: Mutex::new(Vec::new()),
             has_wakers: AtomicBool::new(false),
             writable_fired: AtomicBool::new(false),
+            stalled_since: Mutex::new(None),
             queued_controls: Mutex::new(VecDeque::new()),
             control_queue_limit,
             attention: AtomicBool::new(false),
@@ -174,7 +177,7 @@ impl Conn {
     /// rdma_cm channel; a server's listener watches its connections), lets the engine's
     /// poller watch its rdma_cm channel. Call once the sink is set.
     pub(crate) fn start(self: &Arc<Self>, watch_cm: bool) -> Result<(), Status> {
-        Engine::register(&self.res.attachment, self);
+        Engine::register(&self.res.attachment, self)?;
         if let Some(channel) = self.id.channel().filter(|_| watch_cm) {
             self.res.attachment.watch_cm(channel.fd())?;
         }
@@ -261,8 +264,14 @@ impl Conn {
             Err(SendError::WouldBlock) => {}
             done => return Poll::Ready(done.map_err(|e| self.send_error(e, len))),
         }
-        self.write_wakers.lock().push(cx.waker().clone());
+        {
+            let mut wakers = self.write_wakers.lock();
+            if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                wakers.push(cx.waker().clone());
+            }
+        }
         self.has_wakers.store(true, Ordering::Release);
+        self.watch_stall();
         // Again: `Writable` may have come between the attempt and the registration.
         match self.try_send(frame) {
             Err(SendError::WouldBlock) => Poll::Pending,
@@ -276,31 +285,40 @@ impl Conn {
     /// for, and the answer is ignored).
     pub(crate) fn send_control(&self, frame: &OutgoingFrame<'_>) -> Result<(), Status> {
         let header = *frame.header();
-        {
+        let outcome = {
             let mut queued = self.queued_controls.lock();
-            if queued.is_empty() {
-                match self.try_send(frame) {
-                    Err(SendError::WouldBlock) => {}
-                    done => return done.map_err(|e| self.send_error(e, frame.len())),
+            // Behind frames queued earlier, never ahead of them.
+            let posted = if queued.is_empty() {
+                self.post_frame(frame)
+            } else {
+                Err(SendError::WouldBlock)
+            };
+            match posted {
+                Err(SendError::WouldBlock) if queued.len() < self.control_queue_limit => {
+                    queued.push_back(header);
+                    Ok(())
                 }
+                Err(SendError::WouldBlock) => {
+                    tracing::debug!(peer = %self.peer, call_id = header.call_id, "control queue full; frame dropped");
+                    Err(Status::resource_exhausted(format!(
+                        "{} queued control frames wait for credits already",
+                        self.control_queue_limit
+                    )))
+                }
+                done => done.map_err(|e| self.send_error(e, frame.len())),
             }
-            if queued.len() < self.control_queue_limit {
-                queued.push_back(header);
-                return Ok(());
-            }
-        }
-        tracing::debug!(peer = %self.peer, call_id = header.call_id, "control queue full; frame dropped");
-        Err(Status::resource_exhausted(format!(
-            "{} queued control frames wait for credits already",
-            self.control_queue_limit
-        )))
+        };
+        // Outside the queue's lock: this may flush the queue.
+        self.after_state();
+        outcome
     }
 
-    /// Sends what `send_control` queued, in order, while there is room.
+    /// Sends what `send_control` queued, in order, while there is room. Called from
+    /// `after_state`, so it posts without running `after_state` itself.
     fn flush_controls(&self) {
         let mut queued = self.queued_controls.lock();
         while let Some(header) = queued.front() {
-            match self.try_send(&OutgoingFrame::control(*header)) {
+            match self.post_frame(&OutgoingFrame::control(*header)) {
                 Err(SendError::WouldBlock) => return,
                 Err(e) => {
                     tracing::debug!(peer = %self.peer, %e, "queued control frame not sent");
@@ -314,9 +332,45 @@ impl Conn {
         }
     }
 
+    /// An async sender waits for room: from now on, unless a `Writable` comes within
+    /// `stall_limit`, the engine's poller closes the connection (a peer that keeps every
+    /// receive slot, or hands back no credit, is stuck or hostile).
+    fn watch_stall(&self) {
+        let mut since = self.stalled_since.lock();
+        if since.is_none() {
+            *since = Some(Instant::now());
+            drop(since);
+            self.res.attachment.engine.watch_stall(&self.me);
+        }
+    }
+
+    /// For the engine's poller: closes the connection if async senders have waited for
+    /// room longer than `stall_limit`. Returns whether it still needs watching.
+    pub(crate) fn check_stall(&self) -> bool {
+        let Some(since) = *self.stalled_since.lock() else {
+            return false;
+        };
+        if since.elapsed() < self.stall_limit {
+            return !self.is_closed();
+        }
+        self.close(Status::unavailable(format!(
+            "{} took no frame for {:?}: the peer stopped consuming",
+            self.peer, self.stall_limit
+        )));
+        false
+    }
+
     /// One attempt to encode `frame` into a send slot and post it (or queue it behind
     /// earlier frames waiting for credits). `WouldBlock` when the ring and queue are full.
     fn try_send(&self, frame: &OutgoingFrame<'_>) -> Result<(), SendError> {
+        let posted = self.post_frame(frame);
+        self.after_state();
+        posted
+    }
+
+    /// [`Conn::try_send`] without the work left for after the state lock; the caller runs
+    /// [`Conn::after_state`] once it holds no other lock of this connection.
+    fn post_frame(&self, frame: &OutgoingFrame<'_>) -> Result<(), SendError> {
         let len = frame.len();
         let mut state = self.state.lock();
         let reservation = state.proto.reserve_send(len)?;
@@ -337,8 +391,6 @@ impl Conn {
         // The frame is on its way: a good moment for slot releases that waited, under the
         // lock already held. Their credits ride on the next frame.
         self.release_deferred(&mut state);
-        drop(state);
-        self.after_state();
         committed
     }
 
@@ -428,9 +480,11 @@ impl Conn {
     fn after_state(&self) {
         // Plain loads first: these run on every send, completion batch and slot release,
         // and the flags are nearly always clear; a swap would be a locked instruction each.
-        if self.writable_fired.load(Ordering::Acquire)
+        // A loop: another `Writable` may come while this one is handled.
+        while self.writable_fired.load(Ordering::Acquire)
             && self.writable_fired.swap(false, Ordering::AcqRel)
         {
+            *self.stalled_since.lock() = None;
             self.flush_controls();
             if self.has_wakers.load(Ordering::Acquire)
                 && self.has_wakers.swap(false, Ordering::AcqRel)

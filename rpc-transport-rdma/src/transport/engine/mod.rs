@@ -24,7 +24,7 @@
 //! frames are handed to the upper layer after both locks are dropped.
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -44,7 +44,7 @@ mod poller;
 mod registry;
 
 use epoll::Epoll;
-use registry::{Registry, Route};
+use registry::{Registry, Route, MAX_EARLY};
 
 /// Completions taken from a CQ per poll.
 const POLL_BATCH: usize = 32;
@@ -82,6 +82,22 @@ pub(crate) struct SharedCq {
     reserved: Mutex<u32>,
     /// The poll buffer; holding it is what makes a thread the CQ's poller for a moment.
     completions: Mutex<Vec<WorkCompletion>>,
+    /// Blocking callers spinning on this CQ right now.
+    spinners: AtomicUsize,
+    /// Entries of queue pairs destroyed since the CQ was last found empty. Some providers
+    /// leave a destroyed QP's completions in the CQ, so its entries are given back only once
+    /// the CQ was seen empty after its destruction.
+    released: AtomicU32,
+}
+
+impl SharedCq {
+    /// The CQ was found empty: the entries of queue pairs destroyed before are free.
+    fn drained(&self) {
+        if self.released.load(Ordering::Acquire) != 0 {
+            let entries = self.released.swap(0, Ordering::AcqRel);
+            *self.reserved.lock() -= entries;
+        }
+    }
 }
 
 /// Shared by the connections of one device and poll mode; see the module documentation.
@@ -114,6 +130,8 @@ pub(crate) struct Engine {
     /// thread inside the upper layer could not run itself.
     attention: Mutex<Vec<Weak<Conn>>>,
     has_attention: AtomicBool,
+    /// Connections whose async senders wait for room (see `Conn::check_stall`).
+    stalls: Mutex<Vec<Weak<Conn>>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -154,7 +172,7 @@ impl Drop for Attachment {
             self.engine.epoll.remove(fd);
         }
         self.engine.registry.remove(self.tag);
-        *self.cq.reserved.lock() -= self.entries;
+        self.cq.released.fetch_add(self.entries, Ordering::AcqRel);
         if self.engine.attached.fetch_sub(1, Ordering::AcqRel) == 1 {
             // The last one: the poller leaves.
             self.engine.kick.kick();
@@ -247,6 +265,7 @@ impl Engine {
             poller_unarmed: AtomicBool::new(false),
             attention: Mutex::new(Vec::new()),
             has_attention: AtomicBool::new(false),
+            stalls: Mutex::new(Vec::new()),
         }))
     }
 
@@ -273,11 +292,16 @@ impl Engine {
             cq,
             reserved: Mutex::new(entries),
             completions: Mutex::new(WorkCompletion::array(POLL_BATCH)),
+            spinners: AtomicUsize::new(0),
+            released: AtomicU32::new(0),
         });
         let mut grown = cqs.to_vec();
         grown.push(shared.clone());
         *cqs = Arc::from(grown);
         self.cqs_epoch.fetch_add(1, Ordering::AcqRel);
+        // A sleeping poller armed only the CQs it knew: it must arm this one before its
+        // first completion, or that completion waits out the poller's whole sleep.
+        self.kick.kick();
         Ok(shared)
     }
 
@@ -303,6 +327,7 @@ impl Engine {
             }
         };
         if polled.is_empty() {
+            cq.drained();
             drop(buffer);
             // Nothing arrived: idle time, in which work that waited costs no one.
             self.run_attention();
@@ -340,14 +365,20 @@ impl Engine {
 
     /// Registers a connection created on `attachment`; processes the completions that
     /// arrived for it before.
-    pub(crate) fn register(attachment: &Attachment, conn: &Arc<Conn>) {
+    pub(crate) fn register(attachment: &Attachment, conn: &Arc<Conn>) -> Result<(), Status> {
         // Under the CQ's poll lock, which every routing happens under: the early
         // completions are processed before anything polled later.
         let lock = attachment.cq.completions.lock();
         let early = attachment.engine.registry.register(attachment.tag, conn);
-        let mut received = conn.process(&early);
+        let mut received = early.as_deref().map(|early| conn.process(early));
         drop(lock);
-        conn.hand_up(&mut received);
+        let Some(received) = received.as_mut() else {
+            return Err(Status::unavailable(format!(
+                "more than {MAX_EARLY} completions arrived before the connection was set up"
+            )));
+        };
+        conn.hand_up(received);
+        Ok(())
     }
 
     /// `conn` has work for the poller (see `attention`).
@@ -366,6 +397,24 @@ impl Engine {
         if self.poller_unarmed.load(Ordering::Acquire) {
             self.kick.kick();
         }
+    }
+
+    /// The poller watches `conn`, whose async senders wait for room, for a stall.
+    pub(crate) fn watch_stall(&self, conn: &Weak<Conn>) {
+        self.stalls.lock().push(conn.clone());
+    }
+
+    /// Closes the connections whose async senders waited for room past their stall limit.
+    fn check_stalls(&self) {
+        let watched = std::mem::take(&mut *self.stalls.lock());
+        if watched.is_empty() {
+            return;
+        }
+        let still: Vec<Weak<Conn>> = watched
+            .into_iter()
+            .filter(|weak| weak.upgrade().is_some_and(|conn| conn.check_stall()))
+            .collect();
+        self.stalls.lock().extend(still);
     }
 
     /// A client connection's rdma_cm channel is readable.
@@ -399,15 +448,18 @@ impl Engine {
         budget: Option<Duration>,
         closed: impl Fn() -> bool,
     ) -> bool {
-        /// Keeps the count right even if a handler panics inside `poll`.
-        struct Polling<'a>(&'a AtomicUsize);
+        /// Keeps the counts right even if a handler panics inside `poll`.
+        struct Polling<'a>([&'a AtomicUsize; 2]);
         impl Drop for Polling<'_> {
             fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::AcqRel);
+                self.0.iter().for_each(|n| {
+                    n.fetch_sub(1, Ordering::AcqRel);
+                });
             }
         }
         self.self_polling.fetch_add(1, Ordering::AcqRel);
-        let polling = Polling(&self.self_polling);
+        cq.spinners.fetch_add(1, Ordering::AcqRel);
+        let polling = Polling([&self.self_polling, &cq.spinners]);
         let seen = self.completions_seen.load(Ordering::Acquire);
         let mut started: Option<Instant> = None;
         let mut spins: u32 = 0;

@@ -1,6 +1,7 @@
 //! The engine's thread: processes the completions of every connection when no caller does,
 //! and the rdma_cm events of client connections.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,10 +26,21 @@ const YIELD_AFTER: u32 = 4 * CLOCK_EVERY;
 /// steals a core from the callers.
 const CALLER_WINDOW: Duration = Duration::from_millis(50);
 
+/// Turns of a spinning poller's loop between two looks for stalled senders (a sleeping one
+/// looks whenever it goes to sleep, at least once a second).
+const STALL_CHECK_EVERY: u32 = 1 << 14;
+
 pub(super) fn spawn(engine: Arc<Engine>) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("rpc-rdma-poll".into())
-        .spawn(move || Poller::new(engine).run())
+        .spawn(move || {
+            let mut poller = Poller::new(engine);
+            // A panic escaping the upper layer must not leave every connection of the
+            // engine without a poller: log it and go on.
+            while std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| poller.run())).is_err() {
+                tracing::error!("the RDMA poller panicked; it carries on");
+            }
+        })
         .map(drop)
 }
 
@@ -53,31 +65,36 @@ impl Poller {
         }
     }
 
-    fn run(mut self) {
+    /// Runs until the engine has no connection left.
+    fn run(&mut self) {
         let mode = self.engine.mode;
         let event_mode = mode.spin() == Some(Duration::ZERO);
         let mut last_activity = Instant::now();
         let mut last_cm_check = Instant::now();
         let mut idle_spins: u32 = 0;
+        let mut passes: u32 = 0;
         loop {
             if self.engine.retire_if_unused() {
                 return;
             }
             self.engine.run_attention();
+            passes = passes.wrapping_add(1);
+            if passes.is_multiple_of(STALL_CHECK_EVERY) {
+                self.engine.check_stalls();
+            }
             if !std::mem::take(&mut self.kicked)
                 && self.engine.callers_drive(&mut self.callers_epoch)
             {
-                // Blocking callers poll the CQs themselves: stay off the CPU and the CQs,
-                // unarmed (armed, every completion would wake us for nothing). A caller about
-                // to park, or an async call about to wait, kicks us awake.
+                // Blocking callers poll their CQs themselves: stay off the CPU and off
+                // those CQs, unarmed (armed, every completion would wake us for nothing). A
+                // caller about to park, or an async call about to wait, kicks us awake. The
+                // CQs nobody spins on are armed as when sleeping.
                 let engine = self.engine.clone();
-                engine
-                    .poller_unarmed
-                    .store(true, std::sync::atomic::Ordering::Release);
-                self.wait(CALLER_WINDOW);
-                engine
-                    .poller_unarmed
-                    .store(false, std::sync::atomic::Ordering::Release);
+                engine.poller_unarmed.store(true, Ordering::Release);
+                if self.arm(|cq| cq.spinners.load(Ordering::Acquire) == 0) {
+                    self.wait(CALLER_WINDOW);
+                }
+                engine.poller_unarmed.store(false, Ordering::Release);
                 continue;
             }
             if self.poll_all() == Polled::Some {
@@ -115,30 +132,38 @@ impl Poller {
                 std::hint::spin_loop();
                 continue;
             }
-            for cq in self.cqs.iter() {
-                if let Err(e) = cq.cq.req_notify(false) {
-                    tracing::error!(%e, "ibv_req_notify_cq failed; polling instead of sleeping");
-                    self.kicked = true;
-                }
+            if self.arm(|_| true) {
+                self.wait(SLEEP_SLICE);
             }
-            // A completion that arrived before arming raised no event: look once more, and
-            // do not sleep while another thread is in the middle of polling.
-            if self.kicked || self.poll_all() != Polled::Empty {
-                continue;
-            }
-            self.wait(SLEEP_SLICE);
         }
+    }
+
+    /// Arms the CQs `which` selects, then looks at them once more: a completion that
+    /// arrived before arming raised no event. True if it is safe to sleep: nothing was
+    /// found, and no other thread was in the middle of polling one of them.
+    fn arm(&mut self, which: impl Fn(&SharedCq) -> bool) -> bool {
+        if self.engine.cqs_epoch.load(Ordering::Acquire) != self.cqs_epoch {
+            (self.cqs_epoch, self.cqs) = self.engine.cqs();
+        }
+        let mut quiet = true;
+        for cq in self.cqs.iter().filter(|cq| which(cq)) {
+            if let Err(e) = cq.cq.req_notify(false) {
+                tracing::error!(%e, "ibv_req_notify_cq failed; polling instead of sleeping");
+                quiet = false;
+            }
+        }
+        for cq in self.cqs.iter().filter(|cq| which(cq)) {
+            if self.engine.poll(cq) != Polled::Empty {
+                quiet = false;
+            }
+        }
+        quiet && !self.kicked
     }
 
     /// One pass over every CQ: `Some` if any had completions, `Busy` if none had but one
     /// was being polled by another thread.
     fn poll_all(&mut self) -> Polled {
-        if self
-            .engine
-            .cqs_epoch
-            .load(std::sync::atomic::Ordering::Acquire)
-            != self.cqs_epoch
-        {
+        if self.engine.cqs_epoch.load(Ordering::Acquire) != self.cqs_epoch {
             (self.cqs_epoch, self.cqs) = self.engine.cqs();
         }
         let mut result = Polled::Empty;
@@ -155,6 +180,7 @@ impl Poller {
     /// Sleeps in epoll for up to `timeout` and handles what woke it.
     fn wait(&mut self, timeout: Duration) {
         let engine = self.engine.clone();
+        engine.check_stalls();
         engine.epoll.wait(timeout, |token| match token {
             TOKEN_COMPLETIONS => {
                 while let Ok(Some(_)) = engine.channel.try_get_event() {}

@@ -20,11 +20,14 @@ const MAX_TAG: u32 = (1 << 29) - 1;
 
 /// Completions that may wait for a connection still being set up: its whole receive ring
 /// at most, plus the few sends of a handshake.
-const MAX_EARLY: usize = 4096;
+pub(crate) const MAX_EARLY: usize = 4096;
 
 enum Entry {
     /// Reserved; the connection is being created. Completions wait here.
     Early(Vec<WorkCompletion>),
+    /// More completions came before the connection registered than may wait: some were
+    /// lost, so the connection cannot start.
+    Overflowed,
     Live(Weak<Conn>),
 }
 
@@ -61,12 +64,14 @@ impl Registry {
         Some(tag)
     }
 
-    /// The connection of `tag` is ready: returns the completions that arrived before it.
-    pub(crate) fn register(&self, tag: u32, conn: &Arc<Conn>) -> Vec<WorkCompletion> {
+    /// The connection of `tag` is ready: returns the completions that arrived before it, or
+    /// `None` if more came than could wait (the connection must not start).
+    pub(crate) fn register(&self, tag: u32, conn: &Arc<Conn>) -> Option<Vec<WorkCompletion>> {
         let mut inner = self.inner.lock();
         match inner.entries.insert(tag, Entry::Live(Arc::downgrade(conn))) {
-            Some(Entry::Early(early)) => early,
-            _ => Vec::new(),
+            Some(Entry::Early(early)) => Some(early),
+            Some(Entry::Overflowed) => None,
+            _ => Some(Vec::new()),
         }
     }
 
@@ -84,11 +89,12 @@ impl Registry {
                 early.extend(run.iter().cloned());
                 Route::Held
             }
-            Some(Entry::Early(_)) => {
+            Some(entry @ Entry::Early(_)) => {
                 tracing::warn!(tag, "completions of a connection being set up overflowed");
+                *entry = Entry::Overflowed;
                 Route::Gone
             }
-            None => Route::Gone,
+            Some(Entry::Overflowed) | None => Route::Gone,
         }
     }
 
