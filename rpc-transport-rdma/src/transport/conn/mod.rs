@@ -232,10 +232,7 @@ impl Conn {
             }
             let stalled = *blocked_since.get_or_insert_with(Instant::now);
             if stalled.elapsed() >= self.stall_limit {
-                let status = Status::unavailable(format!(
-                    "{} took no frame for {:?}: the peer stopped consuming",
-                    self.peer, self.stall_limit
-                ));
+                let status = self.stall_status();
                 self.close(status.clone());
                 return Err(status);
             }
@@ -353,11 +350,16 @@ impl Conn {
         if since.elapsed() < self.stall_limit {
             return !self.is_closed();
         }
-        self.close(Status::unavailable(format!(
+        self.close(self.stall_status());
+        false
+    }
+
+    /// Why a connection whose peer stopped taking frames is closed.
+    fn stall_status(&self) -> Status {
+        Status::unavailable(format!(
             "{} took no frame for {:?}: the peer stopped consuming",
             self.peer, self.stall_limit
-        )));
-        false
+        ))
     }
 
     /// One attempt to encode `frame` into a send slot and post it (or queue it behind

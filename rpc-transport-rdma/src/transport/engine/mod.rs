@@ -527,24 +527,8 @@ impl Engine {
         engines.retain(|e| !std::ptr::eq(Arc::as_ptr(e), self));
         true
     }
-
-    /// Connections registered and alive (for tests and stats).
-    #[allow(dead_code)]
-    pub(crate) fn live_connections(&self) -> usize {
-        self.registry.live()
-    }
 }
 
 fn tag_of(wc: &WorkCompletion) -> u32 {
     WorkId::from_wr_id(wc.wr_id()).map_or(0, |(tag, _)| tag)
-}
-
-/// Engines alive in the process and the connections attached to each (for tests).
-#[allow(dead_code)]
-pub(crate) fn engines() -> Vec<(PollMode, Role, usize)> {
-    ENGINES
-        .lock()
-        .iter()
-        .map(|e| (e.mode, e.role, e.attached.load(Ordering::Acquire)))
-        .collect()
 }

@@ -105,14 +105,4 @@ impl Registry {
             _ => None,
         }
     }
-
-    /// Connections registered and alive.
-    pub(crate) fn live(&self) -> usize {
-        self.inner
-            .lock()
-            .entries
-            .values()
-            .filter(|e| matches!(e, Entry::Live(c) if c.strong_count() > 0))
-            .count()
-    }
 }
