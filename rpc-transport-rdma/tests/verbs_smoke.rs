@@ -56,11 +56,11 @@ fn open_query_allocate_register() {
     // Caller memory, borrowed for the registration's lifetime.
     let mut buf = vec![7u8; 1000];
     {
+        let access = AccessFlags::LOCAL_WRITE;
         // SAFETY: the region is dropped at the end of this block, before `buf` is used
         // again, and no work request names it.
-        let borrowed =
-            unsafe { MemoryRegion::register_borrowed(&pd, &mut buf[..], AccessFlags::LOCAL_WRITE) }
-                .expect("ibv_reg_mr");
+        let borrowed = unsafe { MemoryRegion::register_borrowed(&pd, &mut buf, access) };
+        let borrowed = borrowed.expect("ibv_reg_mr");
         assert_eq!(borrowed.as_slice()[999], 7);
     }
     buf[0] = 1;

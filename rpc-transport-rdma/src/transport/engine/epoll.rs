@@ -31,9 +31,9 @@ impl Epoll {
             events: libc::EPOLLIN as u32,
             u64: token,
         };
+        let epfd = self.fd.as_raw_fd();
         // SAFETY: both fds are live; `event` is a valid epoll_event for the call.
-        let ret =
-            unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut event) };
+        let ret = unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut event) };
         if ret < 0 {
             return Err(os_status("epoll_ctl(ADD)"));
         }
