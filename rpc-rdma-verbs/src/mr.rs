@@ -149,7 +149,7 @@ impl<'a> MemoryRegion<Borrowed<'a>> {
     ///
     /// ```compile_fail
     /// use std::sync::Arc;
-    /// use rpc_transport_rdma::verbs::{AccessFlags, MemoryRegion, ProtectionDomain};
+    /// use rpc_rdma_verbs::{AccessFlags, MemoryRegion, ProtectionDomain};
     /// fn leak(pd: &Arc<ProtectionDomain>, buf: &mut [u8]) {
     ///     let region = MemoryRegion::register(pd, buf, AccessFlags::LOCAL_WRITE).unwrap();
     ///     std::mem::forget(region);

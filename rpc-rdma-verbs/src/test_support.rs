@@ -25,7 +25,7 @@ pub fn device_required() -> bool {
 /// devices fails.
 ///
 /// ```no_run
-/// # use rpc_transport_rdma::verbs::test_support::require_device;
+/// # use rpc_rdma_verbs::test_support::require_device;
 /// let Some(device) = require_device() else { return };
 /// ```
 pub fn require_device() -> Option<DeviceInfo> {
