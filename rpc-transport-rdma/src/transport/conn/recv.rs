@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use super::large::{placed_frame, Arrival};
 use super::{Batch, Conn, FrameSink, State, DELIVERING, DRIVER, RELEASE_BATCH, UPPER_LAYER_LOCKED};
 use crate::protocol::{Received, SendTarget, WorkId};
-use crate::transport::engine::Polled;
+use crate::transport::engine::{Polled, SharedCq};
 use crate::verbs::WorkCompletion;
 
 impl Conn {
@@ -22,6 +22,11 @@ impl Conn {
     pub(crate) fn progress(&self) -> bool {
         let attachment = &self.res.attachment;
         attachment.engine.poll(&attachment.cq) == Polled::Some
+    }
+
+    /// Whether this connection's queue pair reports to `cq`.
+    pub(crate) fn uses_cq(&self, cq: &SharedCq) -> bool {
+        std::ptr::eq(Arc::as_ptr(&self.res.attachment.cq), cq)
     }
 
     /// Processes a run of this connection's completions, in CQ order: feeds them to the

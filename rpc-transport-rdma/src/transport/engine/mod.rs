@@ -84,6 +84,8 @@ pub(crate) struct SharedCq {
     completions: Mutex<Vec<WorkCompletion>>,
     /// Blocking callers spinning on this CQ right now.
     spinners: AtomicUsize,
+    /// Polling it failed: its connections were closed and nobody polls it any more.
+    failed: AtomicBool,
     /// Entries of queue pairs destroyed since the CQ was last found empty. Some providers
     /// leave a destroyed QP's completions in the CQ, so its entries are given back only once
     /// the CQ was seen empty after its destruction.
@@ -272,7 +274,7 @@ impl Engine {
     /// A CQ with room for `entries` more, reserved; a new CQ if none has room.
     fn place(&self, entries: u32) -> Result<Arc<SharedCq>, Status> {
         let mut cqs = self.cqs.write();
-        for cq in cqs.iter() {
+        for cq in cqs.iter().filter(|cq| !cq.failed.load(Ordering::Acquire)) {
             let mut reserved = cq.reserved.lock();
             if cq.cq.capacity().saturating_sub(*reserved) >= entries {
                 *reserved += entries;
@@ -293,6 +295,7 @@ impl Engine {
             reserved: Mutex::new(entries),
             completions: Mutex::new(WorkCompletion::array(POLL_BATCH)),
             spinners: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
             released: AtomicU32::new(0),
         });
         let mut grown = cqs.to_vec();
@@ -314,15 +317,27 @@ impl Engine {
     /// Polls `cq` once, if no other thread is, and processes what it found: each
     /// completion goes to its connection; received frames are handed up after the locks.
     pub(crate) fn poll(&self, cq: &SharedCq) -> Polled {
+        if cq.failed.load(Ordering::Acquire) {
+            return Polled::Empty;
+        }
         let Some(mut buffer) = cq.completions.try_lock() else {
             return Polled::Busy;
         };
         let polled = match cq.cq.poll(&mut buffer) {
             Ok(polled) => polled,
             Err(e) => {
-                // A CQ that cannot be polled serves nobody: fail its connections loudly.
+                // A CQ that cannot be polled serves nobody: fail its connections loudly,
+                // once, and never poll it again.
                 drop(buffer);
-                tracing::error!(%e, "ibv_poll_cq failed");
+                if !cq.failed.swap(true, Ordering::AcqRel) {
+                    tracing::error!(%e, "ibv_poll_cq failed; closing the connections on that CQ");
+                    let status = verbs_status("ibv_poll_cq", e);
+                    for conn in self.registry.live() {
+                        if conn.uses_cq(cq) {
+                            conn.close(status.clone());
+                        }
+                    }
+                }
                 return Polled::Empty;
             }
         };

@@ -105,4 +105,17 @@ impl Registry {
             _ => None,
         }
     }
+
+    /// Every live connection.
+    pub(crate) fn live(&self) -> Vec<Arc<Conn>> {
+        self.inner
+            .lock()
+            .entries
+            .values()
+            .filter_map(|entry| match entry {
+                Entry::Live(conn) => conn.upgrade(),
+                _ => None,
+            })
+            .collect()
+    }
 }
