@@ -155,9 +155,7 @@ impl Channel {
         let channel = self.clone();
         async move {
             let (mut call, header) = channel.prepare_call(method_id, &request)?;
-            let metadata: &MetadataMap = request.metadata();
-            let mut frame = OutgoingFrame::new(header, metadata, request.get_ref())
-                .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+            let mut frame = request_frame(header, &request)?;
             // The deadline runs from the start: waiting for room to send counts against it.
             if let Some(at) = call.deadline {
                 call.timer =
@@ -181,9 +179,7 @@ impl Channel {
     {
         // A blocking caller may block in `send` itself when the transport is full.
         let (mut call, header) = self.prepare_call(method_id, &request)?;
-        let metadata: &MetadataMap = request.metadata();
-        let mut frame = OutgoingFrame::new(header, metadata, request.get_ref())
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        let mut frame = request_frame(header, &request)?;
         let sent = self.inner.transport.send(&mut frame);
         call.sent(sent)?;
         decode_response(call.wait_blocking()?)
@@ -227,6 +223,16 @@ impl Channel {
         header.timeout_us = timeout.map_or(0, |t| t.as_micros().clamp(1, u64::MAX as u128) as u64);
         Ok((call, header))
     }
+}
+
+/// The frame of a request: `header`, then the request's metadata and message.
+fn request_frame<'a, Req: Message>(
+    header: Header,
+    request: &'a Request<Req>,
+) -> Result<OutgoingFrame<'a>, Status> {
+    let metadata: &MetadataMap = request.metadata();
+    OutgoingFrame::new(header, metadata, request.get_ref())
+        .map_err(|e| Status::resource_exhausted(e.to_string()))
 }
 
 fn decode_response<Resp: Message + Default>(frame: InboundFrame) -> Result<Response<Resp>, Status> {

@@ -142,9 +142,7 @@ impl Poller {
     /// arrived before arming raised no event. True if it is safe to sleep: nothing was
     /// found, and no other thread was in the middle of polling one of them.
     fn arm(&mut self, which: impl Fn(&SharedCq) -> bool) -> bool {
-        if self.engine.cqs_epoch.load(Ordering::Acquire) != self.cqs_epoch {
-            (self.cqs_epoch, self.cqs) = self.engine.cqs();
-        }
+        self.refresh_cqs();
         let mut quiet = true;
         for cq in self.cqs.iter().filter(|cq| which(cq)) {
             if let Err(e) = cq.cq.req_notify(false) {
@@ -160,12 +158,17 @@ impl Poller {
         quiet && !self.kicked
     }
 
-    /// One pass over every CQ: `Some` if any had completions, `Busy` if none had but one
-    /// was being polled by another thread.
-    fn poll_all(&mut self) -> Polled {
+    /// Re-reads the engine's CQs if a new one was created since the last look.
+    fn refresh_cqs(&mut self) {
         if self.engine.cqs_epoch.load(Ordering::Acquire) != self.cqs_epoch {
             (self.cqs_epoch, self.cqs) = self.engine.cqs();
         }
+    }
+
+    /// One pass over every CQ: `Some` if any had completions, `Busy` if none had but one
+    /// was being polled by another thread.
+    fn poll_all(&mut self) -> Polled {
+        self.refresh_cqs();
         let mut result = Polled::Empty;
         for cq in self.cqs.iter() {
             match self.engine.poll(cq) {
