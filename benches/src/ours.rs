@@ -52,7 +52,13 @@ pub fn start_server(url: &Endpoint, rdma: RdmaConfig) -> Result<ServerHandle, Be
     Server::builder()
         .max_message_size(SERVER_MAX_MESSAGE)
         .add_service(EchoServer::new(EchoService))
-        .start_with(&url.to_string(), ServeOptions { rdma })
+        .start_with(
+            &url.to_string(),
+            ServeOptions {
+                rdma,
+                ..Default::default()
+            },
+        )
         .map_err(|e| match e {
             rdma_rpc::Error::InvalidUrl { .. } => BenchError::from(e),
             other => BenchError::failed(&format!("starting the server on {url}"), other),

@@ -29,7 +29,13 @@ fn start(tester: &Tester, rdma: RdmaConfig) -> ServerHandle {
     Server::builder()
         .add_service(EchoServer::new(EchoService))
         .add_service(TesterServer::new(tester.clone()))
-        .start_with(&format!("rdma://{}:0", test_addr()), ServeOptions { rdma })
+        .start_with(
+            &format!("rdma://{}:0", test_addr()),
+            ServeOptions {
+                rdma,
+                ..Default::default()
+            },
+        )
         .expect("rdma server starts")
 }
 

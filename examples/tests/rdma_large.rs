@@ -50,7 +50,13 @@ fn start(rdma: RdmaConfig) -> ServerHandle {
         .max_message_size(LIMIT)
         .add_service(EchoServer::new(EchoService))
         .add_service(TesterServer::new(Tester::default()))
-        .start_with(&format!("rdma://{}:0", test_addr()), ServeOptions { rdma })
+        .start_with(
+            &format!("rdma://{}:0", test_addr()),
+            ServeOptions {
+                rdma,
+                ..Default::default()
+            },
+        )
         .expect("rdma server starts")
 }
 
@@ -311,9 +317,7 @@ fn sizes_beyond_the_limits_are_refused_with_both_sizes() {
         .add_service(TesterServer::new(Tester::default()))
         .start_with(
             &format!("rdma://{}:0", test_addr()),
-            ServeOptions {
-                rdma: RdmaConfig::default(),
-            },
+            ServeOptions::default(),
         )
         .expect("server");
     let client = TesterClient::new(connect(&small_server));

@@ -23,6 +23,7 @@ pub use endpoint::{Endpoint, TransportKind};
 pub use error::Error;
 pub use rpc_core::*;
 pub use rpc_transport_rdma::{PollMode, RdmaConfig};
+pub use rpc_transport_tcp::{ConnectionLimits, TcpServerConfig};
 pub use serve::{ServeExt, ServeOptions, ServerHandle};
 
 /// What most applications import.
@@ -47,6 +48,7 @@ pub struct ClientBuilder {
     channel: ChannelConfig,
     connect_timeout: Option<Duration>,
     rdma: RdmaConfig,
+    tcp: ConnectionLimits,
 }
 
 /// A [`ClientBuilder`] with default settings.
@@ -89,6 +91,12 @@ impl ClientBuilder {
         self
     }
 
+    /// Output queue bound, stall limit and read timeout of `tcp://` connections.
+    pub fn tcp_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.tcp = limits;
+        self
+    }
+
     /// Connects without blocking the calling task: the handshake runs on a helper thread,
     /// so this works on any executor.
     pub async fn connect(self, url: &str) -> Result<Channel, Error> {
@@ -111,6 +119,7 @@ impl ClientBuilder {
             TransportKind::Tcp => {
                 let mut config = rpc_transport_tcp::TcpConfig {
                     max_message_size: self.channel.max_message_size,
+                    limits: self.tcp.clone(),
                     ..Default::default()
                 };
                 if let Some(t) = self.connect_timeout {

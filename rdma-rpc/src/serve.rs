@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rpc_core::ServerBuilder;
 use rpc_transport_rdma::{RdmaConfig, RdmaServer};
-use rpc_transport_tcp::TcpServer;
+use rpc_transport_tcp::{TcpServer, TcpServerConfig};
 
 use crate::endpoint::{Endpoint, TransportKind};
 use crate::error::Error;
@@ -58,6 +58,9 @@ pub trait ServeExt {
 pub struct ServeOptions {
     /// Ring geometry and polling of `rdma://` connections.
     pub rdma: RdmaConfig,
+    /// Connection limit, timeouts, queue bounds and event-loop threads of `tcp://`
+    /// connections.
+    pub tcp: TcpServerConfig,
 }
 
 impl ServeExt for ServerBuilder {
@@ -66,7 +69,7 @@ impl ServeExt for ServerBuilder {
         let dispatcher = self.build()?;
         match endpoint.kind() {
             TransportKind::Tcp => {
-                let server = TcpServer::bind(&endpoint.authority(), dispatcher)?;
+                let server = TcpServer::bind(&endpoint.authority(), dispatcher, options.tcp)?;
                 let local_url = format!("tcp://{}", server.local_addr());
                 Ok(ServerHandle {
                     local_url,

@@ -1,45 +1,47 @@
 //! The client side of a TCP connection.
 
 use std::io;
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::sync::Arc;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use parking_lot::Mutex;
-use rpc_core::frame::OutgoingFrame;
-use rpc_core::{CallTable, ClientTransport, FrameKind, Status};
+use rpc_core::frame::{InboundFrame, OutgoingFrame};
+use rpc_core::{CallTable, ClientTransport, Code, FrameKind, Header, Status};
 
-use crate::codec::{FrameReader, FrameWriter, Inbound};
+use crate::conn::{Conn, Inbox, ReadPolicy};
+use crate::outbox::{Class, Pushed};
 
-/// TCP connection settings.
-#[derive(Debug, Clone)]
-pub struct TcpConfig {
-    /// How long to wait for the TCP handshake with each resolved address.
-    pub connect_timeout: Duration,
-    /// Largest payload accepted from the peer.
-    pub max_message_size: usize,
-}
+pub use crate::config::TcpConfig;
 
-impl Default for TcpConfig {
-    fn default() -> Self {
-        TcpConfig {
-            connect_timeout: Duration::from_secs(5),
-            max_message_size: rpc_core::client::DEFAULT_MAX_MESSAGE_SIZE,
-        }
+/// The event loop of every TCP client connection in the process: one thread, started with
+/// the first connection, that reads responses and writes what senders could not.
+fn client_runtime() -> Result<&'static tokio::runtime::Runtime, Status> {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
     }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("rpc-tcp-client")
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| Status::internal(format!("cannot start the TCP event loop: {e}")))?;
+    // A racing first connection may have won; its runtime is the one kept.
+    Ok(RUNTIME.get_or_init(|| rt))
 }
 
-/// A connected TCP client transport. Writes happen on the calling thread; one reader
-/// thread completes calls in the [`CallTable`].
+/// A connected TCP client transport. Frames are written on the calling thread when the
+/// socket takes them, else queued for the event loop, which also completes calls in the
+/// [`CallTable`] as responses arrive.
 #[derive(Debug)]
 pub struct TcpClient {
-    peer: String,
-    stream: TcpStream,
-    writer: Mutex<FrameWriter<TcpStream>>,
+    conn: Arc<Conn>,
 }
 
 impl TcpClient {
-    /// Connects to `addr` (`host:port`) and starts the reader that completes `calls`.
+    /// Connects to `addr` (`host:port`) and starts completing `calls` from its responses.
     pub fn connect(
         addr: &str,
         calls: Arc<CallTable>,
@@ -48,25 +50,20 @@ impl TcpClient {
         let peer = format!("tcp://{addr}");
         let stream = connect_any(addr, config.connect_timeout)
             .map_err(|e| Status::unavailable(format!("cannot connect to {peer}: {e}")))?;
-        stream
-            .set_nodelay(true)
-            .map_err(|e| Status::unavailable(format!("cannot configure {peer}: {e}")))?;
-        let clone = |s: &TcpStream| {
-            s.try_clone()
-                .map_err(|e| Status::unavailable(format!("cannot use socket to {peer}: {e}")))
+        let runtime = client_runtime()?;
+        let conn = {
+            let _entered = runtime.enter();
+            Conn::new(stream, peer.clone(), &config.limits)
+                .map_err(|e| Status::unavailable(format!("cannot use the socket to {peer}: {e}")))?
         };
-        let reader = FrameReader::new(clone(&stream)?, config.max_message_size);
-        let client = Arc::new(TcpClient {
-            writer: Mutex::new(FrameWriter::new(clone(&stream)?)),
-            stream,
-            peer: peer.clone(),
-        });
+        let policy = ReadPolicy {
+            max_payload: config.max_message_size,
+            idle_timeout: None,
+            pause_when_full: false,
+        };
         let limit = config.max_message_size as u64;
-        std::thread::Builder::new()
-            .name("rpc-tcp-client".into())
-            .spawn(move || read_responses(reader, &calls, &peer, limit))
-            .map_err(|e| Status::internal(format!("cannot start the reader thread: {e}")))?;
-        Ok(client)
+        conn.start(runtime.handle(), Responses { calls, peer, limit }, policy);
+        Ok(Arc::new(TcpClient { conn }))
     }
 }
 
@@ -86,43 +83,100 @@ fn connect_any(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
     }))
 }
 
-fn read_responses(mut reader: FrameReader<TcpStream>, calls: &CallTable, peer: &str, limit: u64) {
-    let reason = loop {
-        match reader.read() {
-            Ok(Some(Inbound::Frame(frame))) => match frame.header.kind {
-                FrameKind::Response => {
-                    calls.complete(frame.header.call_id, Ok(frame));
-                }
-                kind => tracing::debug!(?kind, peer, "ignoring a frame clients do not act on"),
-            },
-            Ok(Some(Inbound::Oversized { header, declared })) => {
-                calls.complete(
-                    header.call_id,
-                    Err(Status::message_too_large("response", declared, limit)),
-                );
+/// Completes calls from the responses a connection receives.
+struct Responses {
+    calls: Arc<CallTable>,
+    peer: String,
+    limit: u64,
+}
+
+impl Inbox for Responses {
+    fn on_frame(&self, frame: InboundFrame) {
+        match frame.header.kind {
+            // Call id 0 is never a call's: a status for it is about the connection (a server
+            // at its connection limit says so, then closes).
+            FrameKind::Response if frame.header.call_id == 0 => {
+                let code = match frame.header.status {
+                    Code::Ok => Code::Unavailable,
+                    code => code,
+                };
+                self.calls.close(Status::new(
+                    code,
+                    format!(
+                        "{} refused the connection: {}",
+                        self.peer,
+                        String::from_utf8_lossy(&frame.payload)
+                    ),
+                ));
             }
-            Ok(None) => break format!("{peer} closed the connection"),
-            Err(e) => break format!("connection to {peer} failed: {e}"),
+            FrameKind::Response => {
+                self.calls.complete(frame.header.call_id, Ok(frame));
+            }
+            kind => {
+                tracing::debug!(?kind, peer = %self.peer, "ignoring a frame clients do not act on")
+            }
         }
-    };
-    tracing::debug!(peer, %reason, "client connection ended");
-    calls.close(Status::unavailable(reason));
+    }
+
+    fn on_oversized(&self, header: &Header, declared: u64) {
+        self.calls.complete(
+            header.call_id,
+            Err(Status::message_too_large("response", declared, self.limit)),
+        );
+    }
+
+    fn idle(&self) -> bool {
+        false
+    }
+
+    fn on_closed(&self, status: Status) {
+        tracing::debug!(peer = %self.peer, %status, "client connection ended");
+        self.calls.close(status);
+    }
 }
 
 impl ClientTransport for TcpClient {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        self.writer
-            .lock()
-            .write(frame)
-            .map_err(|e| Status::unavailable(format!("cannot send to {}: {e}", self.peer)))
+        self.conn.outbox.push_blocking(&self.conn.stream, frame)
+    }
+
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        self.conn.outbox.poll_push(cx, &self.conn.stream, frame)
+    }
+
+    fn send_control(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        match self
+            .conn
+            .outbox
+            .try_push(&self.conn.stream, frame, Class::Control)?
+        {
+            Pushed::Sent => Ok(()),
+            Pushed::Full => {
+                tracing::debug!(peer = %self.conn.peer, "output queue full: control frame dropped");
+                Ok(())
+            }
+        }
     }
 
     fn peer(&self) -> &str {
-        &self.peer
+        &self.conn.peer
     }
 
     fn close(&self) {
-        // Wakes the reader thread, which closes the call table.
-        let _ = self.stream.shutdown(Shutdown::Both);
+        self.conn.close(Status::unavailable(format!(
+            "{} closed by the client",
+            self.conn.peer
+        )));
+    }
+}
+
+impl Drop for TcpClient {
+    fn drop(&mut self) {
+        // The connection's tasks hold it too; without this it would outlive its channel.
+        self.close();
     }
 }

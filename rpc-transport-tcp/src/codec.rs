@@ -1,26 +1,28 @@
-//! Frame reading and writing over a byte stream.
+//! Frame decoding and encoding, with no I/O: bytes in, frames out.
+//!
+//! [`FrameDecoder`] takes whatever bytes arrived (any chunking) and yields whole frames; the
+//! buffer it decodes from grows only with bytes that actually arrived, never with what a
+//! header claims, and a frame over the payload limit is skipped as its bytes arrive instead
+//! of being buffered.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::{Header, HeaderError, COMPACT_HEADER_LEN, MAX_METADATA_LEN};
 
-/// Initial capacity of the read and write buffers.
-const READ_CHUNK: usize = 64 * 1024;
-/// Size of the scratch buffer small reads go through, so small frames arrive in few
-/// syscalls without zero-filling fresh memory for every read.
-const SCRATCH: usize = 16 * 1024;
+/// Initial capacity of a write buffer.
+const WRITE_CHUNK: usize = 64 * 1024;
 /// A write buffer grown beyond this by a large message is shrunk back afterwards.
 const WRITE_BUFFER_KEEP: usize = 1024 * 1024;
 
-/// Why reading a frame stopped the connection.
+/// Why decoding stopped the connection: the peer is not speaking our protocol.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     /// The socket failed or closed mid-frame.
     #[error("{0}")]
     Io(#[from] io::Error),
-    /// The peer sent a header that fails validation: it is not speaking our protocol.
+    /// The peer sent a header that fails validation.
     #[error("protocol violation: {0}")]
     Header(#[from] HeaderError),
     /// The peer sent a frame only the RDMA transport defines (rendezvous, placed body).
@@ -39,12 +41,13 @@ pub enum ReadError {
     },
 }
 
-/// What one read produced.
+/// What decoding produced.
 #[derive(Debug)]
 pub enum Inbound {
     /// A complete frame.
     Frame(InboundFrame),
-    /// A frame whose payload exceeded the limit; its bytes were skipped.
+    /// A frame whose payload exceeds the limit. Its header is all that was kept; the rest of
+    /// its bytes are discarded as they arrive.
     Oversized {
         /// The frame's header.
         header: Header,
@@ -53,38 +56,107 @@ pub enum Inbound {
     },
 }
 
-/// Reads frames from a stream into shared buffers: each frame's metadata and payload are
-/// `Bytes` views of one read buffer, so a frame costs no copy after the socket read.
+/// Incremental frame decoder of one connection (sans-IO).
+///
+/// Frames are `Bytes` views of the read buffer, so a frame costs no copy after the socket
+/// read.
 #[derive(Debug)]
-pub struct FrameReader<R> {
-    stream: R,
-    buf: BytesMut,
-    scratch: Box<[u8]>,
+pub struct FrameDecoder {
     max_payload: usize,
+    /// Bytes of a refused frame still to be discarded.
+    skipping: u64,
+    /// The header of the frame being assembled, once its bytes are in.
+    pending: Option<(Header, usize)>,
 }
 
-impl<R: Read> FrameReader<R> {
-    /// A reader accepting payloads up to `max_payload` bytes.
-    pub fn new(stream: R, max_payload: usize) -> Self {
-        FrameReader {
-            stream,
-            buf: BytesMut::with_capacity(READ_CHUNK),
-            scratch: vec![0; SCRATCH].into_boxed_slice(),
+impl FrameDecoder {
+    /// A decoder accepting payloads up to `max_payload` bytes.
+    pub fn new(max_payload: usize) -> Self {
+        FrameDecoder {
             max_payload,
+            skipping: 0,
+            pending: None,
         }
     }
 
-    /// The next frame, or `None` on a clean end of stream between frames.
-    pub fn read(&mut self) -> Result<Option<Inbound>, ReadError> {
-        // Every header starts with the compact form's 32 bytes, which tell its length.
-        if !self.fill(COMPACT_HEADER_LEN)? {
+    /// Takes the next frame out of `buf`. `Ok(None)`: `buf` holds no whole frame yet (what
+    /// it holds stays for the next call).
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Inbound>, ReadError> {
+        if self.skipping > 0 {
+            let n = (buf.len() as u64).min(self.skipping);
+            buf.advance(n as usize);
+            self.skipping -= n;
+            if self.skipping > 0 {
+                return Ok(None);
+            }
+        }
+        let (header, header_len) = match self.pending {
+            Some(pending) => pending,
+            None => {
+                // Every header starts with the compact form's 32 bytes, which tell its length.
+                if buf.len() < COMPACT_HEADER_LEN {
+                    return Ok(None);
+                }
+                let header_len = Header::wire_len(buf)?;
+                if buf.len() < header_len {
+                    return Ok(None);
+                }
+                let header = self.check(Header::decode(&buf[..header_len])?)?;
+                let payload_len = header.payload_len as usize;
+                if payload_len > self.max_payload {
+                    let total = header_len as u64
+                        + u64::from(header.metadata_len)
+                        + u64::from(header.payload_len);
+                    let n = (buf.len() as u64).min(total);
+                    buf.advance(n as usize);
+                    self.skipping = total - n;
+                    return Ok(Some(Inbound::Oversized {
+                        header,
+                        declared: payload_len as u64,
+                    }));
+                }
+                self.pending = Some((header, header_len));
+                (header, header_len)
+            }
+        };
+        let meta_len = header.metadata_len as usize;
+        let total = header_len + meta_len + header.payload_len as usize;
+        if buf.len() < total {
             return Ok(None);
         }
-        let header_len = Header::wire_len(&self.buf)?;
-        if !self.fill(header_len)? {
-            return Err(unexpected_eof().into());
+        self.pending = None;
+        let mut frame = buf.split_to(total);
+        frame.advance(header_len);
+        let metadata = frame.split_to(meta_len).freeze();
+        let payload: Bytes = frame.freeze();
+        Ok(Some(Inbound::Frame(InboundFrame {
+            header,
+            metadata,
+            payload,
+        })))
+    }
+
+    /// Bytes still missing before the next [`FrameDecoder::decode`] can make progress, given
+    /// what `buf` holds: a sizing hint for the next read.
+    pub fn missing(&self, buf: &BytesMut) -> usize {
+        if self.skipping > 0 {
+            return 0;
         }
-        let header = Header::decode(&self.buf[..header_len])?;
+        let need = match self.pending {
+            Some((header, header_len)) => {
+                header_len + header.metadata_len as usize + header.payload_len as usize
+            }
+            None => COMPACT_HEADER_LEN,
+        };
+        need.saturating_sub(buf.len())
+    }
+
+    /// Whether part of a frame has arrived (or is being skipped) but not all of it.
+    pub fn mid_frame(&self, buf: &BytesMut) -> bool {
+        self.skipping > 0 || !buf.is_empty()
+    }
+
+    fn check(&self, header: Header) -> Result<Header, ReadError> {
         if header.is_rdma_only() {
             return Err(ReadError::RdmaOnly {
                 kind: header.kind,
@@ -96,90 +168,21 @@ impl<R: Read> FrameReader<R> {
                 len: header.metadata_len,
             });
         }
-        let meta_len = header.metadata_len as usize;
-        let payload_len = header.payload_len as usize;
-        if payload_len > self.max_payload {
-            self.skip(header_len + meta_len + payload_len)?;
-            return Ok(Some(Inbound::Oversized {
-                header,
-                declared: payload_len as u64,
-            }));
-        }
-        let total = header_len + meta_len + payload_len;
-        if !self.fill(total)? {
-            return Err(unexpected_eof().into());
-        }
-        let mut frame = self.buf.split_to(total);
-        let _header_bytes = frame.split_to(header_len);
-        let metadata = frame.split_to(meta_len).freeze();
-        let payload: Bytes = frame.freeze();
-        Ok(Some(Inbound::Frame(InboundFrame {
-            header,
-            metadata,
-            payload,
-        })))
-    }
-
-    /// Reads until `want` bytes are buffered. False on end of stream before any byte.
-    fn fill(&mut self, want: usize) -> Result<bool, ReadError> {
-        while self.buf.len() < want {
-            let had = self.buf.len();
-            let n = if want - had >= SCRATCH {
-                // A large payload: read straight into its place. The zero-fill is as large as
-                // the data, and it avoids a second copy.
-                self.buf.resize(want, 0);
-                let n = read_retrying(&mut self.stream, &mut self.buf[had..])
-                    .inspect_err(|_| self.buf.truncate(had))?;
-                self.buf.truncate(had + n);
-                n
-            } else {
-                // Small reads go through the initialized scratch buffer: one copy of the bytes
-                // that arrived instead of zeroing a fresh chunk per read.
-                let n = read_retrying(&mut self.stream, &mut self.scratch)?;
-                self.buf.extend_from_slice(&self.scratch[..n]);
-                n
-            };
-            if n == 0 {
-                if had == 0 {
-                    return Ok(false);
-                }
-                return Err(unexpected_eof().into());
-            }
-        }
-        Ok(true)
-    }
-
-    /// Discards `len` bytes (a refused frame) without buffering them.
-    fn skip(&mut self, len: usize) -> Result<(), ReadError> {
-        let buffered = self.buf.len().min(len);
-        let _ = self.buf.split_to(buffered);
-        let rest = (len - buffered) as u64;
-        let copied = io::copy(&mut (&mut self.stream).take(rest), &mut io::sink())?;
-        if copied < rest {
-            return Err(unexpected_eof().into());
-        }
-        Ok(())
+        Ok(header)
     }
 }
 
-fn read_retrying(stream: &mut impl Read, into: &mut [u8]) -> io::Result<usize> {
-    loop {
-        match stream.read(into) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            other => return other,
-        }
-    }
+/// Appends `frame`, encoded, to `out`: the message encodes itself into the buffer the socket
+/// write reads from.
+pub fn encode(frame: &OutgoingFrame<'_>, out: &mut BytesMut) {
+    let start = out.len();
+    let len = frame.len();
+    out.resize(start + len, 0);
+    frame.write_to(&mut out[start..]);
 }
 
-fn unexpected_eof() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::UnexpectedEof,
-        "peer closed the connection mid-frame",
-    )
-}
-
-/// Writes frames through one reused buffer: the message encodes itself into the buffer the
-/// socket write reads from.
+/// Writes frames to a blocking stream through one reused buffer (raw peers in tests and
+/// benchmarks; the transport itself never blocks on a socket).
 #[derive(Debug)]
 pub struct FrameWriter<W> {
     stream: W,
@@ -191,7 +194,7 @@ impl<W: Write> FrameWriter<W> {
     pub fn new(stream: W) -> Self {
         FrameWriter {
             stream,
-            buf: Vec::with_capacity(READ_CHUNK),
+            buf: Vec::with_capacity(WRITE_CHUNK),
         }
     }
 
@@ -204,86 +207,11 @@ impl<W: Write> FrameWriter<W> {
         frame.write_to(&mut self.buf[..len]);
         let result = self.stream.write_all(&self.buf[..len]);
         if self.buf.capacity() > WRITE_BUFFER_KEEP {
-            self.buf = Vec::with_capacity(READ_CHUNK);
+            self.buf = Vec::with_capacity(WRITE_CHUNK);
         }
         result
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use rpc_core::body::RawBody;
-    use rpc_core::{FrameKind, MetadataMap};
-
-    fn encode(call_id: u64, payload: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut md = MetadataMap::new();
-        md.insert("k", "v").unwrap();
-        let body = RawBody(payload);
-        let frame =
-            OutgoingFrame::new(Header::new(FrameKind::Request, call_id), &md, &body).unwrap();
-        FrameWriter::new(&mut out).write(&frame).unwrap();
-        out
-    }
-
-    #[test]
-    fn reads_back_to_back_frames() {
-        let mut wire = encode(1, b"hello");
-        wire.extend(encode(2, &[7u8; 100_000]));
-        let mut reader = FrameReader::new(&wire[..], 1 << 20);
-        let Some(Inbound::Frame(a)) = reader.read().unwrap() else {
-            panic!("frame expected")
-        };
-        assert_eq!((a.header.call_id, &a.payload[..]), (1, &b"hello"[..]));
-        assert_eq!(a.decode_metadata().unwrap().get("k"), Some(&b"v"[..]));
-        let Some(Inbound::Frame(b)) = reader.read().unwrap() else {
-            panic!("frame expected")
-        };
-        assert_eq!(b.payload.len(), 100_000);
-        assert!(reader.read().unwrap().is_none(), "clean end of stream");
-    }
-
-    #[test]
-    fn skips_oversized_payloads_and_stays_in_sync() {
-        let mut wire = encode(1, &[1u8; 5000]);
-        wire.extend(encode(2, b"ok"));
-        let mut reader = FrameReader::new(&wire[..], 4096);
-        match reader.read().unwrap() {
-            Some(Inbound::Oversized { header, declared }) => {
-                assert_eq!((header.call_id, declared), (1, 5000));
-            }
-            other => panic!("expected oversized, got {other:?}"),
-        }
-        let Some(Inbound::Frame(ok)) = reader.read().unwrap() else {
-            panic!("frame expected")
-        };
-        assert_eq!(&ok.payload[..], b"ok");
-    }
-
-    #[test]
-    fn truncated_and_garbage_input_are_errors_not_panics() {
-        let wire = encode(1, b"hello");
-        let mut reader = FrameReader::new(&wire[..wire.len() - 1], 1 << 20);
-        assert!(matches!(reader.read(), Err(ReadError::Io(_))));
-        let garbage = [0xABu8; 200];
-        let mut reader = FrameReader::new(&garbage[..], 1 << 20);
-        assert!(matches!(reader.read(), Err(ReadError::Header(_))));
-    }
-
-    #[test]
-    fn rdma_only_frames_are_refused() {
-        let mut placed = Header::new(FrameKind::Request, 1);
-        placed.flags = rpc_core::Flags::LARGE_PAYLOAD;
-        placed.payload_len = 1 << 20;
-        let wire = placed.to_bytes();
-        let mut reader = FrameReader::new(&wire[..], 1 << 30);
-        assert!(matches!(
-            reader.read(),
-            Err(ReadError::RdmaOnly {
-                kind: FrameKind::Request,
-                flags: 1
-            })
-        ));
-    }
-}
+mod tests;

@@ -1,78 +1,110 @@
-//! The server side: an accept thread and one reader thread per connection.
+//! The server side: an event loop that accepts connections and drives all of them.
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-use rpc_core::frame::OutgoingFrame;
+use bytes::BytesMut;
+use parking_lot::{Condvar, Mutex};
+use rpc_core::body::RawBody;
+use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::{ConnectionDispatch, Dispatcher, ReplySink};
-use rpc_core::Status;
+use rpc_core::{FrameKind, Header, MetadataMap, Status};
+use tokio::net::TcpListener;
 
-use crate::codec::{FrameReader, FrameWriter, Inbound};
+use crate::codec::encode;
+use crate::config::TcpServerConfig;
+use crate::conn::{Conn, Inbox, ReadPolicy};
+
+/// Pause after a failed `accept` (out of file descriptors, say) before the next.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 
 struct TcpReplySink {
-    writer: Mutex<FrameWriter<TcpStream>>,
+    conn: Arc<Conn>,
 }
 
 impl ReplySink for TcpReplySink {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        self.writer.lock().write(frame).map_err(Status::from)
+        self.conn.outbox.push_blocking(&self.conn.stream, frame)
+    }
+
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        self.conn.outbox.poll_push(cx, &self.conn.stream, frame)
     }
 }
 
 struct Shared {
     dispatcher: Arc<Dispatcher>,
+    config: TcpServerConfig,
     local_addr: SocketAddr,
     draining: AtomicBool,
     next_conn: AtomicU64,
     connections: Mutex<HashMap<u64, Connection>>,
+    /// Signalled when a connection leaves `connections`.
+    gone: Condvar,
 }
 
 struct Connection {
-    stream: TcpStream,
+    conn: Arc<Conn>,
     dispatch: Arc<ConnectionDispatch>,
 }
 
 /// A running TCP server. Dropping it shuts it down gracefully.
 pub struct TcpServer {
     shared: Arc<Shared>,
-    acceptor: Option<JoinHandle<()>>,
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl std::fmt::Debug for TcpServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TcpServer")
             .field("local_addr", &self.shared.local_addr)
+            .field("connections", &self.connections())
             .finish()
     }
 }
 
 impl TcpServer {
     /// Binds `addr` (`host:port`, port 0 for any) and serves `dispatcher` on it.
-    pub fn bind(addr: &str, dispatcher: Arc<Dispatcher>) -> io::Result<TcpServer> {
-        let listener = TcpListener::bind(addr)
+    pub fn bind(
+        addr: &str,
+        dispatcher: Arc<Dispatcher>,
+        config: TcpServerConfig,
+    ) -> io::Result<TcpServer> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.io_threads.max(1))
+            .thread_name("rpc-tcp-server")
+            .enable_io()
+            .enable_time()
+            .build()?;
+        let listener = std::net::TcpListener::bind(addr)
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on tcp://{addr}: {e}")))?;
+        listener.set_nonblocking(true)?;
+        let listener = {
+            let _entered = runtime.enter();
+            TcpListener::from_std(listener)?
+        };
         let shared = Arc::new(Shared {
             dispatcher,
+            config,
             local_addr: listener.local_addr()?,
             draining: AtomicBool::new(false),
             next_conn: AtomicU64::new(0),
             connections: Mutex::new(HashMap::new()),
+            gone: Condvar::new(),
         });
-        let acceptor = {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name("rpc-tcp-accept".into())
-                .spawn(move || accept_loop(&listener, &shared))?
-        };
+        runtime.spawn(accept_loop(listener, shared.clone()));
         Ok(TcpServer {
             shared,
-            acceptor: Some(acceptor),
+            runtime: Some(runtime),
         })
     }
 
@@ -81,23 +113,22 @@ impl TcpServer {
         self.shared.local_addr
     }
 
-    /// Stops accepting, stops reading new requests, lets running handlers answer for up to
-    /// `grace`, then closes every connection.
+    /// Connections being served.
+    pub fn connections(&self) -> usize {
+        self.shared.connections.lock().len()
+    }
+
+    /// Stops accepting, refuses new requests with `UNAVAILABLE`, lets running handlers
+    /// answer for up to `grace`, then closes every connection once its answers are written
+    /// (within what is left of `grace`). Blocks until done.
     pub fn shutdown(&mut self, grace: Duration) {
-        let Some(acceptor) = self.acceptor.take() else {
+        let Some(runtime) = self.runtime.take() else {
             return;
         };
+        let until = Instant::now() + grace;
         self.shared.draining.store(true, Ordering::SeqCst);
-        // The accept thread is blocked in accept(): a connection of our own wakes it. If
-        // even that fails, leave the thread behind rather than hang here.
-        match TcpStream::connect_timeout(&self.shared.local_addr, Duration::from_secs(1)) {
-            Ok(_) => {
-                let _ = acceptor.join();
-            }
-            Err(e) => tracing::warn!(%e, "could not wake the accept thread; leaving it"),
-        }
-        for conn in self.shared.connections.lock().values() {
-            let _ = conn.stream.shutdown(Shutdown::Read);
+        for c in self.shared.connections.lock().values() {
+            c.dispatch.drain();
         }
         if !self.shared.dispatcher.wait_idle(grace) {
             tracing::warn!(
@@ -105,10 +136,27 @@ impl TcpServer {
                 "shutdown grace period over with handlers still running"
             );
         }
-        for (_, conn) in self.shared.connections.lock().drain() {
-            conn.dispatch.close();
-            let _ = conn.stream.shutdown(Shutdown::Both);
+        for c in self.shared.connections.lock().values() {
+            c.conn.close_when_flushed();
         }
+        let mut connections = self.shared.connections.lock();
+        while !connections.is_empty() {
+            if self
+                .shared
+                .gone
+                .wait_until(&mut connections, until)
+                .timed_out()
+            {
+                break;
+            }
+        }
+        for (_, c) in connections.drain() {
+            c.dispatch.close();
+            c.conn
+                .close(Status::unavailable("the server shut down".to_string()));
+        }
+        drop(connections);
+        runtime.shutdown_background();
     }
 }
 
@@ -118,75 +166,107 @@ impl Drop for TcpServer {
     }
 }
 
-fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     loop {
-        let accepted = listener.accept();
-        if shared.draining.load(Ordering::SeqCst) {
-            return;
-        }
-        match accepted {
+        match listener.accept().await {
             Ok((stream, peer)) => {
-                if let Err(e) = start_connection(stream, peer, shared) {
+                if shared.draining.load(Ordering::SeqCst) {
+                    return;
+                }
+                if let Err(e) = start_connection(stream, peer, &shared) {
                     tracing::warn!(%peer, %e, "could not start a connection");
                 }
             }
             Err(e) => {
                 tracing::warn!(%e, "accept failed");
-                std::thread::sleep(Duration::from_millis(10));
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
             }
         }
     }
 }
 
-fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) -> io::Result<()> {
-    stream.set_nodelay(true)?;
-    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-    let limit = shared.dispatcher.config().max_message_size;
-    let reader = FrameReader::new(stream.try_clone()?, limit);
-    let sink = Arc::new(TcpReplySink {
-        writer: Mutex::new(FrameWriter::new(stream.try_clone()?)),
-    });
+fn start_connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    shared: &Arc<Shared>,
+) -> io::Result<()> {
+    let max = shared.config.max_connections;
+    if shared.connections.lock().len() >= max {
+        refuse(
+            &stream,
+            &Status::resource_exhausted(format!("the server is at its limit of {max} connections")),
+        );
+        tracing::warn!(%peer, max, "connection refused: at the connection limit");
+        return Ok(());
+    }
+    let conn = Conn::new(
+        stream.into_std()?,
+        format!("tcp://{peer}"),
+        &shared.config.limits,
+    )?;
+    let sink = Arc::new(TcpReplySink { conn: conn.clone() });
     let dispatch = ConnectionDispatch::new(shared.dispatcher.clone(), sink);
+    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     shared.connections.lock().insert(
         id,
         Connection {
-            stream,
+            conn: conn.clone(),
             dispatch: dispatch.clone(),
         },
     );
-    let shared = shared.clone();
-    std::thread::Builder::new()
-        .name("rpc-tcp-conn".into())
-        .spawn(move || {
-            serve_connection(reader, &dispatch, peer);
-            // While draining, the read side was shut on purpose and running handlers still
-            // answer on the write side; `TcpServer::shutdown` closes the connection later.
-            if !shared.draining.load(Ordering::SeqCst) {
-                dispatch.close();
-                if let Some(conn) = shared.connections.lock().remove(&id) {
-                    let _ = conn.stream.shutdown(Shutdown::Both);
-                }
-            }
-        })?;
+    let policy = ReadPolicy {
+        max_payload: shared.dispatcher.config().max_message_size,
+        idle_timeout: Some(shared.config.idle_timeout),
+        pause_when_full: true,
+    };
+    let requests = Requests {
+        id,
+        dispatch,
+        shared: shared.clone(),
+    };
+    conn.start(&tokio::runtime::Handle::current(), requests, policy);
     Ok(())
 }
 
-fn serve_connection(
-    mut reader: FrameReader<TcpStream>,
-    dispatch: &Arc<ConnectionDispatch>,
-    peer: SocketAddr,
-) {
-    loop {
-        match reader.read() {
-            Ok(Some(Inbound::Frame(frame))) => dispatch.on_frame(frame),
-            Ok(Some(Inbound::Oversized { header, declared })) => {
-                dispatch.reject_oversized(&header, declared)
-            }
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!(%peer, %e, "closing connection");
-                return;
-            }
-        }
+/// Tells a connection over the limit why it is refused (a status for call id 0, best
+/// effort: a fresh socket takes a small frame), then drops it.
+fn refuse(stream: &tokio::net::TcpStream, status: &Status) {
+    let mut header = Header::new(FrameKind::Response, 0);
+    header.status = status.code();
+    let body = RawBody(status.message().as_bytes());
+    let metadata = MetadataMap::new();
+    if let Ok(frame) = OutgoingFrame::new(header, &metadata, &body) {
+        let mut out = BytesMut::new();
+        encode(&frame, &mut out);
+        let _ = stream.try_write(&out);
+    }
+}
+
+/// Runs the requests a connection receives.
+struct Requests {
+    id: u64,
+    dispatch: Arc<ConnectionDispatch>,
+    shared: Arc<Shared>,
+}
+
+impl Inbox for Requests {
+    fn on_frame(&self, frame: InboundFrame) {
+        self.dispatch.on_frame(frame);
+    }
+
+    fn on_oversized(&self, header: &Header, declared: u64) {
+        self.dispatch.reject_oversized(header, declared);
+    }
+
+    fn idle(&self) -> bool {
+        self.dispatch.calls_running() == 0
+    }
+
+    fn on_closed(&self, status: Status) {
+        tracing::debug!(%status, "server connection ended");
+        self.dispatch.close();
+        let mut connections = self.shared.connections.lock();
+        connections.remove(&self.id);
+        self.shared.gone.notify_all();
     }
 }

@@ -309,8 +309,12 @@ impl ConnectionDispatch {
         self.send_status(call_id, status);
     }
 
+    /// Handlers of this connection running or waiting to send their answer.
+    pub fn calls_running(&self) -> usize {
+        self.running.lock().len()
+    }
+
     /// Refuses new requests with `UNAVAILABLE` from now on; running handlers still answer.
-    /// For transports that cannot stop reading one connection alone (RDMA).
     pub fn drain(&self) {
         self.draining.store(true, Ordering::Release);
     }

@@ -1,0 +1,77 @@
+//! Settings of TCP connections, clients and servers.
+
+use std::time::Duration;
+
+/// Bounds every TCP connection applies, on either side.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// Bytes of encoded frames a connection queues for its socket. A frame is accepted while
+    /// the queue holds less than this (a lone frame may be larger); past it, async senders
+    /// wait as `Pending`, blocking ones park, and a server stops reading the connection's
+    /// requests until its peer takes some replies.
+    pub write_queue: usize,
+    /// Longest the socket may refuse every byte of a non-empty queue: a peer that stops
+    /// reading that long is disconnected and its calls fail with `UNAVAILABLE`.
+    pub stall_limit: Duration,
+    /// Longest a frame may take to arrive once its first byte has: a peer that trickles a
+    /// frame is disconnected.
+    pub read_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            write_queue: 1 << 20,
+            stall_limit: Duration::from_secs(10),
+            read_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// TCP client settings.
+#[derive(Debug, Clone)]
+pub struct TcpConfig {
+    /// How long to wait for the TCP handshake with each resolved address.
+    pub connect_timeout: Duration,
+    /// Largest payload accepted from the peer.
+    pub max_message_size: usize,
+    /// Queue, stall and read bounds of the connection.
+    pub limits: ConnectionLimits,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            connect_timeout: Duration::from_secs(5),
+            max_message_size: rpc_core::client::DEFAULT_MAX_MESSAGE_SIZE,
+            limits: ConnectionLimits::default(),
+        }
+    }
+}
+
+/// TCP server settings (the message size limit is the dispatcher's).
+#[derive(Debug, Clone)]
+pub struct TcpServerConfig {
+    /// Connections served at once. One more is accepted, told `RESOURCE_EXHAUSTED` naming
+    /// the limit (a status frame for call id 0) and closed.
+    pub max_connections: usize,
+    /// A connection with no call running, nothing queued and nothing received for this long
+    /// is closed.
+    pub idle_timeout: Duration,
+    /// Threads of the event loop that owns the server's sockets (handlers run on the
+    /// dispatcher's runtime, or inline on these threads, see `ServerConfig::inline_handlers`).
+    pub io_threads: usize,
+    /// Queue, stall and read bounds of each connection.
+    pub limits: ConnectionLimits,
+}
+
+impl Default for TcpServerConfig {
+    fn default() -> Self {
+        TcpServerConfig {
+            max_connections: 10_000,
+            idle_timeout: Duration::from_secs(3600),
+            io_threads: 1,
+            limits: ConnectionLimits::default(),
+        }
+    }
+}

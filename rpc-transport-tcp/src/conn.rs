@@ -1,0 +1,254 @@
+//! One TCP connection on the event loop: its socket, its output queue, and the two tasks
+//! that drive them. Clients and servers differ only in what they do with received frames
+//! ([`Inbox`]).
+
+use std::future::poll_fn;
+use std::io;
+use std::net::Shutdown;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use rpc_core::frame::InboundFrame;
+use rpc_core::{Header, Status};
+use tokio::net::TcpStream;
+use tokio::time::{timeout, timeout_at, Instant};
+
+use crate::codec::{FrameDecoder, Inbound};
+use crate::config::ConnectionLimits;
+use crate::outbox::{Chunk, Outbox};
+
+/// Most bytes one read asks for: frames smaller than this arrive in one read, larger ones
+/// grow their buffer with the bytes that arrive.
+const READ_CHUNK: usize = 64 * 1024;
+/// Fewest bytes a read asks for (a header and a small message).
+const MIN_READ: usize = 4 * 1024;
+
+/// A connection shared by its tasks and the transport that sends on it.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub(crate) stream: TcpStream,
+    pub(crate) outbox: Outbox,
+    /// `tcp://host:port` of the other end, for messages.
+    pub(crate) peer: String,
+    limits: ConnectionLimits,
+}
+
+/// What a side does with what its peer sends.
+pub(crate) trait Inbox: Send + Sync + 'static {
+    /// A complete frame.
+    fn on_frame(&self, frame: InboundFrame);
+    /// A frame over the payload limit, refused at its header.
+    fn on_oversized(&self, header: &Header, declared: u64);
+    /// Whether no call is in progress, so that a silent peer may be closed as idle.
+    fn idle(&self) -> bool;
+    /// The connection ended for `status`'s reason.
+    fn on_closed(&self, status: Status);
+}
+
+/// How the reader treats a connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadPolicy {
+    /// Largest payload accepted.
+    pub(crate) max_payload: usize,
+    /// Close a silent connection with no call in progress after this long.
+    pub(crate) idle_timeout: Option<Duration>,
+    /// Stop reading while the output queue is full (servers: no new requests while their
+    /// replies cannot leave).
+    pub(crate) pause_when_full: bool,
+}
+
+impl Conn {
+    /// Wraps a connected socket; must run inside the event loop's runtime context.
+    pub(crate) fn new(
+        stream: std::net::TcpStream,
+        peer: String,
+        limits: &ConnectionLimits,
+    ) -> io::Result<Arc<Conn>> {
+        stream.set_nodelay(true)?;
+        stream.set_nonblocking(true)?;
+        Ok(Arc::new(Conn {
+            stream: TcpStream::from_std(stream)?,
+            outbox: Outbox::new(limits.write_queue),
+            peer,
+            limits: limits.clone(),
+        }))
+    }
+
+    /// Starts the connection's reader and writer on `runtime`.
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        runtime: &tokio::runtime::Handle,
+        inbox: impl Inbox,
+        policy: ReadPolicy,
+    ) {
+        runtime.spawn(self.clone().write_loop());
+        runtime.spawn(self.clone().read_loop(inbox, policy));
+    }
+
+    /// Closes the connection at once: queued frames are dropped, both tasks end, every
+    /// later send fails with `status` (the first close's status sticks).
+    pub(crate) fn close(&self, status: Status) {
+        self.outbox.close(status);
+        // Wakes the reader (end of stream) as well.
+        let _ = socket2::SockRef::from(&self.stream).shutdown(Shutdown::Both);
+    }
+
+    /// Closes the connection once its queued frames are written.
+    pub(crate) fn close_when_flushed(&self) {
+        if self.outbox.finish() {
+            self.close(Status::unavailable(format!(
+                "{} closed: the server shut down",
+                self.peer
+            )));
+        }
+    }
+
+    async fn write_loop(self: Arc<Self>) {
+        loop {
+            match self.outbox.next_chunk() {
+                Chunk::Write(chunk) => {
+                    let mut at = 0;
+                    while at < chunk.len() {
+                        match self.write_some(&chunk[at..]).await {
+                            Ok(n) => {
+                                at += n;
+                                self.outbox.wrote(n);
+                            }
+                            Err(status) => return self.close(status),
+                        }
+                    }
+                }
+                Chunk::Idle => self.outbox.writer_wakeup().await,
+                Chunk::Finished => {
+                    return self.close(Status::unavailable(format!(
+                        "{} closed: the server shut down",
+                        self.peer
+                    )))
+                }
+                Chunk::Closed => return,
+            }
+        }
+    }
+
+    /// Writes some of `bytes`, waiting at most the stall limit for the socket to take any.
+    async fn write_some(&self, bytes: &[u8]) -> Result<usize, Status> {
+        loop {
+            match self.stream.try_write(bytes) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    return Err(Status::unavailable(format!(
+                        "cannot send to {}: {e}",
+                        self.peer
+                    )))
+                }
+            }
+            match timeout(self.limits.stall_limit, self.stream.writable()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    return Err(Status::unavailable(format!(
+                        "cannot send to {}: {e}",
+                        self.peer
+                    )))
+                }
+                Err(_) => {
+                    return Err(Status::unavailable(format!(
+                        "{} stopped reading: its socket took none of {} queued bytes in {:?} \
+                         (stall limit)",
+                        self.peer,
+                        bytes.len(),
+                        self.limits.stall_limit
+                    )))
+                }
+            }
+        }
+    }
+
+    async fn read_loop(self: Arc<Self>, inbox: impl Inbox, policy: ReadPolicy) {
+        let status = self.read_frames(&inbox, policy).await;
+        // A close by this side already set the status the senders see; keep it.
+        let status = self.outbox.closed().unwrap_or(status);
+        self.close(status.clone());
+        inbox.on_closed(status);
+    }
+
+    /// Reads and delivers frames until the connection ends; returns why it did.
+    async fn read_frames(&self, inbox: &impl Inbox, policy: ReadPolicy) -> Status {
+        let mut decoder = FrameDecoder::new(policy.max_payload);
+        let mut buf = BytesMut::new();
+        // When the frame being received started to arrive.
+        let mut frame_started: Option<Instant> = None;
+        let mut last_heard = Instant::now();
+        loop {
+            loop {
+                match decoder.decode(&mut buf) {
+                    Ok(Some(Inbound::Frame(frame))) => inbox.on_frame(frame),
+                    Ok(Some(Inbound::Oversized { header, declared })) => {
+                        inbox.on_oversized(&header, declared)
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        return Status::unavailable(format!("{} sent garbage: {e}", self.peer))
+                    }
+                }
+            }
+            if !decoder.mid_frame(&buf) {
+                frame_started = None;
+            } else if frame_started.is_none() {
+                frame_started = Some(last_heard);
+            }
+            if policy.pause_when_full {
+                poll_fn(|cx| self.outbox.poll_room(cx)).await;
+            }
+            if let Some(status) = self.outbox.closed() {
+                return status;
+            }
+            let deadline = match frame_started {
+                Some(started) => Some(started + self.limits.read_timeout),
+                None => policy.idle_timeout.map(|idle| last_heard + idle),
+            };
+            let readable = match deadline {
+                Some(deadline) => timeout_at(deadline, self.stream.readable()).await,
+                None => Ok(self.stream.readable().await),
+            };
+            match readable {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Status::unavailable(format!("{} failed: {e}", self.peer)),
+                Err(_) if frame_started.is_some() => {
+                    return Status::unavailable(format!(
+                        "{} sent part of a frame and then nothing for {:?} (read timeout)",
+                        self.peer, self.limits.read_timeout
+                    ));
+                }
+                Err(_) => {
+                    if inbox.idle() && self.outbox.is_empty() {
+                        return Status::unavailable(format!(
+                            "{} was idle for {:?} (idle timeout)",
+                            self.peer,
+                            policy.idle_timeout.unwrap_or_default()
+                        ));
+                    }
+                    // Calls are running: the peer is waiting for us, not idle.
+                    last_heard = Instant::now();
+                    continue;
+                }
+            }
+            buf.reserve(decoder.missing(&buf).clamp(MIN_READ, READ_CHUNK));
+            match self.stream.try_read_buf(&mut buf) {
+                Ok(0) if decoder.mid_frame(&buf) => {
+                    return Status::unavailable(format!(
+                        "{} closed the connection mid-frame",
+                        self.peer
+                    ))
+                }
+                Ok(0) => {
+                    return Status::unavailable(format!("{} closed the connection", self.peer))
+                }
+                Ok(_) => last_heard = Instant::now(),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Status::unavailable(format!("{} failed: {e}", self.peer)),
+            }
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! A connection's bounded output queue.
+//!
+//! Frames are encoded into one buffer. With nothing queued, the sender writes its frame to
+//! the socket at once with a non-blocking write (one syscall on the caller's thread, the
+//! latency of a plain blocking socket). Whatever the socket does not take waits in the
+//! queue for the connection's writer task, which owns the socket's write side until the
+//! queue is empty again; frames sent meanwhile append to the queue, in order. Nothing here
+//! ever blocks a thread except [`Outbox::push_blocking`], the blocking stubs' path.
+
+use std::io;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use rpc_core::frame::OutgoingFrame;
+use rpc_core::Status;
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+use crate::codec::encode;
+
+/// Header-only frames (a dropped call's `Cancel`) may exceed the queue bound by this much, so
+/// that giving up on a call works even while its connection's queue is full.
+const CONTROL_ALLOWANCE: usize = 64 * 1024;
+
+/// How a frame is to be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// A request or response: waits for room under the bound.
+    Data,
+    /// A header-only frame: never waits, dropped past the bound plus [`CONTROL_ALLOWANCE`].
+    Control,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Encoded frames not yet handed to the writer task.
+    pending: BytesMut,
+    /// Bytes the writer task took and has not written yet.
+    in_writer: usize,
+    /// The writer task owns the socket's write side (`pending` non-empty implies it).
+    writing: bool,
+    /// The writer closes the connection once the queue is empty.
+    finish: bool,
+    closed: Option<Status>,
+    /// Async senders (and a paused reader) waiting for room.
+    waiters: Vec<Waker>,
+    /// Threads parked in [`Outbox::push_blocking`].
+    parked: usize,
+}
+
+impl State {
+    fn queued(&self) -> usize {
+        self.pending.len() + self.in_writer
+    }
+
+    fn has_room(&self, len: usize, limit: usize, class: Class) -> bool {
+        let queued = self.queued();
+        match class {
+            Class::Data => queued == 0 || queued + len <= limit,
+            Class::Control => queued + len <= limit + CONTROL_ALLOWANCE,
+        }
+    }
+}
+
+/// The output queue of one connection.
+#[derive(Debug)]
+pub(crate) struct Outbox {
+    state: Mutex<State>,
+    room: Condvar,
+    /// Wakes the writer task.
+    writer: Notify,
+    limit: usize,
+}
+
+/// What a push attempt did.
+#[derive(Debug)]
+pub(crate) enum Pushed {
+    /// Written or queued.
+    Sent,
+    /// No room now (data) or ever (control past its allowance): nothing was queued.
+    Full,
+}
+
+impl Outbox {
+    /// An empty queue bounded at `limit` bytes.
+    pub(crate) fn new(limit: usize) -> Self {
+        Outbox {
+            state: Mutex::new(State::default()),
+            room: Condvar::new(),
+            writer: Notify::new(),
+            limit,
+        }
+    }
+
+    /// Writes or queues `frame` if there is room; never blocks.
+    pub(crate) fn try_push(
+        &self,
+        stream: &TcpStream,
+        frame: &OutgoingFrame<'_>,
+        class: Class,
+    ) -> Result<Pushed, Status> {
+        let mut st = self.state.lock();
+        self.push_locked(&mut st, stream, frame, class)
+    }
+
+    /// Like [`Outbox::try_push`] for a data frame, but with no room registers `cx` to be
+    /// woken once there is (or the connection closed) and returns `Pending`.
+    pub(crate) fn poll_push(
+        &self,
+        cx: &mut Context<'_>,
+        stream: &TcpStream,
+        frame: &OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        let mut st = self.state.lock();
+        match self.push_locked(&mut st, stream, frame, Class::Data) {
+            Ok(Pushed::Sent) => Poll::Ready(Ok(())),
+            Err(status) => Poll::Ready(Err(status)),
+            Ok(Pushed::Full) => {
+                register(&mut st.waiters, cx.waker());
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Writes or queues a data frame, parking the thread while the queue is full. A peer
+    /// that never reads is disconnected after the stall limit, which ends the wait.
+    pub(crate) fn push_blocking(
+        &self,
+        stream: &TcpStream,
+        frame: &OutgoingFrame<'_>,
+    ) -> Result<(), Status> {
+        let mut st = self.state.lock();
+        loop {
+            match self.push_locked(&mut st, stream, frame, Class::Data)? {
+                Pushed::Sent => return Ok(()),
+                Pushed::Full => {
+                    st.parked += 1;
+                    self.room.wait(&mut st);
+                    st.parked -= 1;
+                }
+            }
+        }
+    }
+
+    /// `Ready` once a data frame would be accepted or the connection closed (a server stops
+    /// reading requests while its replies cannot leave).
+    pub(crate) fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut st = self.state.lock();
+        if st.closed.is_some() || st.queued() < self.limit {
+            return Poll::Ready(());
+        }
+        register(&mut st.waiters, cx.waker());
+        Poll::Pending
+    }
+
+    /// Whether nothing waits to be written.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.state.lock().queued() == 0
+    }
+
+    fn push_locked(
+        &self,
+        st: &mut MutexGuard<'_, State>,
+        stream: &TcpStream,
+        frame: &OutgoingFrame<'_>,
+        class: Class,
+    ) -> Result<Pushed, Status> {
+        if let Some(status) = &st.closed {
+            return Err(status.clone());
+        }
+        if !st.has_room(frame.len(), self.limit, class) {
+            return Ok(Pushed::Full);
+        }
+        encode(frame, &mut st.pending);
+        if st.writing {
+            // The writer task takes it after what it is writing.
+            return Ok(Pushed::Sent);
+        }
+        // Nothing queued: write on this thread. The lock keeps other senders' frames behind
+        // this one; the write never blocks.
+        match stream.try_write(&st.pending) {
+            Ok(n) if n == st.pending.len() => {
+                st.pending.clear();
+                return Ok(Pushed::Sent);
+            }
+            Ok(n) => {
+                let _ = st.pending.split_to(n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                let status = Status::unavailable(format!("cannot send: {e}"));
+                st.closed = Some(status.clone());
+                return Err(status);
+            }
+        }
+        st.writing = true;
+        self.writer.notify_one();
+        Ok(Pushed::Sent)
+    }
+
+    /// The writer task's next chunk to write, or `None` when the queue is empty (the writer
+    /// gives the write side back) or closed.
+    pub(crate) fn next_chunk(&self) -> Chunk {
+        let mut st = self.state.lock();
+        if st.closed.is_some() {
+            return Chunk::Closed;
+        }
+        if st.pending.is_empty() {
+            st.writing = false;
+            return if st.finish {
+                Chunk::Finished
+            } else {
+                Chunk::Idle
+            };
+        }
+        let chunk = st.pending.split().freeze();
+        st.in_writer = chunk.len();
+        Chunk::Write(chunk)
+    }
+
+    /// The writer task wrote `n` bytes of its chunk.
+    pub(crate) fn wrote(&self, n: usize) {
+        let mut st = self.state.lock();
+        st.in_writer -= n;
+        self.wake_room(st);
+    }
+
+    /// Waits until the writer task has something to do.
+    pub(crate) async fn writer_wakeup(&self) {
+        self.writer.notified().await;
+    }
+
+    /// Closes the connection once everything queued is written (graceful shutdown).
+    /// Returns true if that is now.
+    pub(crate) fn finish(&self) -> bool {
+        let mut st = self.state.lock();
+        if st.queued() == 0 && !st.writing {
+            return true;
+        }
+        st.finish = true;
+        false
+    }
+
+    /// Fails every later push with `status` and wakes every waiter; the first status
+    /// sticks. Queued bytes are dropped.
+    pub(crate) fn close(&self, status: Status) {
+        let mut st = self.state.lock();
+        if st.closed.is_none() {
+            st.closed = Some(status);
+        }
+        st.pending = BytesMut::new();
+        self.writer.notify_one();
+        self.wake_room(st);
+    }
+
+    /// The status the queue was closed with, if it was.
+    pub(crate) fn closed(&self) -> Option<Status> {
+        self.state.lock().closed.clone()
+    }
+
+    fn wake_room(&self, mut st: MutexGuard<'_, State>) {
+        if st.parked > 0 {
+            self.room.notify_all();
+        }
+        let waiters = std::mem::take(&mut st.waiters);
+        drop(st);
+        for waker in waiters {
+            waker.wake();
+        }
+    }
+}
+
+/// What the writer task is to do next.
+#[derive(Debug)]
+pub(crate) enum Chunk {
+    /// Write these bytes.
+    Write(Bytes),
+    /// Nothing queued: wait for a wake-up.
+    Idle,
+    /// Nothing queued and a graceful close was asked for.
+    Finished,
+    /// The connection is closed.
+    Closed,
+}
+
+fn register(waiters: &mut Vec<Waker>, waker: &Waker) {
+    if !waiters.iter().any(|w| w.will_wake(waker)) {
+        waiters.push(waker.clone());
+    }
+}
