@@ -94,6 +94,14 @@ impl Conn {
         let _ = socket2::SockRef::from(&self.stream).shutdown(Shutdown::Both);
     }
 
+    /// Closes the connection with a reset (a peer that broke a limit): what either side
+    /// still has queued is discarded, by the kernel too, instead of lingering for a peer
+    /// that does not read.
+    pub(crate) fn abort(&self, status: Status) {
+        let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
+        self.close(status);
+    }
+
     /// Closes the connection once its queued frames are written.
     pub(crate) fn close_when_flushed(&self) {
         if self.outbox.finish() {
@@ -115,7 +123,7 @@ impl Conn {
                                 at += n;
                                 self.outbox.wrote(n);
                             }
-                            Err(status) => return self.close(status),
+                            Err(status) => return self.abort(status),
                         }
                     }
                 }
@@ -165,16 +173,28 @@ impl Conn {
         }
     }
 
+    fn failed(&self, e: io::Error) -> (Status, bool) {
+        (
+            Status::unavailable(format!("{} failed: {e}", self.peer)),
+            false,
+        )
+    }
+
     async fn read_loop(self: Arc<Self>, inbox: impl Inbox, policy: ReadPolicy) {
-        let status = self.read_frames(&inbox, policy).await;
+        let (status, abort) = self.read_frames(&inbox, policy).await;
         // A close by this side already set the status the senders see; keep it.
         let status = self.outbox.closed().unwrap_or(status);
-        self.close(status.clone());
+        if abort {
+            self.abort(status.clone());
+        } else {
+            self.close(status.clone());
+        }
         inbox.on_closed(status);
     }
 
-    /// Reads and delivers frames until the connection ends; returns why it did.
-    async fn read_frames(&self, inbox: &impl Inbox, policy: ReadPolicy) -> Status {
+    /// Reads and delivers frames until the connection ends; returns why it did, and whether
+    /// the peer broke a limit (the connection is then reset).
+    async fn read_frames(&self, inbox: &impl Inbox, policy: ReadPolicy) -> (Status, bool) {
         let mut decoder = FrameDecoder::new(policy.max_payload);
         let mut buf = BytesMut::new();
         // When the frame being received started to arrive.
@@ -189,7 +209,9 @@ impl Conn {
                     }
                     Ok(None) => break,
                     Err(e) => {
-                        return Status::unavailable(format!("{} sent garbage: {e}", self.peer))
+                        let status =
+                            Status::unavailable(format!("{} sent garbage: {e}", self.peer));
+                        return (status, true);
                     }
                 }
             }
@@ -202,7 +224,7 @@ impl Conn {
                 poll_fn(|cx| self.outbox.poll_room(cx)).await;
             }
             if let Some(status) = self.outbox.closed() {
-                return status;
+                return (status, false);
             }
             let deadline = match frame_started {
                 Some(started) => Some(started + self.limits.read_timeout),
@@ -214,20 +236,22 @@ impl Conn {
             };
             match readable {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Status::unavailable(format!("{} failed: {e}", self.peer)),
+                Ok(Err(e)) => return self.failed(e),
                 Err(_) if frame_started.is_some() => {
-                    return Status::unavailable(format!(
+                    let status = Status::unavailable(format!(
                         "{} sent part of a frame and then nothing for {:?} (read timeout)",
                         self.peer, self.limits.read_timeout
                     ));
+                    return (status, true);
                 }
                 Err(_) => {
                     if inbox.idle() && self.outbox.is_empty() {
-                        return Status::unavailable(format!(
+                        let status = Status::unavailable(format!(
                             "{} was idle for {:?} (idle timeout)",
                             self.peer,
                             policy.idle_timeout.unwrap_or_default()
                         ));
+                        return (status, false);
                     }
                     // Calls are running: the peer is waiting for us, not idle.
                     last_heard = Instant::now();
@@ -236,18 +260,17 @@ impl Conn {
             }
             buf.reserve(decoder.missing(&buf).clamp(MIN_READ, READ_CHUNK));
             match self.stream.try_read_buf(&mut buf) {
-                Ok(0) if decoder.mid_frame(&buf) => {
-                    return Status::unavailable(format!(
-                        "{} closed the connection mid-frame",
-                        self.peer
-                    ))
-                }
                 Ok(0) => {
-                    return Status::unavailable(format!("{} closed the connection", self.peer))
+                    let how = if decoder.mid_frame(&buf) {
+                        "closed the connection mid-frame"
+                    } else {
+                        "closed the connection"
+                    };
+                    return (Status::unavailable(format!("{} {how}", self.peer)), false);
                 }
                 Ok(_) => last_heard = Instant::now(),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Status::unavailable(format!("{} failed: {e}", self.peer)),
+                Err(e) => return self.failed(e),
             }
         }
     }

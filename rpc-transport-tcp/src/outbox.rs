@@ -223,7 +223,10 @@ impl Outbox {
     pub(crate) fn wrote(&self, n: usize) {
         let mut st = self.state.lock();
         st.in_writer -= n;
-        self.wake_room(st);
+        // Waiters only come back to find the queue full again until it has room.
+        if st.queued() < self.limit {
+            self.wake_room(st);
+        }
     }
 
     /// Waits until the writer task has something to do.
