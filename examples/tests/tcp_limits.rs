@@ -132,7 +132,7 @@ fn a_client_that_never_reads_is_cut_off_and_delays_no_one() {
         ..Default::default()
     });
     let addr = addr(&server);
-    let mut hostile = TcpStream::connect(&addr).unwrap();
+    let hostile = TcpStream::connect(&addr).unwrap();
     hostile
         .set_write_timeout(Some(Duration::from_secs(1)))
         .unwrap();

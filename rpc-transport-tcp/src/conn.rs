@@ -23,6 +23,9 @@ use crate::outbox::{Chunk, Outbox};
 const READ_CHUNK: usize = 64 * 1024;
 /// Fewest bytes a read asks for (a header and a small message).
 const MIN_READ: usize = 4 * 1024;
+/// Frames a connection's reader delivers (running inline handlers) before it lets the other
+/// tasks of its thread run.
+const FRAMES_PER_TURN: u32 = 16;
 
 /// A connection shared by its tasks and the transport that sends on it.
 #[derive(Debug)]
@@ -201,7 +204,13 @@ impl Conn {
         let mut frame_started: Option<Instant> = None;
         let mut last_heard = Instant::now();
         loop {
+            let mut delivered = 0u32;
             loop {
+                if policy.pause_when_full {
+                    // Between frames, so that a burst of requests read at once stops at the
+                    // first whose answer would find the queue full.
+                    poll_fn(|cx| self.outbox.poll_room(cx)).await;
+                }
                 match decoder.decode(&mut buf) {
                     Ok(Some(Inbound::Frame(frame))) => inbox.on_frame(frame),
                     Ok(Some(Inbound::Oversized { header, declared })) => {
@@ -214,14 +223,16 @@ impl Conn {
                         return (status, true);
                     }
                 }
+                delivered += 1;
+                if delivered % FRAMES_PER_TURN == 0 {
+                    // Inline handlers run here: let the other connections of this thread in.
+                    tokio::task::yield_now().await;
+                }
             }
             if !decoder.mid_frame(&buf) {
                 frame_started = None;
             } else if frame_started.is_none() {
                 frame_started = Some(last_heard);
-            }
-            if policy.pause_when_full {
-                poll_fn(|cx| self.outbox.poll_room(cx)).await;
             }
             if let Some(status) = self.outbox.closed() {
                 return (status, false);
