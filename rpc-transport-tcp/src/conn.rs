@@ -224,7 +224,7 @@ impl Conn {
                     }
                 }
                 delivered += 1;
-                if delivered % FRAMES_PER_TURN == 0 {
+                if delivered.is_multiple_of(FRAMES_PER_TURN) {
                     // Inline handlers run here: let the other connections of this thread in.
                     tokio::task::yield_now().await;
                 }
