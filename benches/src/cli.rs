@@ -115,6 +115,9 @@ pub struct CompareArgs {
     /// Size and number of calls (each of the three runs makes them all).
     #[command(flatten)]
     pub run: RunArgs,
+    /// Calls in flight on one connection in the throughput runs (ours and tonic).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub in_flight: u64,
     /// Print exactly one JSON object on stdout instead of the table.
     #[arg(long)]
     pub json: bool,

@@ -1,5 +1,6 @@
 //! `rpc-bench tcp-compare`: rdma-rpc over TCP vs tonic vs the raw-TCP floor, same payload,
-//! same call count, one call at a time, on 127.0.0.1.
+//! same call count, one call at a time, on 127.0.0.1; then rdma-rpc vs tonic with several
+//! calls in flight on one connection (async stubs).
 
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +25,14 @@ pub struct CompareReport {
     pub ours: BenchResult,
     /// tonic over HTTP/2.
     pub tonic: BenchResult,
+    /// Calls in flight of the throughput runs.
+    pub in_flight: usize,
+    /// rdma-rpc over `tcp://`, async stubs, `in_flight` calls on one connection.
+    pub ours_in_flight: BenchResult,
+    /// tonic, `in_flight` calls on one HTTP/2 connection.
+    pub tonic_in_flight: BenchResult,
+    /// `ours_in_flight.calls_per_sec / tonic_in_flight.calls_per_sec`.
+    pub ours_over_tonic_in_flight: f64,
     /// `ours.p50_us / floor.p50_us`.
     pub ours_p50_over_floor: f64,
     /// `tonic.p50_us / floor.p50_us`.
@@ -34,13 +43,24 @@ pub struct CompareReport {
     pub tonic_rate_over_floor: f64,
 }
 
-/// Runs the floor, ours and tonic in turn (each with its own server, stopped before the
-/// next starts).
-pub fn run(size: usize, iters: u64, warmup: u64) -> Result<CompareReport, BenchError> {
+/// Runs the floor, ours and tonic in turn one call at a time, then ours and tonic with
+/// `in_flight` calls in flight (each run with its own server, stopped before the next starts).
+pub fn run(
+    size: usize,
+    iters: u64,
+    warmup: u64,
+    in_flight: usize,
+) -> Result<CompareReport, BenchError> {
     let floor = floor::run(size, iters, warmup)?;
-    let ours = run_ours(size, iters, warmup)?;
-    let tonic = tonic_echo::run(size, iters, warmup)?;
+    let ours = run_ours(size, iters, warmup, 1)?;
+    let tonic = tonic_echo::run(size, iters, warmup, 1)?;
+    let ours_in_flight = run_ours(size, iters, warmup, in_flight)?;
+    let tonic_in_flight = tonic_echo::run(size, iters, warmup, in_flight)?;
     Ok(CompareReport {
+        in_flight,
+        ours_over_tonic_in_flight: ours_in_flight.calls_per_sec / tonic_in_flight.calls_per_sec,
+        ours_in_flight,
+        tonic_in_flight,
         size,
         iters,
         ours_p50_over_floor: ours.p50_us / floor.p50_us,
@@ -53,14 +73,19 @@ pub fn run(size: usize, iters: u64, warmup: u64) -> Result<CompareReport, BenchE
     })
 }
 
-fn run_ours(size: usize, iters: u64, warmup: u64) -> Result<BenchResult, BenchError> {
+fn run_ours(
+    size: usize,
+    iters: u64,
+    warmup: u64,
+    concurrency: usize,
+) -> Result<BenchResult, BenchError> {
     let url = "tcp://127.0.0.1:0".parse()?;
     let server = ours::start_server(&url, rdma_rpc::RdmaConfig::default())?;
     let plan = ClientPlan {
         size,
         iters,
         warmup,
-        concurrency: 1,
+        concurrency,
         rdma: rdma_rpc::RdmaConfig::default(),
         poll: None,
     };
@@ -109,6 +134,23 @@ impl CompareReport {
         out += &format!(
             "ours/floor p50 = {:.2}x ({verdict} the {TARGET_P50_OVER_FLOOR}x aim); tonic/floor p50 = {:.2}x\n",
             self.ours_p50_over_floor, self.tonic_p50_over_floor
+        );
+        out += &format!(
+            "\n{} calls in flight on one connection (async stubs)\n{:<28} {:>9} {:>9} {:>10}\n",
+            self.in_flight, "", "p50 µs", "p99 µs", "calls/s"
+        );
+        for (name, r) in [
+            ("rdma-rpc tcp:// (ours)", &self.ours_in_flight),
+            ("tonic (HTTP/2)", &self.tonic_in_flight),
+        ] {
+            out += &format!(
+                "{name:<28} {:>9.1} {:>9.1} {:>10.0}\n",
+                r.p50_us, r.p99_us, r.calls_per_sec
+            );
+        }
+        out += &format!(
+            "ours/tonic calls/s at {} in flight = {:.2}x\n",
+            self.in_flight, self.ours_over_tonic_in_flight
         );
         out
     }

@@ -1,8 +1,10 @@
 //! The tonic baseline of `tcp-compare`: the same `proto/echo.proto` compiled by
 //! tonic-prost-build (see `build.rs`), served and called over HTTP/2 on a tokio runtime,
-//! unary calls one at a time.
+//! unary calls one at a time or several in flight on one connection.
 
 use crate::clock::Instant;
+
+use futures::StreamExt;
 
 use tonic::transport::server::TcpIncoming;
 
@@ -44,18 +46,28 @@ impl Echo for TonicEcho {
     }
 }
 
-/// Serves [`TonicEcho`] on 127.0.0.1 and makes `warmup + iters` calls of `size` bytes, one
-/// at a time.
-pub fn run(size: usize, iters: u64, warmup: u64) -> Result<BenchResult, BenchError> {
+/// Serves [`TonicEcho`] on 127.0.0.1 and makes `warmup + iters` calls of `size` bytes on
+/// one connection, `concurrency` in flight.
+pub fn run(
+    size: usize,
+    iters: u64,
+    warmup: u64,
+    concurrency: usize,
+) -> Result<BenchResult, BenchError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKER_THREADS)
         .enable_all()
         .build()
         .map_err(|e| BenchError::failed("creating the tokio runtime", e))?;
-    runtime.block_on(serve_and_call(size, iters, warmup))
+    runtime.block_on(serve_and_call(size, iters, warmup, concurrency))
 }
 
-async fn serve_and_call(size: usize, iters: u64, warmup: u64) -> Result<BenchResult, BenchError> {
+async fn serve_and_call(
+    size: usize,
+    iters: u64,
+    warmup: u64,
+    concurrency: usize,
+) -> Result<BenchResult, BenchError> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| BenchError::failed("binding the tonic server", e))?;
@@ -76,7 +88,7 @@ async fn serve_and_call(size: usize, iters: u64, warmup: u64) -> Result<BenchRes
             }),
     );
     let url = format!("http://{addr}");
-    let result = call(&url, size, iters, warmup).await;
+    let result = call(&url, size, iters, warmup, concurrency).await;
     let _ = stop.send(());
     match server.await {
         Ok(Ok(())) => result,
@@ -85,32 +97,48 @@ async fn serve_and_call(size: usize, iters: u64, warmup: u64) -> Result<BenchRes
     }
 }
 
-async fn call(url: &str, size: usize, iters: u64, warmup: u64) -> Result<BenchResult, BenchError> {
-    let mut client = EchoClient::connect(url.to_owned())
+async fn call(
+    url: &str,
+    size: usize,
+    iters: u64,
+    warmup: u64,
+    concurrency: usize,
+) -> Result<BenchResult, BenchError> {
+    let client = EchoClient::connect(url.to_owned())
         .await
-        .map_err(|e| BenchError::failed(&format!("connecting to {url}"), e))?;
-    client = client
+        .map_err(|e| BenchError::failed(&format!("connecting to {url}"), e))?
         .max_decoding_message_size(message_limit(size))
         .max_encoding_message_size(message_limit(size));
     let payloads = Payloads::new(size);
     let mut recorder = Recorder::new(iters, format!("tonic {url}"));
-    for seq in 0..warmup + iters {
-        if seq == warmup {
+    let concurrency = concurrency.max(1);
+    for (seqs, measured) in [(0..warmup, false), (warmup..warmup + iters, true)] {
+        if measured {
             recorder.start();
         }
-        let request = tonic::Request::new(EchoRequest {
-            payload: payloads.request(seq).into(),
-            seq,
-        });
-        let started = Instant::now();
-        let reply = client.echo(request).await;
-        let done = Instant::now();
-        let reply = reply
-            .map_err(|status| BenchError::failed(&format!("tonic call {seq}"), status))?
-            .into_inner();
-        payloads.verify(seq, reply.seq, &reply.payload)?;
-        if seq >= warmup {
-            recorder.record(done - started, done);
+        // Clones of a tonic client share its one HTTP/2 connection.
+        let mut replies = futures::stream::iter(seqs)
+            .map(|seq| {
+                let mut client = client.clone();
+                let request = tonic::Request::new(EchoRequest {
+                    payload: payloads.request(seq).into(),
+                    seq,
+                });
+                async move {
+                    let started = Instant::now();
+                    let reply = client.echo(request).await;
+                    (seq, started, Instant::now(), reply)
+                }
+            })
+            .buffer_unordered(concurrency);
+        while let Some((seq, started, done, reply)) = replies.next().await {
+            let reply = reply
+                .map_err(|status| BenchError::failed(&format!("tonic call {seq}"), status))?
+                .into_inner();
+            payloads.verify(seq, reply.seq, &reply.payload)?;
+            if measured {
+                recorder.record(done - started, done);
+            }
         }
     }
     Ok(recorder.finish(RunInfo {
@@ -118,7 +146,7 @@ async fn call(url: &str, size: usize, iters: u64, warmup: u64) -> Result<BenchRe
         url: url.to_owned(),
         size,
         warmup,
-        concurrency: 1,
+        concurrency,
         poll: None,
     }))
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use rpc_core::frame::InboundFrame;
 use rpc_core::{Header, Status};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::{timeout, timeout_at, Instant};
 
@@ -176,6 +177,31 @@ impl Conn {
         }
     }
 
+    /// Reads what the socket holds into `buf`'s spare capacity. A short read means the
+    /// socket was drained, so its readiness is cleared right away: the next wait goes
+    /// straight to the event loop instead of costing one more `recv` that would find nothing.
+    fn read_some(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        let mut short = None;
+        let read = self.stream.try_io(Interest::READABLE, || {
+            let spare = buf.spare_capacity_mut();
+            let room = spare.len();
+            let n = socket2::SockRef::from(&self.stream).recv(spare)?;
+            // SAFETY: recv initialized the first `n` bytes of the spare capacity.
+            unsafe { buf.set_len(buf.len() + n) };
+            if n > 0 && n < room {
+                // tokio clears readiness only as of the event it saw, so data arriving after
+                // this recv still wakes the reader.
+                short = Some(n);
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            Ok(n)
+        });
+        match (read, short) {
+            (_, Some(n)) => Ok(n),
+            (read, None) => read,
+        }
+    }
+
     fn failed(&self, e: io::Error) -> (Status, bool) {
         (
             Status::unavailable(format!("{} failed: {e}", self.peer)),
@@ -270,7 +296,7 @@ impl Conn {
                 }
             }
             buf.reserve(decoder.missing(&buf).clamp(MIN_READ, READ_CHUNK));
-            match self.stream.try_read_buf(&mut buf) {
+            match self.read_some(&mut buf) {
                 Ok(0) => {
                     let how = if decoder.mid_frame(&buf) {
                         "closed the connection mid-frame"

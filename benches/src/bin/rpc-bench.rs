@@ -95,7 +95,12 @@ fn connections(args: &ConnectionsArgs) -> Result<(), BenchError> {
 }
 
 fn tcp_compare(args: &CompareArgs) -> Result<(), BenchError> {
-    let report = compare::run(args.run.size, args.run.iters, args.run.warmup)?;
+    let report = compare::run(
+        args.run.size,
+        args.run.iters,
+        args.run.warmup,
+        args.in_flight as usize,
+    )?;
     let text = if args.json {
         serde_json::to_string(&report).map_err(|e| BenchError::failed("encoding JSON", e))?
     } else {

@@ -219,6 +219,25 @@ impl DemoReport {
                     p50(key) / p50("floor")
                 ));
             }
+            let in_flight = tcp["in_flight"].as_u64().unwrap_or(0);
+            out.push_str(&format!(
+                "{in_flight} calls in flight on one connection (async stubs)\n"
+            ));
+            for (key, name) in [
+                ("ours_in_flight", "rdma-rpc over tcp://"),
+                ("tonic_in_flight", "tonic (HTTP/2)"),
+            ] {
+                out.push_str(&format!(
+                    "{:<34}  {:>8.1}  {:>9.0}\n",
+                    name,
+                    p50(key),
+                    rate(key)
+                ));
+            }
+            out.push_str(&format!(
+                "ours/tonic calls/s at {in_flight} in flight: {:.2}×\n",
+                rate("ours_in_flight") / rate("tonic_in_flight")
+            ));
         }
         out.push_str(
             "\nVM figures come from software emulation: only the ratios within one boot mean \
