@@ -7,6 +7,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
+use rpc_core::server::ReplySink;
 use rpc_core::{CallTable, ClientTransport, Code, FrameKind, Header, Status};
 
 use crate::conn::{Conn, Inbox, ReadPolicy};
@@ -137,7 +138,7 @@ impl Inbox for Responses {
 
 impl ClientTransport for TcpClient {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        self.conn.outbox.push_blocking(&self.conn.stream, frame)
+        ReplySink::send(&*self.conn, frame)
     }
 
     fn poll_send(
@@ -145,7 +146,7 @@ impl ClientTransport for TcpClient {
         cx: &mut Context<'_>,
         frame: &mut OutgoingFrame<'_>,
     ) -> Poll<Result<(), Status>> {
-        self.conn.outbox.poll_push(cx, &self.conn.stream, frame)
+        ReplySink::poll_send(&*self.conn, cx, frame)
     }
 
     fn send_control(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {

@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use rpc_core::frame::InboundFrame;
+use std::task::{Context, Poll};
+
+use rpc_core::frame::{InboundFrame, OutgoingFrame};
+use rpc_core::server::ReplySink;
 use rpc_core::{Header, Status};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -36,6 +39,22 @@ pub(crate) struct Conn {
     /// `tcp://host:port` of the other end, for messages.
     pub(crate) peer: String,
     limits: ConnectionLimits,
+}
+
+/// The connection is where a server's answers go: the same output queue its client side
+/// sends requests through.
+impl ReplySink for Conn {
+    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        self.outbox.push_blocking(&self.stream, frame)
+    }
+
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        self.outbox.poll_push(cx, &self.stream, frame)
+    }
 }
 
 /// What a side does with what its peer sends.

@@ -5,14 +5,13 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use parking_lot::{Condvar, Mutex};
 use rpc_core::body::RawBody;
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::server::{ConnectionDispatch, Dispatcher, ReplySink};
+use rpc_core::server::{ConnectionDispatch, Dispatcher};
 use rpc_core::{FrameKind, Header, MetadataMap, Status};
 use tokio::net::TcpListener;
 
@@ -22,24 +21,6 @@ use crate::conn::{Conn, Inbox, ReadPolicy};
 
 /// Pause after a failed `accept` (out of file descriptors, say) before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
-
-struct TcpReplySink {
-    conn: Arc<Conn>,
-}
-
-impl ReplySink for TcpReplySink {
-    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        self.conn.outbox.push_blocking(&self.conn.stream, frame)
-    }
-
-    fn poll_send(
-        &self,
-        cx: &mut Context<'_>,
-        frame: &mut OutgoingFrame<'_>,
-    ) -> Poll<Result<(), Status>> {
-        self.conn.outbox.poll_push(cx, &self.conn.stream, frame)
-    }
-}
 
 struct Shared {
     dispatcher: Arc<Dispatcher>,
@@ -204,8 +185,7 @@ fn start_connection(
         format!("tcp://{peer}"),
         &shared.config.limits,
     )?;
-    let sink = Arc::new(TcpReplySink { conn: conn.clone() });
-    let dispatch = ConnectionDispatch::new(shared.dispatcher.clone(), sink);
+    let dispatch = ConnectionDispatch::new(shared.dispatcher.clone(), conn.clone());
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     shared.connections.lock().insert(
         id,
