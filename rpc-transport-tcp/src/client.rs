@@ -18,19 +18,19 @@ pub use crate::config::TcpConfig;
 /// The event loop of every TCP client connection in the process: one thread, started with
 /// the first connection, that reads responses and writes what senders could not.
 fn client_runtime() -> Result<&'static tokio::runtime::Runtime, Status> {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    if let Some(rt) = RUNTIME.get() {
-        return Ok(rt);
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("rpc-tcp-client")
-        .enable_io()
-        .enable_time()
-        .build()
-        .map_err(|e| Status::internal(format!("cannot start the TCP event loop: {e}")))?;
-    // A racing first connection may have won; its runtime is the one kept.
-    Ok(RUNTIME.get_or_init(|| rt))
+    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("rpc-tcp-client")
+                .enable_io()
+                .enable_time()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| Status::internal(format!("cannot start the TCP event loop: {e}")))
 }
 
 /// A connected TCP client transport. Frames are written on the calling thread when the
@@ -63,7 +63,13 @@ impl TcpClient {
             pause_when_full: false,
         };
         let limit = config.max_message_size as u64;
-        conn.start(runtime.handle(), Responses { calls, peer, limit }, policy);
+        let responses = Responses {
+            calls,
+            peer,
+            limit,
+            conn: conn.clone(),
+        };
+        conn.start(runtime.handle(), responses, policy);
         Ok(Arc::new(TcpClient { conn }))
     }
 }
@@ -89,6 +95,7 @@ struct Responses {
     calls: Arc<CallTable>,
     peer: String,
     limit: u64,
+    conn: Arc<Conn>,
 }
 
 impl Inbox for Responses {
@@ -101,14 +108,18 @@ impl Inbox for Responses {
                     Code::Ok => Code::Unavailable,
                     code => code,
                 };
-                self.calls.close(Status::new(
+                let status = Status::new(
                     code,
                     format!(
                         "{} refused the connection: {}",
                         self.peer,
                         String::from_utf8_lossy(&frame.payload)
                     ),
-                ));
+                );
+                // Closed from this side too: a server that says so and keeps the
+                // connection open cannot hold it.
+                self.conn.close(status.clone());
+                self.calls.close(status);
             }
             FrameKind::Response => {
                 self.calls.complete(frame.header.call_id, Ok(frame));

@@ -125,14 +125,18 @@ impl Conn {
         self.close(status);
     }
 
-    /// Closes the connection once its queued frames are written.
+    /// Closes the connection once its queued frames are written: then the write side is
+    /// shut (the peer reads every answer, then end of stream) while the reader keeps reading
+    /// and discarding until the peer closes its side.
     pub(crate) fn close_when_flushed(&self) {
-        if self.outbox.finish() {
-            self.close(Status::unavailable(format!(
-                "{} closed: the server shut down",
-                self.peer
-            )));
+        let status = Status::unavailable(format!("{} closed: the server shut down", self.peer));
+        if self.outbox.finish(status) {
+            self.shutdown_write();
         }
+    }
+
+    fn shutdown_write(&self) {
+        let _ = socket2::SockRef::from(&self.stream).shutdown(Shutdown::Write);
     }
 
     async fn write_loop(self: Arc<Self>) {
@@ -151,12 +155,7 @@ impl Conn {
                     }
                 }
                 Chunk::Idle => self.outbox.writer_wakeup().await,
-                Chunk::Finished => {
-                    return self.close(Status::unavailable(format!(
-                        "{} closed: the server shut down",
-                        self.peer
-                    )))
-                }
+                Chunk::Finished => return self.shutdown_write(),
                 Chunk::Closed => return,
             }
         }
@@ -276,10 +275,11 @@ impl Conn {
             }
             if !decoder.mid_frame(&buf) {
                 frame_started = None;
-            } else if frame_started.is_none() {
+            } else if delivered > 0 || frame_started.is_none() {
+                // A new frame began in the bytes of the last read.
                 frame_started = Some(last_heard);
             }
-            if let Some(status) = self.outbox.closed() {
+            if let Some(status) = self.outbox.reset() {
                 return (status, false);
             }
             let deadline = match frame_started {

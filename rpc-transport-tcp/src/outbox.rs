@@ -9,6 +9,7 @@
 
 use std::io;
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -40,9 +41,13 @@ struct State {
     in_writer: usize,
     /// The writer task owns the socket's write side (`pending` non-empty implies it).
     writing: bool,
-    /// The writer closes the connection once the queue is empty.
-    finish: bool,
+    /// A graceful close was asked for: once the queue is empty, it closes with this status.
+    finish: Option<Status>,
     closed: Option<Status>,
+    /// `closed` came from a graceful close: the peer's remaining frames are still read (and
+    /// discarded) until it closes its side, so that the kernel never resets the connection
+    /// under answers it has not delivered yet.
+    graceful: bool,
     /// Async senders (and a paused reader) waiting for room.
     waiters: Vec<Waker>,
     /// Threads parked in [`Outbox::push_blocking`].
@@ -57,7 +62,10 @@ impl State {
     fn has_room(&self, len: usize, limit: usize, class: Class) -> bool {
         let queued = self.queued();
         match class {
-            Class::Data => queued == 0 || queued + len <= limit,
+            // The frame that crosses the bound is still taken (a lone frame larger than the
+            // bound must go some time); the next waits until the queue is below it again,
+            // which is also when a paused reader resumes.
+            Class::Data => queued < limit,
             Class::Control => queued + len <= limit + CONTROL_ALLOWANCE,
         }
     }
@@ -123,27 +131,43 @@ impl Outbox {
         }
     }
 
-    /// Writes or queues a data frame, parking the thread while the queue is full. A peer
-    /// that never reads is disconnected after the stall limit, which ends the wait.
+    /// Writes or queues a data frame, parking the thread while the queue is full, at most
+    /// until the frame's deadline (`timeout_us`) if it has one. A peer that never reads is
+    /// disconnected after the stall limit, which ends the wait too.
     pub(crate) fn push_blocking(
         &self,
         stream: &TcpStream,
         frame: &OutgoingFrame<'_>,
     ) -> Result<(), Status> {
+        let budget = frame.header().timeout_us;
+        let deadline = (budget > 0).then(|| Instant::now() + Duration::from_micros(budget));
         let mut st = self.state.lock();
         loop {
             match self.push_locked(&mut st, stream, frame, Class::Data)? {
                 Pushed::Sent => return Ok(()),
                 Pushed::Full => {
                     st.parked += 1;
-                    self.room.wait(&mut st);
+                    let timed_out = match deadline {
+                        Some(deadline) => self.room.wait_until(&mut st, deadline).timed_out(),
+                        None => {
+                            self.room.wait(&mut st);
+                            false
+                        }
+                    };
                     st.parked -= 1;
+                    if timed_out {
+                        return Err(Status::deadline_exceeded(format!(
+                            "deadline of {budget} µs passed while the connection's output \
+                             queue ({} bytes) was full",
+                            st.queued()
+                        )));
+                    }
                 }
             }
         }
     }
 
-    /// `Ready` once a data frame would be accepted or the connection closed (a server stops
+    /// `Ready` once a data frame would be accepted or the queue closed (a server stops
     /// reading requests while its replies cannot leave).
     pub(crate) fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
         let mut st = self.state.lock();
@@ -189,8 +213,16 @@ impl Outbox {
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => {
+                // The connection is broken: fail it here (the reader may be asleep).
                 let status = Status::unavailable(format!("cannot send: {e}"));
                 st.closed = Some(status.clone());
+                st.pending = BytesMut::new();
+                let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Both);
+                self.writer.notify_one();
+                self.room.notify_all();
+                for waker in st.waiters.drain(..) {
+                    waker.wake();
+                }
                 return Err(status);
             }
         }
@@ -199,8 +231,7 @@ impl Outbox {
         Ok(Pushed::Sent)
     }
 
-    /// The writer task's next chunk to write, or `None` when the queue is empty (the writer
-    /// gives the write side back) or closed.
+    /// The writer task's next chunk to write, or what to do when there is none.
     pub(crate) fn next_chunk(&self) -> Chunk {
         let mut st = self.state.lock();
         if st.closed.is_some() {
@@ -208,11 +239,14 @@ impl Outbox {
         }
         if st.pending.is_empty() {
             st.writing = false;
-            return if st.finish {
-                Chunk::Finished
-            } else {
-                Chunk::Idle
-            };
+            if let Some(status) = st.finish.take() {
+                // Closed under the same lock, so no sender slips a frame in behind the last.
+                st.closed = Some(status);
+                st.graceful = true;
+                self.wake_room(st);
+                return Chunk::Finished;
+            }
+            return Chunk::Idle;
         }
         let chunk = st.pending.split().freeze();
         st.in_writer = chunk.len();
@@ -234,14 +268,21 @@ impl Outbox {
         self.writer.notified().await;
     }
 
-    /// Closes the connection once everything queued is written (graceful shutdown).
-    /// Returns true if that is now.
-    pub(crate) fn finish(&self) -> bool {
+    /// Closes the queue with `status` once everything queued is written (graceful
+    /// shutdown); later pushes fail. Returns true if that is now, false if the writer task
+    /// does it (it then returns [`Chunk::Finished`]) or the queue was already closed.
+    pub(crate) fn finish(&self, status: Status) -> bool {
         let mut st = self.state.lock();
+        if st.closed.is_some() {
+            return false;
+        }
         if st.queued() == 0 && !st.writing {
+            st.closed = Some(status);
+            st.graceful = true;
+            self.wake_room(st);
             return true;
         }
-        st.finish = true;
+        st.finish = Some(status);
         false
     }
 
@@ -252,6 +293,7 @@ impl Outbox {
         if st.closed.is_none() {
             st.closed = Some(status);
         }
+        st.graceful = false;
         st.pending = BytesMut::new();
         self.writer.notify_one();
         self.wake_room(st);
@@ -260,6 +302,12 @@ impl Outbox {
     /// The status the queue was closed with, if it was.
     pub(crate) fn closed(&self) -> Option<Status> {
         self.state.lock().closed.clone()
+    }
+
+    /// Why the reader must stop now: the queue was closed at once (not gracefully).
+    pub(crate) fn reset(&self) -> Option<Status> {
+        let st = self.state.lock();
+        st.closed.clone().filter(|_| !st.graceful)
     }
 
     fn wake_room(&self, mut st: MutexGuard<'_, State>) {
@@ -281,7 +329,7 @@ pub(crate) enum Chunk {
     Write(Bytes),
     /// Nothing queued: wait for a wake-up.
     Idle,
-    /// Nothing queued and a graceful close was asked for.
+    /// Everything queued was written and the queue is now closed (graceful close).
     Finished,
     /// The connection is closed.
     Closed,

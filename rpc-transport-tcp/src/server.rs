@@ -194,6 +194,11 @@ fn start_connection(
             dispatch: dispatch.clone(),
         },
     );
+    // A shutdown that began since the check in the accept loop did not see this connection
+    // when it drained the others.
+    if shared.draining.load(Ordering::SeqCst) {
+        dispatch.drain();
+    }
     let policy = ReadPolicy {
         max_payload: shared.dispatcher.config().max_message_size,
         idle_timeout: Some(shared.config.idle_timeout),
