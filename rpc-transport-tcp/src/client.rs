@@ -54,7 +54,10 @@ impl TcpClient {
         let runtime = client_runtime()?;
         let conn = {
             let _entered = runtime.enter();
-            Conn::new(stream, peer.clone(), &config.limits)
+            stream
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpStream::from_std(stream))
+                .and_then(|stream| Conn::new(stream, peer.clone(), &config.limits))
                 .map_err(|e| Status::unavailable(format!("cannot use the socket to {peer}: {e}")))?
         };
         let policy = ReadPolicy {

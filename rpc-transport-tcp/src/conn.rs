@@ -82,16 +82,15 @@ pub(crate) struct ReadPolicy {
 }
 
 impl Conn {
-    /// Wraps a connected socket; must run inside the event loop's runtime context.
+    /// Wraps a connected socket registered with the event loop.
     pub(crate) fn new(
-        stream: std::net::TcpStream,
+        stream: TcpStream,
         peer: String,
         limits: &ConnectionLimits,
     ) -> io::Result<Arc<Conn>> {
         stream.set_nodelay(true)?;
-        stream.set_nonblocking(true)?;
         Ok(Arc::new(Conn {
-            stream: TcpStream::from_std(stream)?,
+            stream,
             outbox: Outbox::new(limits.write_queue),
             peer,
             limits: limits.clone(),
@@ -163,25 +162,16 @@ impl Conn {
 
     /// Writes some of `bytes`, waiting at most the stall limit for the socket to take any.
     async fn write_some(&self, bytes: &[u8]) -> Result<usize, Status> {
+        let broken = |e| Status::unavailable(format!("cannot send to {}: {e}", self.peer));
         loop {
             match self.stream.try_write(bytes) {
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => {
-                    return Err(Status::unavailable(format!(
-                        "cannot send to {}: {e}",
-                        self.peer
-                    )))
-                }
+                Err(e) => return Err(broken(e)),
             }
             match timeout(self.limits.stall_limit, self.stream.writable()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    return Err(Status::unavailable(format!(
-                        "cannot send to {}: {e}",
-                        self.peer
-                    )))
-                }
+                Ok(Err(e)) => return Err(broken(e)),
                 Err(_) => {
                     return Err(Status::unavailable(format!(
                         "{} stopped reading: its socket took none of {} queued bytes in {:?} \

@@ -215,14 +215,11 @@ impl Outbox {
             Err(e) => {
                 // The connection is broken: fail it here (the reader may be asleep).
                 let status = Status::unavailable(format!("cannot send: {e}"));
-                st.closed = Some(status.clone());
-                st.pending = BytesMut::new();
                 let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Both);
-                self.writer.notify_one();
-                self.room.notify_all();
-                for waker in st.waiters.drain(..) {
-                    waker.wake();
-                }
+                // Woken under the lock: this path is rare, and a wake only schedules.
+                self.shut(st, status.clone())
+                    .into_iter()
+                    .for_each(Waker::wake);
                 return Err(status);
             }
         }
@@ -290,13 +287,20 @@ impl Outbox {
     /// sticks. Queued bytes are dropped.
     pub(crate) fn close(&self, status: Status) {
         let mut st = self.state.lock();
-        if st.closed.is_none() {
-            st.closed = Some(status);
-        }
+        let waiters = self.shut(&mut st, status);
+        drop(st);
+        waiters.into_iter().for_each(Waker::wake);
+    }
+
+    /// [`Outbox::close`] under the lock: tells the writer and parked threads, and returns
+    /// the async waiters to wake.
+    fn shut(&self, st: &mut State, status: Status) -> Vec<Waker> {
+        st.closed.get_or_insert(status);
         st.graceful = false;
         st.pending = BytesMut::new();
         self.writer.notify_one();
-        self.wake_room(st);
+        self.room.notify_all();
+        std::mem::take(&mut st.waiters)
     }
 
     /// The status the queue was closed with, if it was.
@@ -316,9 +320,7 @@ impl Outbox {
         }
         let waiters = std::mem::take(&mut st.waiters);
         drop(st);
-        for waker in waiters {
-            waker.wake();
-        }
+        waiters.into_iter().for_each(Waker::wake);
     }
 }
 

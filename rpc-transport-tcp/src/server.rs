@@ -180,11 +180,7 @@ fn start_connection(
         tracing::warn!(%peer, max, "connection refused: at the connection limit");
         return Ok(());
     }
-    let conn = Conn::new(
-        stream.into_std()?,
-        format!("tcp://{peer}"),
-        &shared.config.limits,
-    )?;
+    let conn = Conn::new(stream, format!("tcp://{peer}"), &shared.config.limits)?;
     let dispatch = ConnectionDispatch::new(shared.dispatcher.clone(), conn.clone());
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     shared.connections.lock().insert(
