@@ -58,11 +58,39 @@ pub trait ClientTransport: Send + Sync + 'static {
         false
     }
 
+    /// Lets an async call waiting for its response drive the transport's completions on
+    /// its own task (run-to-completion for async callers): one look at them, and the
+    /// transport's advice on what the task does next ([`Drive`]). `driving` is the caller's
+    /// lease: the transport sets it when it lets this caller spin and clears it when it
+    /// takes the lease back; a caller that ends while holding it calls
+    /// [`ClientTransport::stop_driving`]. The default never drives: the caller waits to be
+    /// woken by the receive path.
+    fn drive(&self, _cx: &mut Context<'_>, _driving: &mut bool) -> Drive {
+        Drive::Wait
+    }
+
+    /// Gives back the lease of a caller that ended while [`ClientTransport::drive`] let it
+    /// spin (its call completed, failed or was dropped), so another waiting caller, or the
+    /// transport's own thread, drives the completions from now on. Never blocks.
+    fn stop_driving(&self) {}
+
     /// Where the connection goes, for messages.
     fn peer(&self) -> &str;
 
     /// Closes the connection; pending calls fail with `Unavailable`.
     fn close(&self);
+}
+
+/// What an async call waiting for its response does after [`ClientTransport::drive`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drive {
+    /// Something was received: look at the call again.
+    Received,
+    /// Nothing yet, and this caller drives the completions: be polled again soon (the task
+    /// wakes itself and yields to the others on its executor).
+    Spin,
+    /// Wait to be woken: another caller, or the transport's own thread, drives them.
+    Wait,
 }
 
 /// Client settings shared by every call on a channel.
@@ -217,6 +245,7 @@ impl Channel {
             timer: None,
             sent: false,
             finished: false,
+            driving: false,
         };
         let mut header = Header::new(FrameKind::Request, id);
         header.method_id = method_id;
@@ -261,6 +290,8 @@ struct PendingCall {
     /// The request went to the transport: the server may be running the call.
     sent: bool,
     finished: bool,
+    /// The transport lets this call drive its completions ([`ClientTransport::drive`]).
+    driving: bool,
 }
 
 impl PendingCall {
@@ -311,6 +342,7 @@ impl PendingCall {
 
     fn finish(&mut self, result: Result<InboundFrame, Status>) -> Result<InboundFrame, Status> {
         self.finished = true;
+        self.stop_driving();
         if let Some(key) = self.timer.take() {
             DeadlineTimer::global().cancel(key);
         }
@@ -318,6 +350,13 @@ impl PendingCall {
             self.send_cancel();
         }
         result
+    }
+
+    /// Hands the transport's completions back if this call drove them.
+    fn stop_driving(&mut self) {
+        if std::mem::take(&mut self.driving) {
+            self.channel.inner.transport.stop_driving();
+        }
     }
 
     fn send_cancel(&self) {
@@ -379,10 +418,23 @@ impl Future for PendingCall {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        match this.channel.inner.calls.poll_call(this.id, cx) {
-            Poll::Ready(result) => Poll::Ready(this.finish(result)),
-            Poll::Pending => Poll::Pending,
+        let inner = &this.channel.inner;
+        if let Poll::Ready(result) = inner.calls.poll_call(this.id, cx) {
+            return Poll::Ready(this.finish(result));
         }
+        match inner.transport.drive(cx, &mut this.driving) {
+            Drive::Received => {
+                // Our response may be in it; if not, the others on this executor go first
+                // before we look at the completions again.
+                if let Poll::Ready(result) = inner.calls.poll_call(this.id, cx) {
+                    return Poll::Ready(this.finish(result));
+                }
+                cx.waker().wake_by_ref();
+            }
+            Drive::Spin => cx.waker().wake_by_ref(),
+            Drive::Wait => {}
+        }
+        Poll::Pending
     }
 }
 
@@ -391,6 +443,7 @@ impl Drop for PendingCall {
         if self.finished {
             return;
         }
+        self.stop_driving();
         if let Some(key) = self.timer.take() {
             DeadlineTimer::global().cancel(key);
         }

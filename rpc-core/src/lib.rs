@@ -22,7 +22,7 @@ mod status;
 mod timer;
 
 pub use call_table::CallTable;
-pub use client::{Channel, ChannelConfig, ClientTransport};
+pub use client::{Channel, ChannelConfig, ClientTransport, Drive};
 pub use error::{Error, HeaderError};
 pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};
 pub use message::{method_id, IntoRequest, Request, Response};

@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::{CallTable, ClientTransport, FrameKind, Status, HEADER_LEN};
+use rpc_core::{CallTable, ClientTransport, Drive, FrameKind, Status, HEADER_LEN};
 
 use crate::protocol::Stats;
 use crate::transport::config::{PollMode, RdmaConfig};
@@ -192,6 +192,14 @@ impl ClientTransport for RdmaClient {
 
     fn poll_progress(&self) -> bool {
         self.conn.spin_progress(self.spin)
+    }
+
+    fn drive(&self, cx: &mut Context<'_>, driving: &mut bool) -> Drive {
+        self.conn.drive(cx, driving)
+    }
+
+    fn stop_driving(&self) {
+        self.conn.stop_driving();
     }
 
     fn peer(&self) -> &str {

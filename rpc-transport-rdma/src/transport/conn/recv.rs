@@ -4,10 +4,12 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::Context;
 use std::time::Duration;
 
 use bytes::Bytes;
 use rpc_core::frame::InboundFrame;
+use rpc_core::Drive;
 use smallvec::SmallVec;
 
 use super::large::{placed_frame, Arrival};
@@ -245,6 +247,20 @@ impl Conn {
     /// thread: the run-to-completion path of blocking calls (see [`Engine::spin`]).
     ///
     /// [`Engine::spin`]: crate::transport::engine::Engine::spin
+    /// One look at the CQ for an async call waiting for its response (see the engine's
+    /// drive lease).
+    pub(crate) fn drive(&self, cx: &mut Context<'_>, driving: &mut bool) -> Drive {
+        DRIVER.set(self.address());
+        let attachment = &self.res.attachment;
+        attachment.engine.drive(&attachment.cq, cx, driving)
+    }
+
+    /// Gives back the drive lease of an async call that ended holding it.
+    pub(crate) fn stop_driving(&self) {
+        let attachment = &self.res.attachment;
+        attachment.engine.release(&attachment.cq, &mut true);
+    }
+
     pub(crate) fn spin_progress(&self, budget: Option<Duration>) -> bool {
         DRIVER.set(self.address());
         let attachment = &self.res.attachment;

@@ -58,9 +58,6 @@ impl Conn {
         if len > self.max_send_frame && large::is_body_kind(frame.header().kind) {
             return Poll::Ready(self.send_large(frame));
         }
-        // An async task will wait for a response (or for room): the poller must be watching
-        // the CQs.
-        self.res.attachment.engine.wake_if_unarmed();
         match self.try_send(frame) {
             Err(SendError::WouldBlock) => {}
             done => return Poll::Ready(done.map_err(|e| self.send_error(e, len))),
@@ -73,6 +70,8 @@ impl Conn {
         }
         self.has_wakers.store(true, Ordering::Release);
         self.watch_stall();
+        let attachment = &self.res.attachment;
+        attachment.engine.wait_for_room(&attachment.cq, cx);
         // Again: `Writable` may have come between the attempt and the registration.
         match self.try_send(frame) {
             Err(SendError::WouldBlock) => Poll::Pending,

@@ -40,6 +40,7 @@ use crate::transport::resources::verbs_status;
 use crate::verbs::{CompletionChannel, CompletionQueue, Context, ProtectionDomain, WorkCompletion};
 
 mod epoll;
+mod lease;
 mod poller;
 mod registry;
 
@@ -53,6 +54,22 @@ const TOKEN_COMPLETIONS: u64 = u64::MAX;
 const TOKEN_KICK: u64 = u64::MAX - 1;
 /// Empty polls between two looks at the clock while spinning.
 pub(crate) const CLOCK_EVERY: u32 = 1024;
+
+/// Empty polls between two yields of the CPU while spinning...
+const YIELD_EVERY: u32 = 128;
+/// ...once this many went by without a completion. A yield is a system call (about 2 µs
+/// under emulation) that a frame arriving meanwhile waits for, and a connection that
+/// receives now and then (a ping-pong) would pay it on most frames; one that went quiet
+/// for this long gives the CPU away.
+const YIELD_AFTER: u32 = YIELD_EVERY;
+
+/// Whether a thread spinning on CQs (the poller, an async caller holding a drive lease)
+/// gives the CPU away after `idle` empty looks: spinning must not starve the threads our
+/// completions wake (an async runtime, a handler) or the kernel's own work (soft-RoCE runs
+/// in softirqs) when cores are scarce.
+fn should_yield(idle: u32) -> bool {
+    idle >= YIELD_AFTER && idle.is_multiple_of(YIELD_EVERY)
+}
 
 /// Which side of its connections an engine serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,8 +99,11 @@ pub(crate) struct SharedCq {
     reserved: Mutex<u32>,
     /// The poll buffer; holding it is what makes a thread the CQ's poller for a moment.
     completions: Mutex<Vec<WorkCompletion>>,
-    /// Blocking callers spinning on this CQ right now.
+    /// Blocking callers spinning on this CQ right now, and the async caller holding its
+    /// drive lease.
     spinners: AtomicUsize,
+    /// Which async caller drives this CQ on its own task ([`lease`]).
+    lease: lease::Lease,
     /// Polling it failed: its connections were closed and nobody polls it any more.
     failed: AtomicBool,
     /// Entries of queue pairs destroyed since the CQ was last found empty. Some providers
@@ -120,7 +140,7 @@ pub(crate) struct Engine {
     /// Connections attached; the poller leaves when it drops to 0 (under `ENGINES`).
     attached: AtomicUsize,
     retired: AtomicBool,
-    /// Blocking callers currently polling a CQ themselves.
+    /// Blocking callers currently polling a CQ themselves, and async lease holders.
     self_polling: AtomicUsize,
     /// Bumped each time a blocking caller's own polling received something.
     self_poll_epoch: AtomicU64,
@@ -295,6 +315,7 @@ impl Engine {
             reserved: Mutex::new(entries),
             completions: Mutex::new(WorkCompletion::array(POLL_BATCH)),
             spinners: AtomicUsize::new(0),
+            lease: lease::Lease::default(),
             failed: AtomicBool::new(false),
             released: AtomicU32::new(0),
         });

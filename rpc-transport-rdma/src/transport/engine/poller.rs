@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Engine, Polled, SharedCq, CLOCK_EVERY, TOKEN_COMPLETIONS, TOKEN_KICK};
+use super::{should_yield, Engine, Polled, SharedCq, CLOCK_EVERY, TOKEN_COMPLETIONS, TOKEN_KICK};
 
 /// How often a spinning poller looks at the rdma_cm channels.
 const CM_CHECK: Duration = Duration::from_millis(1);
@@ -13,13 +13,6 @@ const CM_CHECK: Duration = Duration::from_millis(1);
 /// completion on an armed CQ, an rdma_cm event, a kick from a parking caller, a close left
 /// to it, the last connection leaving), so an idle process wakes only this often.
 const SLEEP_SLICE: Duration = Duration::from_secs(1);
-/// Empty polls between two yields of the CPU while spinning...
-const YIELD_EVERY: u32 = 128;
-/// ...once this many went by without a completion. A yield is a system call (about 2 µs
-/// under emulation) that a frame arriving meanwhile waits for, and a connection that
-/// receives now and then (a ping-pong) would pay it on most frames; one that went quiet
-/// for this long gives the CPU away.
-const YIELD_AFTER: u32 = 4 * CLOCK_EVERY;
 /// How long the poller sleeps between looks at whether blocking callers still drive the
 /// CQs. Long on purpose: every case that needs the poller sooner wakes it (a caller about
 /// to park, an async call about to wait, an rdma_cm event), and each needless wake-up
@@ -95,6 +88,9 @@ impl Poller {
                     self.wait(CALLER_WINDOW);
                 }
                 engine.poller_unarmed.store(false, Ordering::Release);
+                // One look at every CQ even so: a caller whose executor stopped polling it
+                // must not keep the other connections on its CQ waiting.
+                self.poll_all();
                 continue;
             }
             if self.poll_all() == Polled::Some {
@@ -108,9 +104,7 @@ impl Poller {
             // pays a wake-up, and an idle or lightly loaded process leaves the CPU to the
             // threads its completions wake).
             if !event_mode && !idle_spins.is_multiple_of(CLOCK_EVERY) {
-                if idle_spins >= YIELD_AFTER && idle_spins.is_multiple_of(YIELD_EVERY) {
-                    // Spinning must not starve the threads our completions wake (an async
-                    // runtime, a handler) when cores are scarce.
+                if should_yield(idle_spins) {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
