@@ -61,7 +61,7 @@ const YIELD_EVERY: u32 = 128;
 /// under emulation) that a frame arriving meanwhile waits for, and a connection that
 /// receives now and then (a ping-pong) would pay it on most frames; one that went quiet
 /// for this long gives the CPU away.
-const YIELD_AFTER: u32 = YIELD_EVERY;
+const YIELD_AFTER: u32 = 4 * CLOCK_EVERY;
 
 /// Whether a thread spinning on CQs (the poller, an async caller holding a drive lease)
 /// gives the CPU away after `idle` empty looks: spinning must not starve the threads our
