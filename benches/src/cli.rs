@@ -86,6 +86,10 @@ pub struct ClientArgs {
     /// on a single-threaded tokio runtime.
     #[arg(long, default_value_t = 1, value_parser = positive_usize)]
     pub concurrency: usize,
+    /// Run even one call in flight through the async stubs (on the single-threaded tokio
+    /// runtime) instead of the blocking stub.
+    #[arg(long)]
+    pub async_stubs: bool,
     /// Print exactly one JSON object (a `BenchResult`) on stdout instead of the text summary.
     #[arg(long)]
     pub json: bool,

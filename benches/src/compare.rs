@@ -86,6 +86,7 @@ fn run_ours(
         iters,
         warmup,
         concurrency,
+        async_stubs: false,
         rdma: rdma_rpc::RdmaConfig::default(),
         poll: None,
     };

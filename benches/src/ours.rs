@@ -30,8 +30,10 @@ pub struct ClientPlan {
     pub iters: u64,
     /// Calls before measuring.
     pub warmup: u64,
-    /// Calls in flight at once (1: blocking stub).
+    /// Calls in flight at once (1: blocking stub, unless `async_stubs`).
     pub concurrency: usize,
+    /// Make even one call at a time through the async stubs.
+    pub async_stubs: bool,
     /// RDMA settings (rdma:// only).
     pub rdma: RdmaConfig,
     /// RDMA polling mode's name for the result.
@@ -85,7 +87,7 @@ pub fn run_client(url: &str, plan: &ClientPlan) -> Result<BenchResult, BenchErro
     };
     let payloads = Payloads::new(plan.size);
     let mut recorder = Recorder::new(plan.iters, format!("{} {url}", info.transport));
-    if plan.concurrency <= 1 {
+    if plan.concurrency <= 1 && !plan.async_stubs {
         run_blocking(&client, &payloads, plan, &mut recorder)?;
     } else {
         run_concurrent(&client, &payloads, plan, &mut recorder)?;

@@ -55,6 +55,7 @@ fn plan(args: &ClientArgs) -> ClientPlan {
         iters: args.run.iters,
         warmup: args.run.warmup,
         concurrency: args.concurrency,
+        async_stubs: args.async_stubs,
         rdma: args.rdma.config(),
         poll: args.rdma.poll_name(&args.url),
     }

@@ -11,7 +11,7 @@
 //! The lease counts as a spinning caller (`SharedCq::spinners`, `Engine::self_polling`),
 //! so the poller thread leaves the CQ alone while it is held. It ends:
 //! * when the holder's call ends (`release`); the callers waiting for it are woken and one
-//!   of them takes it, or, with none, the poller drives the CQ again;
+//!   of them takes it (with none, nobody waits, and the next call takes it);
 //! * in adaptive mode, once nothing arrived for the mode's spin time: the holder stops
 //!   spinning and joins the waiters, and the poller, woken, takes the CQ over, so an idle
 //!   process spins nowhere.
@@ -175,16 +175,19 @@ impl Engine {
     }
 
     /// The lease holder's call ended: the callers waiting for the lease are woken, and one
-    /// of them takes it over. With none, the poller drives the CQ again.
+    /// of them takes it over.
+    ///
+    /// With none, no async call waits on this CQ (each is the holder or a waiter), so the
+    /// poller is not woken: the next call takes the lease, and completions nobody waits for
+    /// (credits, send completions) wait for the poller's next look, within its caller
+    /// window. Waking it here would cost a caller that makes one call at a time a
+    /// hand-over per call.
     pub(crate) fn release(&self, cq: &SharedCq, driving: &mut bool) {
         if !*driving {
             return;
         }
         let waiters = cq.lease.release();
         self.stopped_driving(cq, driving);
-        if waiters.is_empty() {
-            self.wake_if_unarmed();
-        }
         waiters.into_iter().for_each(Waker::wake);
     }
 
