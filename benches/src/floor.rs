@@ -87,6 +87,7 @@ fn ping_pong(
         warmup,
         concurrency: 1,
         poll: None,
+        async_stubs: false,
     }))
 }
 

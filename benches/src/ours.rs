@@ -84,6 +84,7 @@ pub fn run_client(url: &str, plan: &ClientPlan) -> Result<BenchResult, BenchErro
         warmup: plan.warmup,
         concurrency: plan.concurrency,
         poll: plan.poll.clone(),
+        async_stubs: plan.async_stubs,
     };
     let payloads = Payloads::new(plan.size);
     let mut recorder = Recorder::new(plan.iters, format!("{} {url}", info.transport));

@@ -31,6 +31,8 @@ pub struct RunInfo {
     pub concurrency: usize,
     /// RDMA polling mode, if any.
     pub poll: Option<String>,
+    /// One call in flight went through the async stubs (more always do).
+    pub async_stubs: bool,
 }
 
 /// Records the latency of every measured call (in nanoseconds) and prints a progress line
@@ -110,6 +112,7 @@ impl Recorder {
             warmup: info.warmup,
             concurrency: info.concurrency,
             poll: info.poll,
+            async_stubs: info.async_stubs || info.concurrency > 1,
             p50_us: q(0.5),
             p90_us: q(0.9),
             p99_us: q(0.99),
@@ -142,6 +145,7 @@ mod tests {
             warmup: 0,
             concurrency: 1,
             poll: None,
+            async_stubs: false,
         };
         let s = r.finish(info);
         assert_eq!(s.iters, 100);

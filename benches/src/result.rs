@@ -27,6 +27,9 @@ pub struct BenchResult {
     /// RDMA completion polling (`busy`, `event`, `adaptive`); absent for TCP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub poll: Option<String>,
+    /// The calls went through the async stubs (false: the blocking stub, one at a time).
+    #[serde(default)]
+    pub async_stubs: bool,
     /// Median latency, µs.
     pub p50_us: f64,
     /// 90th percentile latency, µs.

@@ -148,5 +148,6 @@ async fn call(
         warmup,
         concurrency,
         poll: None,
+        async_stubs: false,
     }))
 }

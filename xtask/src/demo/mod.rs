@@ -22,7 +22,7 @@ pub use report::{BenchPoint, DemoReport};
 pub const SIZES: &[u64] = &[32, 512, 4096, 32768, 262_144, 1 << 20, 4 << 20];
 /// Size of the goodput comparison with `ib_write_bw` (request and response both this big).
 pub const GOODPUT_SIZE: u64 = 1 << 20;
-/// Calls in flight in the concurrency sweep (32 B, async stubs; 1 is the blocking stub).
+/// Calls in flight in the concurrency sweep (32 B, async stubs, one call included).
 pub const CONCURRENCY: &[u32] = &[1, 4, 16, 64];
 /// Polling modes of the concurrency sweep.
 pub const POLL_MODES: &[&str] = &["busy", "adaptive", "event"];
@@ -51,6 +51,8 @@ pub struct BenchJson {
     pub goodput_mib_s: f64,
     #[serde(default)]
     pub poll: Option<String>,
+    #[serde(default)]
+    pub async_stubs: bool,
 }
 
 /// Minimal view of `rpc-bench connections --json` output.
@@ -93,6 +95,8 @@ struct Point {
     size: u64,
     concurrency: u32,
     poll: &'static str,
+    /// Through the async stubs even at one call in flight.
+    async_stubs: bool,
 }
 
 impl Point {
@@ -111,6 +115,7 @@ impl Point {
             size,
             concurrency,
             poll,
+            async_stubs: false,
         }
     }
 }
@@ -120,10 +125,11 @@ fn bench_args(bin: &Path, point: Point, addr: &str) -> Vec<String> {
         size,
         concurrency,
         poll,
+        async_stubs,
     } = point;
     let iters = iterations(size, if size >= 4096 { 2000 } else { 5000 });
     let warmup = (iters / 10).clamp(3, 500);
-    [
+    let mut args: Vec<String> = [
         bin.display().to_string(),
         "loopback".into(),
         "--url".into(),
@@ -142,7 +148,11 @@ fn bench_args(bin: &Path, point: Point, addr: &str) -> Vec<String> {
         SLOT_SIZE.to_string(),
         "--json".into(),
     ]
-    .into()
+    .into();
+    if async_stubs {
+        args.push("--async-stubs".into());
+    }
+    args
 }
 
 fn bench_points() -> Vec<Point> {
@@ -151,15 +161,12 @@ fn bench_points() -> Vec<Point> {
     points.push(Point::sized(GOODPUT_SIZE, 2));
     for &poll in POLL_MODES {
         for &concurrency in CONCURRENCY {
-            let point = Point {
+            points.push(Point {
                 size: 32,
                 concurrency,
                 poll,
-            };
-            // The size sweep's 32 B point may be one of these already.
-            if !points.contains(&point) {
-                points.push(point);
-            }
+                async_stubs: true,
+            });
         }
     }
     points

@@ -71,9 +71,7 @@ impl DemoReport {
                 .map(|f| 2.0 * f.value)
         };
         // The size sweep: one call at a time, its polling mode chosen per size.
-        let sweep = |r: &&BenchJson| {
-            r.concurrency == 1 && (r.size != 32 || r.poll.as_deref() == Some("busy"))
-        };
+        let sweep = |r: &&BenchJson| r.concurrency == 1 && !r.async_stubs;
         let latency = rdma
             .iter()
             .filter(sweep)
@@ -148,7 +146,7 @@ impl DemoReport {
             ));
         }
         out.push_str(&format!(
-            "\n== calls in flight, 32 B, one connection (1: blocking stub, more: async stubs) vs \
+            "\n== calls in flight, 32 B, one connection, async stubs, vs \
              ib_send_bw -s 32 (best of its runs: {} msg/s), same boot ==\n",
             self.send_bw_32_msg_rate
                 .map_or("-".into(), |v| format!("{v:.0}"))
@@ -251,7 +249,7 @@ impl DemoReport {
 fn in_flight(rdma: &[BenchJson], send_bw: Option<f64>) -> Vec<InFlightPoint> {
     let points: Vec<&BenchJson> = rdma
         .iter()
-        .filter(|r| r.size == 32 && r.poll.is_some())
+        .filter(|r| r.size == 32 && r.poll.is_some() && r.async_stubs)
         .collect();
     let one = |poll: &str| {
         points

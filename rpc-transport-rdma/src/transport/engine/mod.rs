@@ -13,7 +13,8 @@
 //! * A [`Registry`] that routes each completion to its connection by the tag in its
 //!   `wr_id`.
 //! * One poller thread ([`poller`]) that processes every connection's completions when no
-//!   blocking caller does, and watches the rdma_cm channels of client connections. It is
+//!   caller does (a blocking caller spinning on its thread, an async caller holding a CQ's
+//!   drive lease, see [`lease`]), and watches the rdma_cm channels of client connections. It is
 //!   started with the engine's first connection and ends with its last, so a process
 //!   without RDMA connections runs no poller, and an idle one (event or adaptive mode)
 //!   sleeps in `epoll_wait`.
