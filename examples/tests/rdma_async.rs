@@ -38,6 +38,13 @@ fn connect(server: &ServerHandle, poll_mode: PollMode) -> Channel {
         .expect("rdma client connects")
 }
 
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
 /// `calls` echo calls, `in_flight` at a time, each reply checked.
 async fn echo_calls(client: EchoClient, calls: u64, in_flight: usize) {
     stream::iter(0..calls)
@@ -85,13 +92,7 @@ fn async_and_blocking_callers_share_a_connection_then_go_idle() {
         let client = EchoClient::new(channel);
         let single = {
             let client = client.clone();
-            std::thread::spawn(move || {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap()
-                    .block_on(echo_calls(client, 1_000, 16))
-            })
+            std::thread::spawn(move || current_thread().block_on(echo_calls(client, 1_000, 16)))
         };
         let multi = {
             let client = client.clone();
@@ -147,11 +148,7 @@ fn a_blocked_lease_holder_does_not_starve_other_callers() {
     let holder = {
         let tester = TesterClient::new(channel.clone());
         std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async move {
+            current_thread().block_on(async move {
                 // This call waits 1 s for its answer, driving the CQ meanwhile...
                 let slow = tokio::spawn(async move {
                     tester
@@ -171,22 +168,18 @@ fn a_blocked_lease_holder_does_not_starve_other_callers() {
     std::thread::sleep(Duration::from_millis(300));
     let started = Instant::now();
     let client = EchoClient::new(channel);
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(async {
-            for seq in 0..10 {
-                let reply = client
-                    .echo(EchoRequest {
-                        payload: vec![1; 32].into(),
-                        seq,
-                    })
-                    .await
-                    .expect("echo");
-                assert_eq!(reply.get_ref().seq, seq);
-            }
-        });
+    current_thread().block_on(async {
+        for seq in 0..10 {
+            let reply = client
+                .echo(EchoRequest {
+                    payload: vec![1; 32].into(),
+                    seq,
+                })
+                .await
+                .expect("echo");
+            assert_eq!(reply.get_ref().seq, seq);
+        }
+    });
     let took = started.elapsed();
     eprintln!("10 calls beside a blocked lease holder: {took:?}");
     assert!(

@@ -258,7 +258,7 @@ impl Conn {
     /// Gives back the drive lease of an async call that ended holding it.
     pub(crate) fn stop_driving(&self) {
         let attachment = &self.res.attachment;
-        attachment.engine.release(&attachment.cq, &mut true);
+        attachment.engine.release(&attachment.cq);
     }
 
     pub(crate) fn spin_progress(&self, budget: Option<Duration>) -> bool {

@@ -167,7 +167,8 @@ impl Engine {
                 // Quiet for the mode's spin time: the poller takes over. This caller, like
                 // those that waited for the lease, may take it again after the next release.
                 cq.lease.step_down(cx.waker());
-                self.stopped_driving(cq, driving);
+                *driving = false;
+                self.stopped_driving(cq);
                 self.kick.kick();
                 Drive::Wait
             }
@@ -182,12 +183,9 @@ impl Engine {
     /// (credits, send completions) wait for the poller's next look, within its caller
     /// window. Waking it here would cost a caller that makes one call at a time a
     /// hand-over per call.
-    pub(crate) fn release(&self, cq: &SharedCq, driving: &mut bool) {
-        if !*driving {
-            return;
-        }
+    pub(crate) fn release(&self, cq: &SharedCq) {
         let waiters = cq.lease.release();
-        self.stopped_driving(cq, driving);
+        self.stopped_driving(cq);
         waiters.into_iter().for_each(Waker::wake);
     }
 
@@ -214,9 +212,8 @@ impl Engine {
         }
     }
 
-    /// The caller's lease is given back: it no longer counts as spinning.
-    fn stopped_driving(&self, cq: &SharedCq, driving: &mut bool) {
-        *driving = false;
+    /// A lease was given back: its holder no longer counts as spinning.
+    fn stopped_driving(&self, cq: &SharedCq) {
         cq.spinners.fetch_sub(1, Ordering::AcqRel);
         self.self_polling.fetch_sub(1, Ordering::AcqRel);
     }
