@@ -34,10 +34,10 @@ pub(crate) struct Credits {
 }
 
 impl Credits {
-    /// Initial state: every peer receive slot is posted and ours; nothing to return.
-    pub(crate) fn new(peer_ring: u32, own_ring: u32, threshold: u32) -> Self {
+    /// Initial state: the peer's initial window is ours; nothing to return.
+    pub(crate) fn new(peer_window: u32, peer_ring: u32, own_ring: u32, threshold: u32) -> Self {
         Credits {
-            available: peer_ring,
+            available: peer_window,
             peer_ring,
             returnable: 0,
             own_ring,
@@ -117,7 +117,7 @@ mod tests {
 
     #[test]
     fn data_never_takes_the_reserved_credit() {
-        let mut c = Credits::new(3, 8, 2);
+        let mut c = Credits::new(3, 3, 8, 2);
         assert!(c.can_send_data());
         c.consume();
         assert!(c.can_send_data());
@@ -130,7 +130,7 @@ mod tests {
 
     #[test]
     fn grant_beyond_peer_ring_is_overflow() {
-        let mut c = Credits::new(4, 8, 2);
+        let mut c = Credits::new(4, 4, 8, 2);
         c.consume();
         c.consume();
         assert_eq!(c.grant(2), Ok(()));
@@ -152,7 +152,7 @@ mod tests {
 
     #[test]
     fn returnable_accumulates_until_taken() {
-        let mut c = Credits::new(4, 4, 2);
+        let mut c = Credits::new(4, 4, 4, 2);
         c.on_reposted();
         assert!(!c.return_due());
         c.on_reposted();

@@ -101,6 +101,10 @@ pub enum ProtocolViolation {
         /// Slot being released.
         slot: u32,
     },
+    /// A frame arrived in the shared receive queue while the peer held no credit of this
+    /// connection: it took a buffer committed to another connection.
+    #[error("frame received without a credit: the peer overran its receive window")]
+    RecvWithoutCredit,
     /// A send completion that matches no outstanding signaled send (RC completes in order).
     #[error("send completion for slot {slot}; the next signaled send is {expected:?}")]
     UnexpectedSendCompletion {
@@ -262,6 +266,18 @@ pub enum ParamsError {
         peer_min: u8,
         /// Peer highest version.
         peer_max: u8,
+    },
+    /// A receive window below the credits liveness needs or above its ring.
+    #[error("{what}: {window} receives posted at first, allowed {min}..={max}")]
+    WindowOutOfRange {
+        /// Which window.
+        what: &'static str,
+        /// Offending window.
+        window: u32,
+        /// Smallest allowed.
+        min: u32,
+        /// Largest allowed: the ring's slot count.
+        max: u32,
     },
     /// A slot count of zero or beyond the supported maximum.
     #[error("{what}: {count} slots, allowed {min}..={max}")]

@@ -10,7 +10,7 @@ use super::action::SendTarget;
 use super::credits::{RESERVED_CREDITS, UNLENT_SLOTS};
 use super::error::ParamsError;
 use super::large::LargeConfig;
-use super::params::{validate_ring, ConnectParams, TRANSPORT_VERSION};
+use super::params::{validate_ring, validate_window, ConnectParams, TRANSPORT_VERSION};
 
 /// Bytes of the per-connection control buffer that carries credit-only frames. It sits right
 /// after the send ring in the same registered region. A credit-only frame is a bare header,
@@ -24,22 +24,30 @@ pub struct Config {
     pub send_slots: u32,
     /// Bytes per send slot.
     pub send_slot_size: u32,
-    /// Slots in the receive ring (all posted before the connection is established).
+    /// Slots in the receive ring: the most credits ever granted to the peer at once.
     pub recv_slots: u32,
     /// Bytes per receive slot.
     pub recv_slot_size: u32,
+    /// Receive slots backed by a posted receive at start, the peer's initial credits
+    /// (`3..=recv_slots`); `None`: every slot. The window grows towards `recv_slots` while
+    /// the peer uses it up ([`crate::Connection::window_wanted`]).
+    pub recv_window: Option<u32>,
+    /// Receives come from a shared receive queue ([`crate::SharedPool`]) instead of a ring
+    /// of this connection's own: the connection emits no `PostRecv`, and its slots are
+    /// credits, not memory.
+    pub shared_recv: bool,
     /// Signal every Nth ring send (`1..=send_slots`); `None`: `max(1, send_slots / 4)`.
     pub signal_interval: Option<u32>,
     /// Send a credit-only frame once this many received slots have been re-posted and
-    /// nothing carries their credits (`2..=recv_slots - 1`); `None`: half the receive ring.
+    /// nothing carries their credits (`2..=window - 1`); `None`: half the initial window.
     pub credit_return_threshold: Option<u32>,
     /// Most frames that may wait for credits or for an earlier reservation
     /// (`1..=send_slots`); `None`: `send_slots`.
     pub max_queued: Option<u32>,
     /// Receive slots the upper layer may hold at once as zero-copy views
-    /// (`0..=recv_slots - 3`, see [`crate::credits::UNLENT_SLOTS`]); `None`: a quarter
-    /// of the receive ring. The credit-return threshold is lowered to
-    /// `recv_slots - lend_limit - 1` if it is above, so slots held for long cannot keep the
+    /// (`0..=window - 3`, see [`crate::credits::UNLENT_SLOTS`]); `None`: a quarter
+    /// of the initial window. The credit-return threshold is lowered to
+    /// `window - lend_limit - 1` if it is above, so slots held for long cannot keep the
     /// peer's credits from coming back. A frame that arrives while
     /// this many are held is handed up as a copy and its slot re-posted at once (see
     /// [`crate::Received::lend`]), so an application that keeps what it received
@@ -59,6 +67,8 @@ impl Default for Config {
             send_slot_size: 8192,
             recv_slots: 64,
             recv_slot_size: 8192,
+            recv_window: None,
+            shared_recv: false,
             signal_interval: None,
             credit_return_threshold: None,
             max_queued: None,
@@ -73,14 +83,24 @@ impl Config {
     /// Receive slots to post (a RECV each, at [`Geometry::recv_offset`]-style offsets
     /// `slot × recv_slot_size`) before `rdma_connect` or `rdma_accept`: the peer's initial
     /// credits count all of them. They depend only on the local configuration, so the client
-    /// can post them before it knows the server's parameters.
+    /// can post them before it knows the server's parameters. None with a shared receive
+    /// queue: its pool backs the window instead ([`crate::SharedPool::admit`]).
     pub fn initial_recv_posts(&self) -> std::ops::Range<u32> {
-        0..self.recv_slots
+        if self.shared_recv {
+            0..0
+        } else {
+            0..self.window()
+        }
+    }
+
+    /// The initial receive window.
+    pub fn window(&self) -> u32 {
+        self.recv_window.unwrap_or(self.recv_slots)
     }
 
     /// What to announce to the peer in rdma_cm private data.
     pub fn connect_params(&self) -> ConnectParams {
-        ConnectParams::new(self.recv_slots, self.recv_slot_size)
+        ConnectParams::new(self.recv_slots, self.recv_slot_size).with_window(self.window())
     }
 
     /// Checks ring sizes and tuning knobs.
@@ -97,6 +117,15 @@ impl Config {
     /// Completion-queue depth for one QP on one CQ: the send queue plus every receive.
     pub fn cq_depth(&self) -> u32 {
         self.sq_depth() + self.recv_slots
+    }
+
+    /// Receive-queue depth the QP needs (none with a shared receive queue).
+    pub fn rq_depth(&self) -> u32 {
+        if self.shared_recv {
+            0
+        } else {
+            self.recv_slots
+        }
     }
 
     /// Validates the knobs and resolves their defaults.
@@ -117,7 +146,8 @@ impl Config {
             }
         };
         let s = self.send_slots;
-        let r = self.recv_slots;
+        let r = self.window();
+        validate_window("local receive window", r, self.recv_slots)?;
         let signal = knob(
             "signal_interval",
             self.signal_interval,
@@ -135,7 +165,8 @@ impl Config {
         let max_queued = knob("max_queued", self.max_queued, s, 1, s)?;
         let lend_max = r - UNLENT_SLOTS;
         let lend_limit = knob("lend_limit", self.lend_limit, r / 4, 0, lend_max)?;
-        // A peer down to its reserved credit has left `r - held - 1` slots returnable, and
+        // A peer down to its reserved credit has left `r - held - 1` slots returnable (the
+        // window never shrinks below `r`), and
         // the upper layer holds at most `lend_limit` for long: the threshold must be within
         // reach, or the credits would wait for a release that may never come.
         let threshold = threshold.min(r - lend_limit - RESERVED_CREDITS);
@@ -174,12 +205,19 @@ pub struct Geometry {
     pub send_slot_size: u32,
     /// Largest frame (header included) this side may send.
     pub max_send_frame: u32,
-    /// Slots in the local receive ring.
+    /// Slots in the local receive ring: the most credits the peer may hold.
     pub recv_slots: u32,
     /// Bytes per local receive slot (stride of the receive ring).
     pub recv_slot_size: u32,
-    /// Receive slots the peer posted: total credits, reserved one included.
+    /// Receive slots backed at start: the peer's initial credits. The window never shrinks
+    /// below it.
+    pub recv_window: u32,
+    /// Receives come from a shared receive queue (see [`Config::shared_recv`]).
+    pub shared_recv: bool,
+    /// Receive slots of the peer: the most credits this side may hold.
     pub peer_recv_slots: u32,
+    /// The peer's initial window: this side's initial credits, reserved one included.
+    pub peer_recv_window: u32,
     /// Every Nth ring send is signaled.
     pub signal_interval: u32,
     /// Re-posted receive slots that trigger a credit-only frame.
@@ -213,7 +251,10 @@ impl Geometry {
             max_send_frame: local.send_slot_size.min(peer.recv_slot_size),
             recv_slots: local.recv_slots,
             recv_slot_size: local.recv_slot_size,
+            recv_window: local.window(),
+            shared_recv: local.shared_recv,
             peer_recv_slots: peer.recv_slots,
+            peer_recv_window: peer.recv_window,
             signal_interval,
             credit_return_threshold,
             max_queued,
@@ -223,10 +264,10 @@ impl Geometry {
         })
     }
 
-    /// Credits usable by request/response frames at start: the peer's receive slots minus
+    /// Credits usable by request/response frames at start: the peer's initial window minus
     /// the reserved credit.
     pub fn initial_data_credits(&self) -> u32 {
-        self.peer_recv_slots.saturating_sub(RESERVED_CREDITS)
+        self.peer_recv_window.saturating_sub(RESERVED_CREDITS)
     }
 
     /// Bytes of the send region to register: the send ring followed by the control buffer.
@@ -243,9 +284,13 @@ impl Geometry {
         slot as usize * self.send_slot_size as usize
     }
 
-    /// Bytes of the receive region to register.
+    /// Bytes of the receive region to register (none with a shared receive queue).
     pub fn recv_region_len(&self) -> usize {
-        self.recv_slots as usize * self.recv_slot_size as usize
+        if self.shared_recv {
+            0
+        } else {
+            self.recv_slots as usize * self.recv_slot_size as usize
+        }
     }
 
     /// Offset of a receive slot within the receive region.
@@ -258,9 +303,13 @@ impl Geometry {
         self.send_slots + 1 + self.large.write_window + 2 * self.large.max_grants
     }
 
-    /// Receive-queue depth the QP needs.
+    /// Receive-queue depth the QP needs (none with a shared receive queue).
     pub fn rq_depth(&self) -> u32 {
-        self.recv_slots
+        if self.shared_recv {
+            0
+        } else {
+            self.recv_slots
+        }
     }
 }
 
@@ -283,6 +332,48 @@ mod tests {
         assert_eq!(g.signal_interval, 16);
         let g = Geometry::negotiate(&local, &ConnectParams::new(32, 1 << 20)).unwrap();
         assert_eq!(g.max_send_frame, 4096);
+    }
+
+    #[test]
+    fn policy_follows_the_initial_window_and_credits_the_peers() {
+        let local = Config {
+            recv_window: Some(8),
+            ..Config::default()
+        };
+        let peer = ConnectParams::new(32, 1024).with_window(5);
+        let g = Geometry::negotiate(&local, &peer).unwrap();
+        assert_eq!((g.recv_slots, g.recv_window), (64, 8));
+        assert_eq!((g.peer_recv_slots, g.peer_recv_window), (32, 5));
+        assert_eq!(g.initial_data_credits(), 4);
+        assert_eq!((g.credit_return_threshold, g.lend_limit), (4, 2));
+        assert_eq!(local.initial_recv_posts(), 0..8);
+        assert_eq!(local.connect_params().recv_window, 8);
+        let shared = Config {
+            shared_recv: true,
+            ..local
+        };
+        let g = Geometry::negotiate(&shared, &peer).unwrap();
+        assert_eq!((g.recv_region_len(), g.rq_depth()), (0, 0));
+        assert!(shared.initial_recv_posts().is_empty());
+        for window in [2, 65] {
+            let bad = Config {
+                recv_window: Some(window),
+                ..local
+            };
+            assert!(matches!(
+                Geometry::negotiate(&bad, &peer),
+                Err(ParamsError::WindowOutOfRange { .. })
+            ));
+        }
+        // The lend limit is bounded by the window, not the ring.
+        let lend = Config {
+            lend_limit: Some(6),
+            ..local
+        };
+        assert!(matches!(
+            Geometry::negotiate(&lend, &peer),
+            Err(ParamsError::PolicyOutOfRange { max: 5, .. })
+        ));
     }
 
     #[test]

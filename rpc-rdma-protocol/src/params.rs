@@ -1,6 +1,7 @@
 //! Connection parameters exchanged in rdma_cm private data.
 //!
-//! Each side states the receive ring it has posted and the protocol versions it speaks. The
+//! Each side states its receive ring, the part of it backed by posted receives (the peer's
+//! initial credits) and the protocol versions it speaks. The
 //! client puts its [`ConnectParams`] in the CONNECT_REQUEST private data (at most
 //! [`MAX_CONNECT_PRIVATE_DATA`] bytes), the server answers with its own in the accept
 //! private data (at most [`MAX_ACCEPT_PRIVATE_DATA`] bytes). Both sides then run the same
@@ -14,20 +15,23 @@
 //! | 4      | 1    | min_version    | lowest transport protocol version spoken            |
 //! | 5      | 1    | max_version    | highest transport protocol version spoken           |
 //! | 6      | 2    | flags          | none defined; unknown bits are rejected             |
-//! | 8      | 4    | recv_slots     | receive slots posted before connecting/accepting    |
+//! | 8      | 4    | recv_slots     | most credits the sender will ever grant (ceiling)   |
 //! | 12     | 4    | recv_slot_size | bytes per receive slot = largest frame accepted     |
+//! | 16     | 4    | recv_window    | receives posted before connecting/accepting: the    |
+//! |        |      |                | peer's initial credits (`3..=recv_slots`)           |
 //!
 //! Bytes after the first [`CONNECT_PARAMS_LEN`] are ignored: rdma_cm pads private data with
 //! zeros, and a later version appends its fields there.
 
+use super::credits::UNLENT_SLOTS;
 use super::error::ParamsError;
 
 /// First four bytes of the private data: `"RRCM"`.
 pub const CM_MAGIC: u32 = u32::from_le_bytes(*b"RRCM");
 /// Transport protocol version (credit and ring rules) spoken by this build.
-pub const TRANSPORT_VERSION: u8 = 1;
+pub const TRANSPORT_VERSION: u8 = 2;
 /// Size of encoded [`ConnectParams`].
-pub const CONNECT_PARAMS_LEN: usize = 16;
+pub const CONNECT_PARAMS_LEN: usize = 20;
 /// Private data an RC CONNECT_REQUEST may carry (InfiniBand CM limit, rdma_cm header removed).
 pub const MAX_CONNECT_PRIVATE_DATA: usize = 56;
 /// Private data an RC accept (REP) may carry.
@@ -54,22 +58,34 @@ pub struct ConnectParams {
     pub min_version: u8,
     /// Highest transport protocol version spoken.
     pub max_version: u8,
-    /// Receive slots the sender of these parameters posts before the connection is
-    /// established; the peer's initial credits derive from it.
+    /// Receive slots of the sender of these parameters: the most credits it will ever have
+    /// granted at once.
     pub recv_slots: u32,
     /// Bytes per receive slot: the largest frame the peer may send.
     pub recv_slot_size: u32,
+    /// Receives the sender posted before the connection was established: the peer's
+    /// initial credits. The sender may grant more later, up to `recv_slots`.
+    pub recv_window: u32,
 }
 
 impl ConnectParams {
-    /// Parameters for a receive ring of `recv_slots` × `recv_slot_size`, speaking only
-    /// [`TRANSPORT_VERSION`].
+    /// Parameters for a receive ring of `recv_slots` × `recv_slot_size`, every slot posted,
+    /// speaking only [`TRANSPORT_VERSION`].
     pub const fn new(recv_slots: u32, recv_slot_size: u32) -> Self {
         ConnectParams {
             min_version: TRANSPORT_VERSION,
             max_version: TRANSPORT_VERSION,
             recv_slots,
             recv_slot_size,
+            recv_window: recv_slots,
+        }
+    }
+
+    /// The same parameters with only `recv_window` receives posted at first.
+    pub const fn with_window(self, recv_window: u32) -> Self {
+        ConnectParams {
+            recv_window,
+            ..self
         }
     }
 
@@ -81,7 +97,8 @@ impl ConnectParams {
                 max: self.max_version,
             });
         }
-        validate_ring("peer receive ring", self.recv_slots, self.recv_slot_size)
+        validate_ring("peer receive ring", self.recv_slots, self.recv_slot_size)?;
+        validate_window("peer receive window", self.recv_window, self.recv_slots)
     }
 
     /// The encoded form, to be sent as rdma_cm private data.
@@ -93,6 +110,7 @@ impl ConnectParams {
         out[6..8].copy_from_slice(&0u16.to_le_bytes());
         out[8..12].copy_from_slice(&self.recv_slots.to_le_bytes());
         out[12..16].copy_from_slice(&self.recv_slot_size.to_le_bytes());
+        out[16..20].copy_from_slice(&self.recv_window.to_le_bytes());
         out
     }
 
@@ -121,6 +139,7 @@ impl ConnectParams {
             max_version: src[5],
             recv_slots: u32_at(8),
             recv_slot_size: u32_at(12),
+            recv_window: u32_at(16),
         };
         params.validate()?;
         Ok(params)
@@ -139,6 +158,24 @@ impl ConnectParams {
         }
         Ok(version)
     }
+}
+
+/// Validates a receive window: at least [`UNLENT_SLOTS`] (the reserved credit and two to
+/// return), at most the ring.
+pub(crate) fn validate_window(
+    what: &'static str,
+    window: u32,
+    slots: u32,
+) -> Result<(), ParamsError> {
+    if (UNLENT_SLOTS..=slots).contains(&window) {
+        return Ok(());
+    }
+    Err(ParamsError::WindowOutOfRange {
+        what,
+        window,
+        min: UNLENT_SLOTS,
+        max: slots,
+    })
 }
 
 /// Validates one ring's geometry; `what` names it in the error.
@@ -197,7 +234,7 @@ mod tests {
         let good = ConnectParams::new(64, 4096).encode();
         assert_eq!(
             ConnectParams::decode(&good[..15]),
-            Err(ParamsError::Truncated { len: 15, need: 16 })
+            Err(ParamsError::Truncated { len: 15, need: 20 })
         );
         let mut b = good;
         b[0] = b'X';
@@ -223,6 +260,30 @@ mod tests {
         assert!(matches!(
             ConnectParams::decode(&b),
             Err(ParamsError::InvalidVersionRange { .. })
+        ));
+    }
+
+    #[test]
+    fn window_travels_and_is_bounded_by_liveness_and_ring() {
+        let p = ConnectParams::new(64, 4096).with_window(8);
+        assert_eq!(ConnectParams::decode(&p.encode()), Ok(p));
+        for window in [0, 2, 65, u32::MAX] {
+            assert_eq!(
+                ConnectParams::decode(&p.with_window(window).encode()),
+                Err(ParamsError::WindowOutOfRange {
+                    what: "peer receive window",
+                    window,
+                    min: 3,
+                    max: 64
+                })
+            );
+        }
+        // A version-1 peer's 16 bytes, zero-padded by rdma_cm: window 0, refused by name.
+        let mut v1 = [0u8; MAX_CONNECT_PRIVATE_DATA];
+        v1[..16].copy_from_slice(&p.encode()[..16]);
+        assert!(matches!(
+            ConnectParams::decode(&v1),
+            Err(ParamsError::WindowOutOfRange { window: 0, .. })
         ));
     }
 

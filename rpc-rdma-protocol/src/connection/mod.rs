@@ -16,6 +16,10 @@ use super::send_ring::{Pending, SendRing};
 
 mod large;
 
+/// A frame that leaves the peer with at most this many usable credits (posted slots whose
+/// credit is not waiting to be returned) asks for a larger window.
+pub const GROW_AT: u32 = 2;
+
 /// Distinguishes reservations of different connections.
 static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -69,6 +73,8 @@ pub struct Stats {
     pub pending_credit_return: u32,
     /// Receive slots held by the upper layer.
     pub recv_held: u32,
+    /// Receive slots in the window (posted or held).
+    pub recv_window: u32,
     /// Free send slots.
     pub send_free: u32,
     /// Reserved or committed frames not yet posted.
@@ -112,6 +118,8 @@ pub struct Connection {
     credits: Credits,
     send: SendRing,
     recv: RecvRing,
+    /// Slots the receive window should grow by (see [`Connection::window_wanted`]).
+    window_wanted: u32,
     large: Large,
     control_busy: bool,
     want_writable: bool,
@@ -131,6 +139,7 @@ impl Connection {
             id: NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed),
             geometry,
             credits: Credits::new(
+                geometry.peer_recv_window,
                 geometry.peer_recv_slots,
                 geometry.recv_slots,
                 geometry.credit_return_threshold,
@@ -140,7 +149,12 @@ impl Connection {
                 geometry.signal_interval,
                 geometry.max_queued,
             ),
-            recv: RecvRing::new(geometry.recv_slots, geometry.recv_slot_size),
+            recv: RecvRing::new(
+                geometry.recv_slots,
+                geometry.recv_window,
+                geometry.recv_slot_size,
+            ),
+            window_wanted: 0,
             large: Large::new(geometry.large),
             control_busy: false,
             want_writable: false,
@@ -183,6 +197,7 @@ impl Connection {
             send_credits: self.credits.available(),
             pending_credit_return: self.credits.returnable(),
             recv_held: self.recv.held(),
+            recv_window: self.recv.backed(),
             send_free: self.send.free(),
             send_unposted: self.send.unposted(),
             send_unreclaimed: self.send.unreclaimed(),
@@ -325,10 +340,39 @@ impl Connection {
         if self.closed.is_some() {
             return Ok(None);
         }
-        let header = match self.recv.accept(slot, byte_len, slot_bytes) {
-            Ok(header) => header,
-            Err(violation) => return Err(self.fail(violation)),
-        };
+        match self.recv.accept(slot, byte_len, slot_bytes) {
+            Ok(header) => self.on_frame(slot, byte_len, header),
+            Err(violation) => Err(self.fail(violation)),
+        }
+    }
+
+    /// A RECV of the shared receive queue completed for this connection with `byte_len`
+    /// bytes in `buf` (the pool's buffer, at least `byte_len` bytes). Like
+    /// [`Self::on_recv_complete`], except that the connection picks the slot (the credit)
+    /// the frame used: [`Received::slot`] names it, and the driver remembers which buffer
+    /// backs it until [`Self::release_shared`]. A frame the peer had no credit for is
+    /// [`ProtocolViolation::RecvWithoutCredit`]; its buffer goes straight back to the queue.
+    pub fn on_shared_recv_complete(
+        &mut self,
+        byte_len: u32,
+        buf: &[u8],
+    ) -> Result<Option<Received>, ProtocolViolation> {
+        debug_assert!(self.geometry.shared_recv);
+        if self.closed.is_some() {
+            return Ok(None);
+        }
+        match self.recv.accept_any(byte_len, buf) {
+            Ok((slot, header)) => self.on_frame(slot, byte_len, header),
+            Err(violation) => Err(self.fail(violation)),
+        }
+    }
+
+    fn on_frame(
+        &mut self,
+        slot: u32,
+        byte_len: u32,
+        header: Header,
+    ) -> Result<Option<Received>, ProtocolViolation> {
         let credit_only = header.kind == FrameKind::CreditOnly;
         if credit_only && header.credits == 0 {
             return Err(self.fail(ProtocolViolation::EmptyCreditOnly));
@@ -378,14 +422,16 @@ impl Connection {
         match consumed {
             Err(violation) => return Err(self.fail(violation)),
             Ok(true) => {
-                let released = self.recv.release(slot);
+                let released = self.recv.release(slot, false);
                 debug_assert!(released.is_ok());
                 self.repost(slot);
+                self.want_window();
                 self.flush();
                 return Ok(None);
             }
             Ok(false) => {}
         }
+        self.want_window();
         self.flush();
         Ok(Some(Received {
             slot,
@@ -399,15 +445,82 @@ impl Connection {
     /// The upper layer is done with a received slot: it is re-posted and its credit becomes
     /// returnable. Slots may be released in any order. After close this is a no-op.
     pub fn release_recv(&mut self, slot: u32) -> Result<(), ProtocolViolation> {
+        self.release(slot, false).map(drop)
+    }
+
+    /// [`Self::release_recv`] for a slot backed by a shared receive queue, whose buffer the
+    /// driver has just re-posted. With `shrink` (the pool is short of buffers) a slot above
+    /// the initial window leaves the window instead of returning its credit. Returns
+    /// whether the buffer's commitment goes back to the pool ([`crate::SharedPool::give_back`]):
+    /// the slot left the window, or the connection is closed.
+    pub fn release_shared(&mut self, slot: u32, shrink: bool) -> Result<bool, ProtocolViolation> {
+        let retire = shrink && self.recv.backed() > self.geometry.recv_window;
+        self.release(slot, retire)
+    }
+
+    fn release(&mut self, slot: u32, retire: bool) -> Result<bool, ProtocolViolation> {
         if self.closed.is_some() {
-            return Ok(());
+            return Ok(true);
         }
-        if let Err(violation) = self.recv.release(slot) {
+        if let Err(violation) = self.recv.release(slot, retire) {
             return Err(self.fail(violation));
         }
-        self.repost(slot);
+        if !retire {
+            self.repost(slot);
+        }
         self.flush();
-        Ok(())
+        Ok(retire)
+    }
+
+    /// How many slots the receive window should grow by: set when a frame arrives and
+    /// leaves the peer with at most [`GROW_AT`] credits it could use (the window limits
+    /// it), to double the window up to the ring. The driver grows it with
+    /// [`Self::grow_window`] as far as it can back the slots (a shared receive queue's pool
+    /// may grant fewer, or none).
+    pub fn window_wanted(&self) -> u32 {
+        if self.closed.is_some() {
+            0
+        } else {
+            self.window_wanted
+        }
+    }
+
+    /// Grows the receive window by up to `n` slots, the driver having posted (or, with a
+    /// shared receive queue, committed) a receive for each: their credits become
+    /// returnable. Returns how many slots joined (fewer if the ring is full or the
+    /// connection closed).
+    pub fn grow_window(&mut self, n: u32) -> u32 {
+        if self.closed.is_some() {
+            return 0;
+        }
+        let mut grown = 0;
+        while grown < n {
+            let Some(slot) = self.recv.extend() else {
+                break;
+            };
+            self.repost(slot);
+            grown += 1;
+        }
+        self.window_wanted = 0;
+        if grown > 0 {
+            self.flush();
+        }
+        grown
+    }
+
+    /// Receive slots currently posted (credits with the peer, in flight or returnable). With
+    /// a shared receive queue, what the pool gets back ([`crate::SharedPool::give_back`])
+    /// once the QP can receive no more (moved to the error state or destroyed).
+    pub fn recv_posted(&self) -> u32 {
+        self.recv.posted()
+    }
+
+    fn want_window(&mut self) {
+        let backed = self.recv.backed();
+        let peer_side = self.recv.posted() - self.credits.returnable().min(self.recv.posted());
+        if peer_side <= GROW_AT && backed < self.geometry.recv_slots {
+            self.window_wanted = backed.min(self.geometry.recv_slots - backed);
+        }
     }
 
     /// A work request completed with an error status (including flushes after the QP went to
@@ -466,7 +579,9 @@ impl Connection {
     }
 
     fn repost(&mut self, slot: u32) {
-        self.actions.push_back(Action::PostRecv { slot });
+        if !self.geometry.shared_recv {
+            self.actions.push_back(Action::PostRecv { slot });
+        }
         self.credits.on_reposted();
     }
 
@@ -549,8 +664,10 @@ impl Connection {
     #[cfg(test)]
     pub(crate) fn assert_invariants(&self) {
         self.send.assert_invariants();
+        self.recv.assert_invariants();
         assert!(self.credits.available() <= self.geometry.peer_recv_slots);
-        assert!(self.credits.returnable() + self.recv.held() <= self.geometry.recv_slots);
+        assert!(self.credits.returnable() <= self.recv.posted());
+        assert!(self.recv.backed() >= self.geometry.recv_window);
         if self.closed.is_none() && self.large.is_idle() {
             let cap = self.geometry.recv_slots as usize + 2 * self.geometry.send_slots as usize + 2;
             assert!(

@@ -33,6 +33,8 @@ enum Op {
     PollRecv(Side),
     /// The upper layer releases one held frame (chosen by index: out of order).
     Release(Side, u8),
+    /// The driver grows the receive window by up to n of the slots wanted.
+    Grow(Side, u8),
 }
 
 fn side() -> impl Strategy<Value = Side> {
@@ -50,26 +52,31 @@ fn op() -> impl Strategy<Value = Op> {
         3 => side().prop_map(Op::PollSend),
         3 => side().prop_map(Op::PollRecv),
         3 => (side(), any::<u8>()).prop_map(|(s, i)| Op::Release(s, i)),
+        1 => (side(), 1u8..4).prop_map(|(s, n)| Op::Grow(s, n)),
     ]
 }
 
-/// Small rings (down to the minimum) with every policy knob drawn from its valid range.
+/// Small rings (down to the minimum), windows from the minimum to the ring, with every
+/// policy knob drawn from its valid range.
 fn config() -> impl Strategy<Value = Config> {
-    (3u32..7, 3u32..7, 64u32..160, 64u32..160)
+    (3u32..7, 3u32..9, 64u32..160, 64u32..160)
         .prop_flat_map(|(send_slots, recv_slots, send_slot_size, recv_slot_size)| {
-            (
-                Just(Config {
-                    send_slots,
-                    send_slot_size,
-                    recv_slots,
-                    recv_slot_size,
-                    ..Config::default()
-                }),
-                1..=send_slots,
-                2..recv_slots,
-                1..=send_slots,
-                prop_oneof![Just(0u32), Just(64), Just(128)],
-            )
+            (3..=recv_slots).prop_flat_map(move |window| {
+                (
+                    Just(Config {
+                        send_slots,
+                        send_slot_size,
+                        recv_slots,
+                        recv_slot_size,
+                        recv_window: Some(window),
+                        ..Config::default()
+                    }),
+                    1..=send_slots,
+                    2..window,
+                    1..=send_slots,
+                    prop_oneof![Just(0u32), Just(64), Just(128)],
+                )
+            })
         })
         .prop_map(|(base, signal, threshold, queued, max_inline)| Config {
             signal_interval: Some(signal),
@@ -116,6 +123,9 @@ fn apply(p: &mut Pair, op: Op) {
         }
         Op::Release(s, idx) => {
             p.side(s).release(usize::from(idx));
+        }
+        Op::Grow(s, n) => {
+            p.side(s).grow(u32::from(n));
         }
     }
 }

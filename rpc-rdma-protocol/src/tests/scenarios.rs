@@ -343,3 +343,37 @@ fn close_wakes_a_blocked_sender() {
     assert!(!p.a.blocked, "Writable after close");
     assert_eq!(p.a.conn.reserve_send(64).unwrap_err(), SendError::Closed);
 }
+
+#[test]
+fn a_peer_that_uses_up_the_window_gets_it_doubled() {
+    let a = Config {
+        recv_window: Some(4),
+        ..cfg(16, 16, 256)
+    };
+    let mut p = Pair::new(a, cfg(16, 16, 256));
+    assert_eq!(p.b.conn.stats().send_credits, 4);
+    for _ in 0..5 {
+        p.b.send(8).unwrap();
+    }
+    pump(&mut p);
+    // Three data credits: two frames left b with two usable credits, the third with one.
+    assert_eq!(p.a.delivered, [1, 2, 3]);
+    assert_eq!(p.a.conn.window_wanted(), 4);
+    assert!(p.a.grow(u32::MAX));
+    assert_eq!(p.a.conn.window_wanted(), 0);
+    assert_eq!(p.a.conn.stats().recv_window, 8);
+    pump(&mut p);
+    // The new credits travel (credit-only frame: a has nothing to send) and the queue drains.
+    assert_eq!(p.a.delivered, [1, 2, 3, 4, 5]);
+    assert_eq!(p.b.conn.stats().send_unposted, 0);
+    // Released slots keep their credits: the window stays grown, never beyond the ring.
+    while p.a.release(0) {}
+    for _ in 0..40 {
+        p.b.send(8).unwrap_or(());
+        pump(&mut p);
+        while p.a.release(0) {}
+        p.a.grow(u32::MAX);
+    }
+    assert!(p.a.conn.stats().recv_window <= 16);
+    p.run_to_idle(0);
+}

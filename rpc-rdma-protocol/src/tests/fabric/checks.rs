@@ -35,7 +35,7 @@ impl Pair {
         );
     }
 
-    /// Slots of `rx`'s receive ring = credits `tx` holds + grants on their way to `tx` +
+    /// Slots in `rx`'s receive window = credits `tx` holds + grants on their way to `tx` +
     /// credits `rx` has yet to return + frames on their way to `rx` + frames `rx` holds.
     fn conservation(tx: &Endpoint, rx: &Endpoint) {
         let grants_in_flight: u64 = rx
@@ -56,9 +56,10 @@ impl Pair {
             + rx.held.len() as u64;
         assert_eq!(
             total,
-            u64::from(rx.geom.recv_slots),
+            u64::from(stats_rx.recv_window),
             "credit conservation broken: tx {stats_tx:?}, rx {stats_rx:?}"
         );
+        assert!(stats_rx.recv_window <= rx.geom.recv_slots);
         assert!(
             stats_tx.send_credits <= rx.geom.recv_slots,
             "credit overflow"
@@ -100,7 +101,7 @@ impl Pair {
             );
             assert_eq!(
                 stats.send_credits + peer.conn.stats().pending_credit_return,
-                peer.geom.recv_slots,
+                peer.conn.stats().recv_window,
                 "{name}: credits not all home"
             );
             assert!(!ep.blocked, "{name}: WouldBlock never followed by Writable");

@@ -326,6 +326,18 @@ impl Endpoint {
         true
     }
 
+    /// The driver grows the receive window by what the connection wants, at most `n`.
+    pub(crate) fn grow(&mut self, n: u32) -> bool {
+        let n = n.min(self.conn.window_wanted());
+        if n == 0 {
+            return false;
+        }
+        let grown = self.conn.grow_window(n);
+        assert!(grown > 0, "a wanted window did not grow");
+        self.absorb();
+        true
+    }
+
     /// Polls one send completion.
     pub(crate) fn poll_send(&mut self) -> bool {
         let Some(id) = self.send_cq.pop_front() else {

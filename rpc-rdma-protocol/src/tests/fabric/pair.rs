@@ -86,6 +86,7 @@ impl Pair {
             while !ep.hoard && ep.release(0) {
                 progress = true;
             }
+            progress |= ep.grow(u32::MAX);
         }
         self.check();
         progress
