@@ -13,6 +13,8 @@
 //! * `send_ring` / `recv_ring`: slot bookkeeping, selective signaling, frame validation.
 //! * [`large`]: bodies too large for a slot: rendezvous, chunked RDMA WRITEs, grants
 //!   revoked by memory-window invalidation.
+//! * [`shared_pool`]: the commitments of a shared receive queue's buffers to many
+//!   connections' receive windows.
 //! * [`connection`]: the state machine tying them together.
 //! * [`action`]: what the driver is asked to do, and `wr_id` packing.
 //! * [`error`]: [`ProtocolViolation`], [`SendError`], [`ParamsError`].
@@ -51,6 +53,7 @@ pub mod large;
 pub mod params;
 mod recv_ring;
 mod send_ring;
+pub mod shared_pool;
 
 #[cfg(test)]
 mod tests;
@@ -62,3 +65,4 @@ pub use error::{ParamsError, ProtocolViolation, SendError};
 pub use geometry::{Config, Geometry, CONTROL_BUF_LEN};
 pub use large::{LargeConfig, LocalBuffer};
 pub use params::{ConnectParams, CONNECT_PARAMS_LEN, TRANSPORT_VERSION};
+pub use shared_pool::{Admission, PoolConfig, SharedPool};

@@ -8,3 +8,4 @@ mod large;
 mod lending;
 mod random;
 mod scenarios;
+mod shared;

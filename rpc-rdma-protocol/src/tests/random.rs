@@ -14,7 +14,7 @@ use super::fabric::{Pair, Side};
 use crate::{Config, SendError};
 
 #[derive(Debug, Clone, Copy)]
-enum Op {
+pub(super) enum Op {
     /// Write and commit one message.
     Send(Side, u16),
     /// Write into a reservation, commit later.
@@ -37,11 +37,11 @@ enum Op {
     Grow(Side, u8),
 }
 
-fn side() -> impl Strategy<Value = Side> {
+pub(super) fn side() -> impl Strategy<Value = Side> {
     prop_oneof![Just(Side::A), Just(Side::B)]
 }
 
-fn op() -> impl Strategy<Value = Op> {
+pub(super) fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (side(), any::<u16>()).prop_map(|(s, p)| Op::Send(s, p)),
         1 => (side(), any::<u16>()).prop_map(|(s, p)| Op::Write(s, p)),
@@ -58,7 +58,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// Small rings (down to the minimum), windows from the minimum to the ring, with every
 /// policy knob drawn from its valid range.
-fn config() -> impl Strategy<Value = Config> {
+pub(super) fn config() -> impl Strategy<Value = Config> {
     (3u32..7, 3u32..9, 64u32..160, 64u32..160)
         .prop_flat_map(|(send_slots, recv_slots, send_slot_size, recv_slot_size)| {
             (3..=recv_slots).prop_flat_map(move |window| {
@@ -87,7 +87,7 @@ fn config() -> impl Strategy<Value = Config> {
         })
 }
 
-fn apply(p: &mut Pair, op: Op) {
+pub(super) fn apply(p: &mut Pair, op: Op) {
     match op {
         Op::Send(s, payload) | Op::Write(s, payload) => {
             let ep = p.side(s);

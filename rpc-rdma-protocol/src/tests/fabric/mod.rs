@@ -27,9 +27,11 @@ mod advertise;
 mod checks;
 mod large;
 mod pair;
+mod recv_side;
 
 pub(crate) use large::LargeSide;
 pub(crate) use pair::{Pair, Side};
+pub(crate) use recv_side::{RecvSide, SharedRq, Srq};
 
 use crate::{
     Action, Config, Connection, Geometry, Received, SendError, SendReservation, SendTarget, WorkId,
@@ -56,7 +58,8 @@ enum Wire {
 
 /// A receive completion waiting to be polled.
 #[derive(Debug, Clone, Copy)]
-struct RecvCqe {
+pub(crate) struct RecvCqe {
+    /// The ring slot, or with a shared receive queue the buffer.
     slot: u32,
     len: u32,
     credits: u32,
@@ -75,10 +78,9 @@ pub(crate) struct Endpoint {
     pub(crate) conn: Connection,
     pub(crate) geom: Geometry,
     send_mem: Vec<u8>,
-    recv_mem: Vec<u8>,
+    pub(crate) recv: RecvSide,
     /// Actions taken from the connection, not yet executed.
     pending: VecDeque<Action>,
-    rq: VecDeque<u32>,
     wire: VecDeque<Wire>,
     sq: VecDeque<(WorkId, bool)>,
     send_cq: VecDeque<WorkId>,
@@ -113,16 +115,29 @@ fn pattern(call_id: u64, i: usize) -> u8 {
 }
 
 impl Endpoint {
-    /// Posts the receive ring (as the driver does before connecting), then creates the
+    /// Posts the receive ring (as the driver does before connecting), or with a shared
+    /// receive queue expects the pool to have admitted the window, then creates the
     /// connection from the negotiated geometry.
-    fn new(config: &Config, geom: Geometry) -> Self {
+    fn new(config: &Config, geom: Geometry, srq: Option<SharedRq>) -> Self {
+        let recv = match srq {
+            None => RecvSide::Ring {
+                rq: config.initial_recv_posts().collect(),
+                mem: vec![0; geom.recv_region_len()],
+            },
+            Some(srq) => {
+                assert!(config.shared_recv && config.initial_recv_posts().is_empty());
+                RecvSide::Shared {
+                    srq,
+                    buf_of: vec![u32::MAX; geom.recv_slots as usize],
+                }
+            }
+        };
         let mut ep = Endpoint {
             conn: Connection::new(geom),
             geom,
             send_mem: vec![0; geom.send_region_len()],
-            recv_mem: vec![0; geom.recv_region_len()],
+            recv,
             pending: VecDeque::new(),
-            rq: config.initial_recv_posts().collect(),
             wire: VecDeque::new(),
             sq: VecDeque::new(),
             send_cq: VecDeque::new(),
@@ -277,11 +292,7 @@ impl Endpoint {
         match action {
             Action::PostRecv { slot } => {
                 assert!(slot < self.geom.recv_slots);
-                assert!(
-                    !self.rq.contains(&slot),
-                    "RECV for slot {slot} posted twice"
-                );
-                self.rq.push_back(slot);
+                self.recv.post(slot);
             }
             Action::PostSend(work) => {
                 assert!(
@@ -326,14 +337,15 @@ impl Endpoint {
         true
     }
 
-    /// The driver grows the receive window by what the connection wants, at most `n`.
+    /// The driver grows the receive window by what the connection wants, at most `n`, as
+    /// far as it can back the slots.
     pub(crate) fn grow(&mut self, n: u32) -> bool {
-        let n = n.min(self.conn.window_wanted());
+        let n = self.recv.back(n.min(self.conn.window_wanted()));
         if n == 0 {
             return false;
         }
         let grown = self.conn.grow_window(n);
-        assert!(grown > 0, "a wanted window did not grow");
+        assert_eq!(grown, n, "a wanted window did not grow");
         self.absorb();
         true
     }
@@ -372,13 +384,7 @@ impl Endpoint {
         let Some(cqe) = self.recv_cq.pop_front() else {
             return false;
         };
-        let off = self.geom.recv_offset(cqe.slot);
-        let buf = &self.recv_mem[off..off + self.geom.recv_slot_size as usize];
-        let rx = self
-            .conn
-            .on_recv_complete(cqe.slot, cqe.len, buf)
-            .expect("receive completion");
-        self.absorb();
+        let rx = self.on_recv(&cqe).expect("receive completion");
         if let Some(rx) = rx {
             self.verify(&rx);
             let call_id = rx.header.call_id;
@@ -399,10 +405,7 @@ impl Endpoint {
             self.delivered.push(call_id);
             if self.hoard && !rx.lend {
                 self.copied += 1;
-                self.conn
-                    .release_recv(rx.slot)
-                    .expect("release of a copied frame");
-                self.absorb();
+                self.release_slot(rx.slot);
             } else {
                 self.held.push(rx);
             }
@@ -410,9 +413,74 @@ impl Endpoint {
         true
     }
 
+    /// Receive completions waiting to be polled.
+    pub(crate) fn landed(&self) -> usize {
+        self.recv_cq.len()
+    }
+
+    /// A raw SEND of `frame` (no credit taken, no grant) lands here, as a hostile peer's
+    /// would.
+    pub(crate) fn land_raw(&mut self, frame: &[u8]) {
+        let size = self.geom.recv_slot_size;
+        let Some(slot) = self.recv.land(frame, size) else {
+            panic!("RNR: a raw frame arrived with no RECV posted");
+        };
+        self.recv_cq.push_back(RecvCqe {
+            slot,
+            len: frame.len() as u32,
+            credits: 0,
+        });
+    }
+
+    /// Polls one receive completion of raw frames: whether a frame was handed up (and is
+    /// now held), or the violation.
+    pub(crate) fn poll_recv_raw(&mut self) -> Result<bool, crate::ProtocolViolation> {
+        let cqe = self.recv_cq.pop_front().expect("a completion");
+        let rx = self.on_recv(&cqe)?;
+        Ok(rx.map(|rx| self.held.push(rx)).is_some())
+    }
+
+    /// Hands a receive completion to the connection, as the driver does: with an SRQ, a
+    /// frame the protocol consumed or refused gives its buffer straight back.
+    pub(crate) fn on_recv(
+        &mut self,
+        cqe: &RecvCqe,
+    ) -> Result<Option<Received>, crate::ProtocolViolation> {
+        let size = self.geom.recv_slot_size;
+        let bytes = self.recv.entry(cqe.slot, cqe.len as usize, size);
+        let rx = if self.recv.is_shared() {
+            let rx = self.conn.on_shared_recv_complete(cqe.len, &bytes);
+            match &rx {
+                Ok(Some(rx)) => self.recv.hold(rx.slot, cqe.slot),
+                Ok(None) | Err(_) => self.recv.repost(cqe.slot),
+            }
+            rx
+        } else {
+            self.conn.on_recv_complete(cqe.slot, cqe.len, &bytes)
+        };
+        self.absorb();
+        rx
+    }
+
+    /// The upper layer is done with `slot`.
+    fn release_slot(&mut self, slot: u32) {
+        let given = if self.recv.is_shared() {
+            let shrink = self.recv.release(slot);
+            self.conn.release_shared(slot, shrink).expect("release")
+        } else {
+            self.conn.release_recv(slot).expect("release");
+            false
+        };
+        if given {
+            self.recv.give_back(1);
+        }
+        self.absorb();
+    }
+
     fn verify(&self, rx: &Received) {
-        let off = self.geom.recv_offset(rx.slot);
-        let frame = &self.recv_mem[off..off + rx.len as usize];
+        let frame = &self
+            .recv
+            .held(rx.slot, rx.len as usize, self.geom.recv_slot_size)[..];
         let header = Header::decode(frame).expect("held frame still decodes");
         assert_eq!(
             header.call_id, rx.header.call_id,
@@ -441,8 +509,7 @@ impl Endpoint {
         }
         let rx = self.held.swap_remove(idx % self.held.len());
         self.verify(&rx);
-        self.conn.release_recv(rx.slot).expect("release");
-        self.absorb();
+        self.release_slot(rx.slot);
         true
     }
 
@@ -490,18 +557,18 @@ fn transmit(from: &mut Endpoint, to: &mut Endpoint) -> bool {
             return true;
         }
     };
-    let Some(slot) = to.rq.pop_front() else {
-        panic!("RNR: {frame:?} arrived but the peer has no RECV posted");
-    };
     assert!(
         frame.len <= to.geom.recv_slot_size,
         "local length error at the receiver"
     );
     let src = from.geom.send_offset(frame.target);
-    let dst = to.geom.recv_offset(slot);
     let len = frame.len as usize;
-    to.recv_mem[dst..dst + len].copy_from_slice(&from.send_mem[src..src + len]);
-    let wire_credits = &to.recv_mem[dst + CREDITS_OFFSET..dst + CREDITS_OFFSET + 4];
+    let size = to.geom.recv_slot_size;
+    let Some(slot) = to.recv.land(&from.send_mem[src..src + len], size) else {
+        panic!("RNR: {frame:?} arrived but the peer has no RECV posted");
+    };
+    let landed = to.recv.entry(slot, len, size);
+    let wire_credits = &landed[CREDITS_OFFSET..CREDITS_OFFSET + 4];
     assert_eq!(
         wire_credits,
         frame.credits.to_le_bytes(),

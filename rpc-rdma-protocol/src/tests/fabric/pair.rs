@@ -1,6 +1,6 @@
 //! Two endpoints connected by the fabric, and the rounds that drive both.
 
-use super::{transmit, Endpoint};
+use super::{transmit, Endpoint, SharedRq};
 use crate::{Config, Geometry, SendError};
 
 /// Which endpoint of a [`Pair`].
@@ -15,6 +15,9 @@ pub(crate) enum Side {
 pub(crate) struct Pair {
     pub(crate) a: Endpoint,
     pub(crate) b: Endpoint,
+    /// Frames reach b outside a's state machine (a hostile client): the pair's own
+    /// checks are off.
+    pub(crate) raw: bool,
 }
 
 impl Pair {
@@ -25,8 +28,23 @@ impl Pair {
         let ga = Geometry::negotiate(&a, &pb).expect("a negotiates");
         let gb = Geometry::negotiate(&b, &pa).expect("b negotiates");
         Pair {
-            a: Endpoint::new(&a, ga),
-            b: Endpoint::new(&b, gb),
+            a: Endpoint::new(&a, ga, None),
+            b: Endpoint::new(&b, gb, None),
+            raw: false,
+        }
+    }
+
+    /// A pair whose side b (the server) takes its receives from `srq`, which must have
+    /// admitted b's window already.
+    pub(crate) fn with_srq(a: Config, b: Config, srq: SharedRq) -> Pair {
+        let pa = crate::ConnectParams::decode(&a.connect_params().encode()).expect("a params");
+        let pb = crate::ConnectParams::decode(&b.connect_params().encode()).expect("b params");
+        let ga = Geometry::negotiate(&a, &pb).expect("a negotiates");
+        let gb = Geometry::negotiate(&b, &pa).expect("b negotiates");
+        Pair {
+            a: Endpoint::new(&a, ga, None),
+            b: Endpoint::new(&b, gb, Some(srq)),
+            raw: false,
         }
     }
 
