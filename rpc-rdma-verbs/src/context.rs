@@ -170,6 +170,8 @@ pub struct DeviceAttr {
     /// Outstanding RDMA READ/atomic requests a QP can issue (initiator depth).
     pub max_qp_init_rd_atom: u32,
     pub max_srq: u32,
+    /// Receives one shared receive queue can hold.
+    pub max_srq_wr: u32,
     pub phys_port_cnt: u8,
 }
 
@@ -203,6 +205,7 @@ impl DeviceAttr {
             max_qp_rd_atom: nonneg(a.max_qp_rd_atom),
             max_qp_init_rd_atom: nonneg(a.max_qp_init_rd_atom),
             max_srq: nonneg(a.max_srq),
+            max_srq_wr: nonneg(a.max_srq_wr),
             phys_port_cnt: a.phys_port_cnt,
         }
     }

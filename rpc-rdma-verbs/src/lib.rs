@@ -14,6 +14,7 @@
 //! | completion queue | [`CompletionQueue`] | `cq.rs` |
 //! | work completion, its errors | [`WorkCompletion`], [`WcError`] | `wc.rs`, `error.rs` |
 //! | queue pair (RC, via rdma_cm) | [`QueuePair`], [`QpCapabilities`] | `qp.rs` |
+//! | shared receive queue | [`SharedReceiveQueue`] | `srq.rs` |
 //! | work requests | [`SendRequest`], [`RecvRequest`], [`Sge`], [`SendOp`] | `wr.rs` |
 //! | skip-or-require-a-device helpers for tests | [`test_support`] | `test_support.rs` |
 //!
@@ -24,7 +25,8 @@
 //!
 //! ```text
 //! QueuePair ──> CompletionQueue ──> CompletionChannel ──> Context
-//!     │    └──> ProtectionDomain ──────────────────────────┘
+//!     │ │  └──> ProtectionDomain ──────────────────────────┘
+//!     │ └─────> SharedReceiveQueue ──> ProtectionDomain
 //!     └──────> CmId (rdma_cm_id) ──> EventChannel
 //! MemoryRegion ──> ProtectionDomain <── MemoryWindow
 //! ```
@@ -71,6 +73,7 @@ mod mw;
 mod pd;
 mod qp;
 mod sockaddr;
+mod srq;
 pub mod test_support;
 mod wc;
 mod wr;
@@ -89,6 +92,7 @@ pub use mr::{AccessFlags, AlignedBuffer, Borrowed, MemoryRegion, StableBuffer};
 pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
 pub use qp::{QpCapabilities, QpInitAttr, QueuePair};
+pub use srq::SharedReceiveQueue;
 pub use wc::{WcOpcode, WorkCompletion};
 pub use wr::{RecvRequest, RemoteAddr, SendFlags, SendOp, SendRequest, Sge};
 

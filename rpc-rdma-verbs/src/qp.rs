@@ -16,6 +16,7 @@ use super::error::{check, Result, VerbsError};
 use super::mr::{AccessFlags, MemoryRegion, StableBuffer};
 use super::mw::MemoryWindow;
 use super::pd::ProtectionDomain;
+use super::srq::SharedReceiveQueue;
 use super::wr::{RecvRequest, SendFlags, SendOp, SendRequest, Sge};
 
 /// Queue sizes and limits of a QP (`ibv_qp_cap`). On creation the device may round them up;
@@ -50,6 +51,9 @@ pub struct QpInitAttr {
     pub caps: QpCapabilities,
     /// Every send generates a completion (else only those with [`SendFlags::SIGNALED`]).
     pub sq_sig_all: bool,
+    /// Receives come from this shared receive queue (the QP then has no receive queue of
+    /// its own: `caps.max_recv_wr` is ignored and `post_recv` fails).
+    pub srq: Option<Arc<SharedReceiveQueue>>,
 }
 
 /// An RC queue pair. Holds `Arc`s to its completion queues, protection domain and rdma_cm id,
@@ -62,6 +66,7 @@ pub struct QueuePair {
     send_cq: Arc<CompletionQueue>,
     recv_cq: Arc<CompletionQueue>,
     pd: Arc<ProtectionDomain>,
+    srq: Option<Arc<SharedReceiveQueue>>,
 }
 
 // SAFETY: posting to a QP is thread-safe (providers lock each queue); destruction goes through
@@ -81,9 +86,18 @@ impl QueuePair {
                 "the completion queues belong to another device than the protection domain",
             ));
         }
+        if let Some(srq) = &attr.srq {
+            if srq.pd().as_ptr() != pd.as_ptr() {
+                return Err(VerbsError::invalid(
+                    "rdma_create_qp",
+                    "the shared receive queue belongs to another protection domain",
+                ));
+            }
+        }
+        let shared = attr.srq.is_some();
         let cap = ibv_qp_cap {
             max_send_wr: attr.caps.max_send_wr,
-            max_recv_wr: attr.caps.max_recv_wr,
+            max_recv_wr: if shared { 0 } else { attr.caps.max_recv_wr },
             max_send_sge: attr.caps.max_send_sge,
             max_recv_sge: attr.caps.max_recv_sge,
             max_inline_data: attr.caps.max_inline_data,
@@ -92,7 +106,7 @@ impl QueuePair {
             qp_context: ptr::null_mut(),
             send_cq: attr.send_cq.as_ptr(),
             recv_cq: attr.recv_cq.as_ptr(),
-            srq: ptr::null_mut(),
+            srq: attr.srq.as_ref().map_or(ptr::null_mut(), |s| s.as_ptr()),
             cap,
             qp_type: ibv_qp_type::IBV_QPT_RC,
             sq_sig_all: c_int::from(attr.sq_sig_all),
@@ -136,6 +150,7 @@ impl QueuePair {
             send_cq: attr.send_cq,
             recv_cq: attr.recv_cq,
             pd: Arc::clone(pd),
+            srq: attr.srq,
         })
     }
 
@@ -165,6 +180,11 @@ impl QueuePair {
 
     pub fn pd(&self) -> &Arc<ProtectionDomain> {
         &self.pd
+    }
+
+    /// The shared receive queue the QP receives from, if any.
+    pub fn srq(&self) -> Option<&Arc<SharedReceiveQueue>> {
+        self.srq.as_ref()
     }
 
     /// Posts one send-queue work request.
@@ -407,7 +427,7 @@ fn build_send_wr(wr: &SendRequest<'_>) -> Result<ibv_send_wr> {
     Ok(raw)
 }
 
-fn build_recv_wr(wr: &RecvRequest<'_>) -> Result<ibv_recv_wr> {
+pub(crate) fn build_recv_wr(wr: &RecvRequest<'_>) -> Result<ibv_recv_wr> {
     let num_sge = c_int::try_from(wr.sges.len())
         .map_err(|_| VerbsError::invalid("ibv_post_recv", "too many SGEs"))?;
     Ok(ibv_recv_wr {
@@ -419,14 +439,14 @@ fn build_recv_wr(wr: &RecvRequest<'_>) -> Result<ibv_recv_wr> {
 }
 
 /// How many chained requests precede `bad` (all of them were posted).
-fn posted_before<T>(base: *mut T, bad: *mut T) -> usize {
+pub(crate) fn posted_before<T>(base: *mut T, bad: *mut T) -> usize {
     if bad.is_null() {
         return 0;
     }
     (bad as usize).saturating_sub(base as usize) / std::mem::size_of::<T>().max(1)
 }
 
-fn post_result(verb: &'static str, ret: c_int, posted: usize) -> Result<()> {
+pub(crate) fn post_result(verb: &'static str, ret: c_int, posted: usize) -> Result<()> {
     match check(verb, ret) {
         Ok(()) => Ok(()),
         Err(e) => Err(VerbsError::Post {

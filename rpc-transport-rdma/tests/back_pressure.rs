@@ -76,6 +76,7 @@ impl SilentServer {
                 recv_cq: cq.clone(),
                 caps: QpCapabilities::default(),
                 sq_sig_all: false,
+                srq: None,
             },
         )
         .expect("qp");

@@ -73,6 +73,7 @@ impl HostilePeer {
                     ..QpCapabilities::default()
                 },
                 sq_sig_all: false,
+                srq: None,
             },
         )
         .expect("qp");

@@ -84,6 +84,7 @@ impl Endpoint {
                 recv_cq: Arc::clone(&recv_cq),
                 caps,
                 sq_sig_all: false,
+                srq: None,
             },
         )
         .expect("rdma_create_qp");

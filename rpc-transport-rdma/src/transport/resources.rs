@@ -61,6 +61,7 @@ impl Resources {
                     max_inline_data: config.max_inline,
                 },
                 sq_sig_all: false,
+                srq: None,
             },
         )
         .map_err(|e| verbs_status("rdma_create_qp", e))?;

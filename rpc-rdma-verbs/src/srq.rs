@@ -1,0 +1,107 @@
+//! Shared receive queue (`ibv_srq`): one pool of posted receives for many queue pairs.
+
+use std::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use rdma_sys::{
+    ibv_create_srq, ibv_destroy_srq, ibv_post_srq_recv, ibv_recv_wr, ibv_srq, ibv_srq_attr,
+    ibv_srq_init_attr,
+};
+
+use super::error::{check, Result, VerbsError};
+use super::pd::ProtectionDomain;
+use super::qp::{build_recv_wr, post_result, posted_before};
+use super::wr::RecvRequest;
+
+/// A shared receive queue. Queue pairs created on it ([`super::QpInitAttr::srq`]) hold an
+/// `Arc`, so it is destroyed after them; it holds an `Arc` to its protection domain. A
+/// receive completion of an SRQ names the QP that received (`qp_num`), not the receive's
+/// owner: route by it.
+#[derive(Debug)]
+pub struct SharedReceiveQueue {
+    raw: NonNull<ibv_srq>,
+    max_wr: u32,
+    pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: posting to an SRQ is thread-safe (providers lock it); the handle is immutable
+// after creation.
+unsafe impl Send for SharedReceiveQueue {}
+// SAFETY: see `Send`.
+unsafe impl Sync for SharedReceiveQueue {}
+
+impl SharedReceiveQueue {
+    /// Creates an SRQ on `pd` holding at least `max_wr` receives of at most `max_sge`
+    /// entries each.
+    pub fn new(
+        pd: &Arc<ProtectionDomain>,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<Arc<SharedReceiveQueue>> {
+        let mut init = ibv_srq_init_attr {
+            srq_context: ptr::null_mut(),
+            attr: ibv_srq_attr {
+                max_wr,
+                max_sge,
+                srq_limit: 0,
+            },
+        };
+        // SAFETY: the PD is alive (we hold an Arc); `init` is valid and receives the granted
+        // sizes.
+        let raw = unsafe { ibv_create_srq(pd.as_ptr(), &mut init) };
+        let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last_os("ibv_create_srq"))?;
+        Ok(Arc::new(SharedReceiveQueue {
+            raw,
+            max_wr: init.attr.max_wr,
+            pd: Arc::clone(pd),
+        }))
+    }
+
+    /// Receives the queue can hold (at least what was asked for).
+    pub fn max_wr(&self) -> u32 {
+        self.max_wr
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+
+    /// Posts several receives at once. On error, `VerbsError::Post` says how many were
+    /// posted before the failing one.
+    ///
+    /// # Safety
+    /// The memory each SGE names must stay valid and registered, and must not be accessed,
+    /// until the receive's completion has been polled or the SRQ and every QP on it are
+    /// destroyed: the device writes it whenever a SEND for any of those QPs arrives.
+    pub unsafe fn post_recv_list(&self, wrs: &[RecvRequest<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let mut raws = wrs.iter().map(build_recv_wr).collect::<Result<Vec<_>>>()?;
+        let base = raws.as_mut_ptr();
+        for i in 1..raws.len() {
+            // SAFETY: in bounds, and `raws` is not resized after this.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        let mut bad: *mut ibv_recv_wr = ptr::null_mut();
+        // SAFETY: the SRQ is alive; the chained requests and their SGEs are valid for the
+        // call; the memory contract is the caller's.
+        let ret = unsafe { ibv_post_srq_recv(self.raw.as_ptr(), base, &mut bad) };
+        post_result("ibv_post_srq_recv", ret, posted_before(base, bad))
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ibv_srq {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        // SAFETY: QPs on this SRQ hold Arcs to it, so none is left; the PD is alive (field).
+        let ret = unsafe { ibv_destroy_srq(self.raw.as_ptr()) };
+        if let Err(e) = check("ibv_destroy_srq", ret) {
+            tracing::warn!(error = %e, "destroying a shared receive queue failed");
+        }
+    }
+}
