@@ -511,3 +511,52 @@ async fn kept_replies_never_stall_the_connection() {
         client.echo(EchoRequest::default()).await.unwrap();
     }
 }
+
+/// Both sides start with the smallest window (three receives posted, two data credits); 16
+/// calls in flight make each side double the other's window until it covers them. Every
+/// call completes, and the client ends up with more credits than it started with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+async fn smallest_windows_grow_under_sixteen_calls_in_flight() {
+    if !device() {
+        return;
+    }
+    let rdma = RdmaConfig {
+        recv_window: Some(3),
+        ..RdmaConfig::default()
+    };
+    let server = start(&Tester::default(), rdma.clone());
+    let calls = Arc::new(rpc_core::CallTable::new());
+    let addr = server.local_url().trim_start_matches("rdma://");
+    let transport = rpc_transport_rdma::RdmaClient::connect(addr, calls.clone(), &rdma)
+        .expect("rdma client connects");
+    assert_eq!(
+        transport.stats().send_credits,
+        3,
+        "the server's initial window"
+    );
+    let channel = Channel::new(calls, transport.clone(), rpc_core::ChannelConfig::default());
+    let client = EchoClient::new(channel);
+    let done: Vec<u64> = stream::iter(0..2_000u64)
+        .map(|seq| {
+            let client = client.clone();
+            async move {
+                let mut request = Request::new(EchoRequest {
+                    payload: pattern(64, seq).into(),
+                    seq,
+                });
+                request.set_timeout(Duration::from_secs(20));
+                client.echo(request).await.expect("a call").into_inner().seq
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert_eq!(done.len(), 2_000);
+    let stats = transport.stats();
+    assert!(
+        stats.send_credits + stats.pending_credit_return > 3 && stats.recv_window > 3,
+        "neither window grew: {stats:?}"
+    );
+    assert!(stats.recv_window <= RdmaConfig::default().slots);
+}

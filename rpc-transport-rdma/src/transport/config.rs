@@ -88,10 +88,16 @@ pub struct RdmaConfig {
     /// Buffers the peer may be writing into at once; further requests wait their turn.
     pub large_max_grants: u32,
     /// Receive slots the application may hold at once as zero-copy views of received
-    /// messages (`0..=slots - 3`); `None`: a quarter of the ring. Past it, received messages
-    /// are handed up as copies and their slots go straight back to the ring, so keeping
-    /// received `Bytes` never starves a connection of receives or its peer of credits.
+    /// messages (`0..=window - 3`); `None`: a quarter of the initial window (`recv_window`).
+    /// Past it, received messages are handed up as copies and their slots go straight back
+    /// to the ring, so keeping received `Bytes` never starves a connection of receives or
+    /// its peer of credits.
     pub lend_limit: Option<u32>,
+    /// Receive slots posted at first, the peer's initial credits (`3..=slots`); `None`: all
+    /// of them. A peer that uses up the window gets it doubled, up to `slots` (see
+    /// docs/PROTOCOL.md, "Receive windows"). The lend limit and the credit threshold follow
+    /// this initial window.
+    pub recv_window: Option<u32>,
     /// Entries of each completion queue the connections of one device share (the device's
     /// limit permitting). A connection reserves room for its whole send and receive queues
     /// on a CQ; once no CQ has room, another is created.
@@ -120,6 +126,7 @@ impl Default for RdmaConfig {
             large_cache: 64 << 20,
             large_max_grants: 16,
             lend_limit: None,
+            recv_window: None,
             cq_entries: 16 * 1024,
             control_queue: 1024,
         }
@@ -140,6 +147,7 @@ impl RdmaConfig {
             recv_slot_size: self.slot_size,
             max_inline,
             lend_limit: self.lend_limit,
+            recv_window: self.recv_window,
             large: crate::protocol::LargeConfig {
                 chunk_size: self.large_chunk,
                 write_window: self.large_write_window,

@@ -91,10 +91,17 @@ impl Conn {
                 // SAFETY: the receive into `slot` just completed; the slot is not posted again
                 // until the protocol's `PostRecv` for it, which comes after `release_recv`.
                 let bytes = unsafe { self.res.recv_slot(slot) };
-                state
+                let outcome = state
                     .proto
                     .on_recv_complete(slot, wc.byte_len(), bytes)
-                    .map(|frame| received.extend(frame.map(Arrival::Slot)))
+                    .map(|frame| received.extend(frame.map(Arrival::Slot)));
+                // The ring is registered and the receive queue sized for every slot: back
+                // all the window the peer asks for (the `PostRecv`s come first).
+                let wanted = state.proto.window_wanted();
+                if wanted > 0 {
+                    state.proto.grow_window(wanted);
+                }
+                outcome
             }
             WorkId::Write(transfer) => state.proto.on_write_complete(transfer),
             WorkId::Bind(grant) => state.proto.on_bind_complete(grant),
