@@ -88,9 +88,12 @@ fn two_qps_share_one_receive_queue() {
     let server = spawn("listener", move || {
         let mut ids = Vec::new();
         let mut qps = Vec::new();
+        let mut client_of = HashMap::new();
         let mut shared = None;
         for _ in 0..CLIENTS {
             let request = listener.get_request().expect("rdma_get_request");
+            // Clients connect in any order; each names itself in its private data.
+            let client = request.private_data[0];
             let (pd, srq, cq, _mr) = shared.get_or_insert_with(|| {
                 let ctx = request.id.context().expect("cm_id context");
                 let attr = ctx.query_device().expect("ibv_query_device");
@@ -120,15 +123,13 @@ fn two_qps_share_one_receive_queue() {
             .expect("QP on the SRQ");
             assert!(Arc::ptr_eq(qp.srq().expect("the SRQ"), srq));
             request.id.accept(&conn_param(&[])).expect("rdma_accept");
-            qps.push(qp);
+            client_of.insert(qp.qp_num(), client);
+            qps.resize_with(qps.len().max(usize::from(client) + 1), || None);
+            qps[usize::from(client)] = Some(qp);
             ids.push(request.id);
         }
         let (_pd, srq, cq, mr) = shared.expect("two clients");
-        let client_of: HashMap<u32, u8> = qps
-            .iter()
-            .enumerate()
-            .map(|(i, qp)| (qp.qp_num(), i as u8))
-            .collect();
+        let qps: Vec<QueuePair> = qps.into_iter().map(|qp| qp.expect("each client")).collect();
         let mut next = [0u32; CLIENTS];
         for _ in 0..CLIENTS as u32 * ROUNDS {
             let wc = poll_one(&cq, "a message in the SRQ");
@@ -193,7 +194,7 @@ fn two_qps_share_one_receive_queue() {
                     // SAFETY: `credits_mr` outlives the QP (dropped after it below).
                     unsafe { qp.post_recv(&wr) }.expect("ibv_post_recv");
                 }
-                id.connect(&conn_param(&[])).expect("rdma_connect");
+                id.connect(&conn_param(&[client])).expect("rdma_connect");
                 // Two credits each: the SRQ's four buffers cover both clients exactly.
                 let mut credits = BUFFERS / CLIENTS;
                 for round in 0..ROUNDS {
