@@ -10,7 +10,7 @@ use super::action::SendTarget;
 use super::credits::{RESERVED_CREDITS, UNLENT_SLOTS};
 use super::error::ParamsError;
 use super::large::LargeConfig;
-use super::params::{validate_ring, validate_window, ConnectParams, TRANSPORT_VERSION};
+use super::params::{in_range, validate_ring, validate_window, ConnectParams, TRANSPORT_VERSION};
 
 /// Bytes of the per-connection control buffer that carries credit-only frames. It sits right
 /// after the send ring in the same registered region. A credit-only frame is a bare header,
@@ -133,17 +133,7 @@ impl Config {
         validate_ring("local send ring", self.send_slots, self.send_slot_size)?;
         validate_ring("local receive ring", self.recv_slots, self.recv_slot_size)?;
         let knob = |what, value: Option<u32>, default: u32, min: u32, max: u32| {
-            let value = value.unwrap_or(default);
-            if (min..=max).contains(&value) {
-                Ok(value)
-            } else {
-                Err(ParamsError::PolicyOutOfRange {
-                    what,
-                    value,
-                    min,
-                    max,
-                })
-            }
+            in_range(what, value.unwrap_or(default), min, max)
         };
         let s = self.send_slots;
         let r = self.window();

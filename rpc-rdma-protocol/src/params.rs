@@ -160,6 +160,25 @@ impl ConnectParams {
     }
 }
 
+/// `value` if it lies in `min..=max`, else [`ParamsError::PolicyOutOfRange`] naming `what`.
+pub(crate) fn in_range(
+    what: &'static str,
+    value: u32,
+    min: u32,
+    max: u32,
+) -> Result<u32, ParamsError> {
+    if (min..=max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(ParamsError::PolicyOutOfRange {
+            what,
+            value,
+            min,
+            max,
+        })
+    }
+}
+
 /// Validates a receive window: at least [`UNLENT_SLOTS`] (the reserved credit and two to
 /// return), at most the ring.
 pub(crate) fn validate_window(

@@ -24,6 +24,7 @@
 
 use super::credits::UNLENT_SLOTS;
 use super::error::ParamsError;
+use super::params::in_range;
 
 /// Bounds of a [`SharedPool`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,18 +54,7 @@ impl PoolConfig {
     /// Checks the bounds: a chunk holds at least the slack and one smallest window, and
     /// the queue at least a chunk.
     pub fn validate(&self) -> Result<(), ParamsError> {
-        let range = |what, value: u32, min: u32, max: u32| {
-            if (min..=max).contains(&value) {
-                Ok(())
-            } else {
-                Err(ParamsError::PolicyOutOfRange {
-                    what,
-                    value,
-                    min,
-                    max,
-                })
-            }
-        };
+        let range = |what, value, min, max| in_range(what, value, min, max).map(drop);
         range(
             "pool.buffer_size",
             self.buffer_size,

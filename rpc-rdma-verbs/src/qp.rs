@@ -353,12 +353,8 @@ impl QueuePair {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut raws = wrs.iter().map(build_recv_wr).collect::<Result<Vec<_>>>()?;
+        let mut raws = build_recv_list(wrs)?;
         let base = raws.as_mut_ptr();
-        for i in 1..raws.len() {
-            // SAFETY: in bounds, and `raws` is not resized after this.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
         let mut bad: *mut ibv_recv_wr = ptr::null_mut();
         // SAFETY: the QP is alive; the chained requests and their SGEs are valid for the call.
         let ret = unsafe { ibv_post_recv(self.raw.as_ptr(), base, &mut bad) };
@@ -427,7 +423,20 @@ fn build_send_wr(wr: &SendRequest<'_>) -> Result<ibv_send_wr> {
     Ok(raw)
 }
 
-pub(crate) fn build_recv_wr(wr: &RecvRequest<'_>) -> Result<ibv_recv_wr> {
+/// Receive requests linked into a list (each `next` points at the following one). The
+/// pointers stay valid while the returned vector is neither moved out of nor resized.
+pub(crate) fn build_recv_list(wrs: &[RecvRequest<'_>]) -> Result<Vec<ibv_recv_wr>> {
+    let mut raws = wrs.iter().map(build_recv_wr).collect::<Result<Vec<_>>>()?;
+    let base = raws.as_mut_ptr();
+    for i in 1..raws.len() {
+        // SAFETY: `i` and `i - 1` are in bounds of `raws`, which is not resized after this
+        // (moving the Vec itself keeps its heap buffer in place).
+        unsafe { (*base.add(i - 1)).next = base.add(i) };
+    }
+    Ok(raws)
+}
+
+fn build_recv_wr(wr: &RecvRequest<'_>) -> Result<ibv_recv_wr> {
     let num_sge = c_int::try_from(wr.sges.len())
         .map_err(|_| VerbsError::invalid("ibv_post_recv", "too many SGEs"))?;
     Ok(ibv_recv_wr {

@@ -10,7 +10,7 @@ use rdma_sys::{
 
 use super::error::{check, Result, VerbsError};
 use super::pd::ProtectionDomain;
-use super::qp::{build_recv_wr, post_result, posted_before};
+use super::qp::{build_recv_list, post_result, posted_before};
 use super::wr::RecvRequest;
 
 /// A shared receive queue. Queue pairs created on it ([`super::QpInitAttr::srq`]) hold an
@@ -78,12 +78,8 @@ impl SharedReceiveQueue {
         if wrs.is_empty() {
             return Ok(());
         }
-        let mut raws = wrs.iter().map(build_recv_wr).collect::<Result<Vec<_>>>()?;
+        let mut raws = build_recv_list(wrs)?;
         let base = raws.as_mut_ptr();
-        for i in 1..raws.len() {
-            // SAFETY: in bounds, and `raws` is not resized after this.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
         let mut bad: *mut ibv_recv_wr = ptr::null_mut();
         // SAFETY: the SRQ is alive; the chained requests and their SGEs are valid for the
         // call; the memory contract is the caller's.

@@ -19,11 +19,11 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{poll_one, spawn, wait_one};
+use common::{conn_param, poll_one, spawn, wait_one};
 use rpc_transport_rdma::verbs::{
-    test_support, AccessFlags, CmEventKind, CmId, CompletionChannel, CompletionQueue, ConnParam,
-    EventChannel, MemoryRegion, ProtectionDomain, QpCapabilities, QpInitAttr, QueuePair,
-    RecvRequest, RemoteAddr, SendFlags, SendOp, SendRequest, VerbsError, WcError, WcOpcode,
+    test_support, AccessFlags, CmEventKind, CmId, CompletionChannel, CompletionQueue, EventChannel,
+    MemoryRegion, ProtectionDomain, QpCapabilities, QpInitAttr, QueuePair, RecvRequest, RemoteAddr,
+    SendFlags, SendOp, SendRequest, VerbsError, WcError, WcOpcode,
 };
 
 /// Bytes per message slot.
@@ -39,14 +39,6 @@ const IMM_AFTER_WRITE: u32 = 0x00C0_FFEE;
 const IMM_WITH_WRITE: u32 = 0xBEEF;
 const HELLO: &[u8] = b"pingpong/1";
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn conn_param(private_data: &[u8]) -> ConnParam<'_> {
-    ConnParam {
-        private_data,
-        rnr_retry_count: 0,
-        ..ConnParam::default()
-    }
-}
 
 /// One side of a connection. Fields drop in order: the QP goes before the memory it used.
 struct Endpoint {

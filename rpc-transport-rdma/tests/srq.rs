@@ -17,9 +17,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{poll_one, spawn};
+use common::{conn_param, poll_one, spawn};
 use rpc_transport_rdma::verbs::{
-    test_support, AccessFlags, CmId, CompletionQueue, ConnParam, MemoryRegion, ProtectionDomain,
+    test_support, AccessFlags, CmId, CompletionQueue, MemoryRegion, ProtectionDomain,
     QpCapabilities, QpInitAttr, QueuePair, RecvRequest, SendFlags, SendOp, SharedReceiveQueue,
     WcOpcode,
 };
@@ -31,14 +31,6 @@ const BUFFERS: usize = 4;
 const CLIENTS: usize = 2;
 const ROUNDS: u32 = 100;
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn conn_param(private_data: &[u8]) -> ConnParam<'_> {
-    ConnParam {
-        private_data,
-        rnr_retry_count: 0,
-        ..ConnParam::default()
-    }
-}
 
 fn caps() -> QpCapabilities {
     QpCapabilities {

@@ -5,7 +5,16 @@
 
 use std::time::{Duration, Instant};
 
-use rpc_transport_rdma::verbs::{CompletionChannel, CompletionQueue, WorkCompletion};
+use rpc_transport_rdma::verbs::{CompletionChannel, CompletionQueue, ConnParam, WorkCompletion};
+
+/// Connection parameters with `rnr_retry_count = 0`: a missing receive fails at once.
+pub fn conn_param(private_data: &[u8]) -> ConnParam<'_> {
+    ConnParam {
+        private_data,
+        rnr_retry_count: 0,
+        ..ConnParam::default()
+    }
+}
 
 /// How long any single wait may take before the test fails instead of hanging.
 pub const WAIT_LIMIT: Duration = Duration::from_secs(30);

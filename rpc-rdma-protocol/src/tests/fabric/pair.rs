@@ -23,27 +23,23 @@ pub(crate) struct Pair {
 impl Pair {
     /// Negotiates both sides from their configurations, as rdma_cm private data would.
     pub(crate) fn new(a: Config, b: Config) -> Pair {
-        let pa = crate::ConnectParams::decode(&a.connect_params().encode()).expect("a params");
-        let pb = crate::ConnectParams::decode(&b.connect_params().encode()).expect("b params");
-        let ga = Geometry::negotiate(&a, &pb).expect("a negotiates");
-        let gb = Geometry::negotiate(&b, &pa).expect("b negotiates");
-        Pair {
-            a: Endpoint::new(&a, ga, None),
-            b: Endpoint::new(&b, gb, None),
-            raw: false,
-        }
+        Pair::connect(a, b, None)
     }
 
     /// A pair whose side b (the server) takes its receives from `srq`, which must have
     /// admitted b's window already.
     pub(crate) fn with_srq(a: Config, b: Config, srq: SharedRq) -> Pair {
+        Pair::connect(a, b, Some(srq))
+    }
+
+    fn connect(a: Config, b: Config, srq: Option<SharedRq>) -> Pair {
         let pa = crate::ConnectParams::decode(&a.connect_params().encode()).expect("a params");
         let pb = crate::ConnectParams::decode(&b.connect_params().encode()).expect("b params");
         let ga = Geometry::negotiate(&a, &pb).expect("a negotiates");
         let gb = Geometry::negotiate(&b, &pa).expect("b negotiates");
         Pair {
             a: Endpoint::new(&a, ga, None),
-            b: Endpoint::new(&b, gb, Some(srq)),
+            b: Endpoint::new(&b, gb, srq),
             raw: false,
         }
     }
