@@ -350,15 +350,11 @@ impl QueuePair {
     /// # Safety
     /// As for [`QueuePair::post_recv`], for every request.
     pub unsafe fn post_recv_list(&self, wrs: &[RecvRequest<'_>]) -> Result<()> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        let mut raws = build_recv_list(wrs)?;
-        let base = raws.as_mut_ptr();
-        let mut bad: *mut ibv_recv_wr = ptr::null_mut();
-        // SAFETY: the QP is alive; the chained requests and their SGEs are valid for the call.
-        let ret = unsafe { ibv_post_recv(self.raw.as_ptr(), base, &mut bad) };
-        post_result("ibv_post_recv", ret, posted_before(base, bad))
+        post_recv_chain("ibv_post_recv", wrs, |first, bad| {
+            // SAFETY: the QP is alive; the chained requests and their SGEs are valid for the
+            // call; the memory contract is the caller's.
+            unsafe { ibv_post_recv(self.raw.as_ptr(), first, bad) }
+        })
     }
 }
 
@@ -423,17 +419,26 @@ fn build_send_wr(wr: &SendRequest<'_>) -> Result<ibv_send_wr> {
     Ok(raw)
 }
 
-/// Receive requests linked into a list (each `next` points at the following one). The
-/// pointers stay valid while the returned vector is neither moved out of nor resized.
-pub(crate) fn build_recv_list(wrs: &[RecvRequest<'_>]) -> Result<Vec<ibv_recv_wr>> {
+/// Builds `wrs` as one chain (each `next` points at the following request) and hands its
+/// head to `post` (`ibv_post_recv` or `ibv_post_srq_recv`); on error, says how many were
+/// posted before the failing one.
+pub(crate) fn post_recv_chain(
+    verb: &'static str,
+    wrs: &[RecvRequest<'_>],
+    post: impl FnOnce(*mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int,
+) -> Result<()> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
     let mut raws = wrs.iter().map(build_recv_wr).collect::<Result<Vec<_>>>()?;
     let base = raws.as_mut_ptr();
     for i in 1..raws.len() {
-        // SAFETY: `i` and `i - 1` are in bounds of `raws`, which is not resized after this
-        // (moving the Vec itself keeps its heap buffer in place).
+        // SAFETY: `i` and `i - 1` are in bounds of `raws`, which is not resized after this.
         unsafe { (*base.add(i - 1)).next = base.add(i) };
     }
-    Ok(raws)
+    let mut bad: *mut ibv_recv_wr = ptr::null_mut();
+    let ret = post(base, &mut bad);
+    post_result(verb, ret, posted_before(base, bad))
 }
 
 fn build_recv_wr(wr: &RecvRequest<'_>) -> Result<ibv_recv_wr> {
@@ -448,14 +453,14 @@ fn build_recv_wr(wr: &RecvRequest<'_>) -> Result<ibv_recv_wr> {
 }
 
 /// How many chained requests precede `bad` (all of them were posted).
-pub(crate) fn posted_before<T>(base: *mut T, bad: *mut T) -> usize {
+fn posted_before<T>(base: *mut T, bad: *mut T) -> usize {
     if bad.is_null() {
         return 0;
     }
     (bad as usize).saturating_sub(base as usize) / std::mem::size_of::<T>().max(1)
 }
 
-pub(crate) fn post_result(verb: &'static str, ret: c_int, posted: usize) -> Result<()> {
+fn post_result(verb: &'static str, ret: c_int, posted: usize) -> Result<()> {
     match check(verb, ret) {
         Ok(()) => Ok(()),
         Err(e) => Err(VerbsError::Post {

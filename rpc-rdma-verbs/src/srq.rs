@@ -4,13 +4,12 @@ use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
 use rdma_sys::{
-    ibv_create_srq, ibv_destroy_srq, ibv_post_srq_recv, ibv_recv_wr, ibv_srq, ibv_srq_attr,
-    ibv_srq_init_attr,
+    ibv_create_srq, ibv_destroy_srq, ibv_post_srq_recv, ibv_srq, ibv_srq_attr, ibv_srq_init_attr,
 };
 
 use super::error::{check, Result, VerbsError};
 use super::pd::ProtectionDomain;
-use super::qp::{build_recv_list, post_result, posted_before};
+use super::qp::post_recv_chain;
 use super::wr::RecvRequest;
 
 /// A shared receive queue. Queue pairs created on it ([`super::QpInitAttr::srq`]) hold an
@@ -75,16 +74,11 @@ impl SharedReceiveQueue {
     /// until the receive's completion has been polled or the SRQ and every QP on it are
     /// destroyed: the device writes it whenever a SEND for any of those QPs arrives.
     pub unsafe fn post_recv_list(&self, wrs: &[RecvRequest<'_>]) -> Result<()> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
-        let mut raws = build_recv_list(wrs)?;
-        let base = raws.as_mut_ptr();
-        let mut bad: *mut ibv_recv_wr = ptr::null_mut();
-        // SAFETY: the SRQ is alive; the chained requests and their SGEs are valid for the
-        // call; the memory contract is the caller's.
-        let ret = unsafe { ibv_post_srq_recv(self.raw.as_ptr(), base, &mut bad) };
-        post_result("ibv_post_srq_recv", ret, posted_before(base, bad))
+        post_recv_chain("ibv_post_srq_recv", wrs, |first, bad| {
+            // SAFETY: the SRQ is alive; the chained requests and their SGEs are valid for the
+            // call; the memory contract is the caller's.
+            unsafe { ibv_post_srq_recv(self.raw.as_ptr(), first, bad) }
+        })
     }
 
     pub(crate) fn as_ptr(&self) -> *mut ibv_srq {
