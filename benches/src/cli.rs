@@ -154,6 +154,19 @@ pub struct RdmaArgs {
     #[arg(long, value_name = "BYTES",
           value_parser = clap::value_parser!(u32).range(64..=16 * 1024 * 1024))]
     pub slot_size: Option<u32>,
+    /// Where RDMA receives land: a ring per connection, or one shared receive queue per
+    /// process (default: the library's).
+    #[arg(long, value_enum)]
+    pub recv: Option<RecvArg>,
+}
+
+/// Where RDMA receives land (`--recv`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RecvArg {
+    /// A ring of receive slots registered and posted per connection.
+    Ring,
+    /// One shared receive queue, with the library's default bounds.
+    Shared,
 }
 
 impl RdmaArgs {
@@ -174,6 +187,13 @@ impl RdmaArgs {
         }
         if let Some(slot_size) = self.slot_size {
             config.slot_size = slot_size;
+        }
+        match self.recv {
+            Some(RecvArg::Ring) => config.shared_recv = None,
+            Some(RecvArg::Shared) => {
+                config.shared_recv = Some(config.shared_recv.unwrap_or_default());
+            }
+            None => {}
         }
         config
     }

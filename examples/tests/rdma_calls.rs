@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use rdma_rpc::prelude::*;
-use rdma_rpc::{RdmaConfig, ServeOptions, ServerHandle};
+use rdma_rpc::{RdmaConfig, ServeOptions, ServerHandle, SharedRecvConfig};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -451,12 +451,33 @@ async fn kept_replies_never_stall_the_connection() {
     if !device() {
         return;
     }
-    let server = start(&Tester::default(), RdmaConfig::default());
+    keep_every_reply(RdmaConfig::default(), RdmaConfig::default().slots / 4).await;
+}
+
+/// The same with both sides on shared receive queues: a kept reply keeps its SRQ buffer
+/// only within the lend limit (a quarter of the initial window); the others are copied and
+/// their buffers re-posted, so the queue never runs dry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+async fn kept_replies_never_drain_a_shared_receive_queue() {
+    if !device() {
+        return;
+    }
+    let rdma = RdmaConfig {
+        shared_recv: Some(SharedRecvConfig::default()),
+        ..RdmaConfig::default()
+    };
+    keep_every_reply(rdma, rdma_rpc::DEFAULT_SHARED_WINDOW / 4).await;
+}
+
+/// 4,000 calls at 16 in flight whose replies the application keeps; at most `limit` of
+/// them may hold a receive slot.
+async fn keep_every_reply(rdma: RdmaConfig, limit: u32) {
+    let server = start(&Tester::default(), rdma.clone());
     let calls = Arc::new(rpc_core::CallTable::new());
     let addr = server.local_url().trim_start_matches("rdma://");
-    let transport =
-        rpc_transport_rdma::RdmaClient::connect(addr, calls.clone(), &RdmaConfig::default())
-            .expect("rdma client connects");
+    let transport = rpc_transport_rdma::RdmaClient::connect(addr, calls.clone(), &rdma)
+        .expect("rdma client connects");
     let channel = Channel::new(calls, transport.clone(), rpc_core::ChannelConfig::default());
     let client = EchoClient::new(channel);
     let started = Instant::now();
@@ -482,7 +503,6 @@ async fn kept_replies_never_stall_the_connection() {
     // Slots of copied replies are released in batches by the thread that delivered them
     // (at the latest on the engine's next empty poll), so a few may still count as held for
     // a moment; the kept ones never are released.
-    let limit = RdmaConfig::default().slots / 4;
     let until = Instant::now() + Duration::from_secs(2);
     let stats = loop {
         let stats = transport.stats();

@@ -17,4 +17,6 @@ pub use rpc_rdma_verbs as verbs;
 
 mod transport;
 
-pub use transport::{PollMode, RdmaClient, RdmaConfig, RdmaServer};
+pub use transport::{
+    PollMode, RdmaClient, RdmaConfig, RdmaServer, SharedRecvConfig, DEFAULT_SHARED_WINDOW,
+};

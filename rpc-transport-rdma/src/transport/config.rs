@@ -38,6 +38,36 @@ impl Default for PollMode {
     }
 }
 
+/// The initial receive window of a connection on a shared receive queue, unless
+/// [`RdmaConfig::recv_window`] says otherwise: what every connection commits however idle
+/// (a busy one has it doubled while the queue has buffers to spare).
+pub const DEFAULT_SHARED_WINDOW: u32 = 4;
+
+/// Bounds of a shared receive queue ([`RdmaConfig::shared_recv`]). Past them a connection
+/// is refused (`RESOURCE_EXHAUSTED` naming the numbers), and grown windows give back
+/// released slots until the queue has room again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedRecvConfig {
+    /// Buffers registered and posted at a time, as connections need them.
+    pub chunk: u32,
+    /// Most buffers the queue holds (the device's `max_srq_wr` permitting).
+    pub max_buffers: u32,
+    /// Posted buffers never committed to a window: they absorb the frames a peer sends
+    /// beyond its credits until its connection is closed, so honest peers see no RNR.
+    pub slack: u32,
+}
+
+impl Default for SharedRecvConfig {
+    fn default() -> Self {
+        let pool = crate::protocol::PoolConfig::default();
+        SharedRecvConfig {
+            chunk: pool.chunk,
+            max_buffers: pool.max_buffers,
+            slack: pool.slack,
+        }
+    }
+}
+
 /// Ring geometry and behaviour of RDMA connections.
 ///
 /// ```
@@ -94,10 +124,16 @@ pub struct RdmaConfig {
     /// its peer of credits.
     pub lend_limit: Option<u32>,
     /// Receive slots posted at first, the peer's initial credits (`3..=slots`); `None`: all
-    /// of them. A peer that uses up the window gets it doubled, up to `slots` (see
+    /// of them with a ring of the connection's own, [`DEFAULT_SHARED_WINDOW`] with a shared
+    /// receive queue. A peer that uses up the window gets it doubled, up to `slots` (see
     /// docs/PROTOCOL.md, "Receive windows"). The lend limit and the credit threshold follow
     /// this initial window.
     pub recv_window: Option<u32>,
+    /// Receive from one shared receive queue per device and slot size, with the bounds given,
+    /// instead of a ring of receive slots per connection (see docs/PROTOCOL.md, "Shared
+    /// receive queue"): memory follows the windows the connections use, not their number
+    /// times the ring. `None`: each connection registers and posts its own ring.
+    pub shared_recv: Option<SharedRecvConfig>,
     /// Entries of each completion queue the connections of one device share (the device's
     /// limit permitting). A connection reserves room for its whole send and receive queues
     /// on a CQ; once no CQ has room, another is created.
@@ -127,6 +163,7 @@ impl Default for RdmaConfig {
             large_max_grants: 16,
             lend_limit: None,
             recv_window: None,
+            shared_recv: None,
             cq_entries: 16 * 1024,
             control_queue: 1024,
         }
@@ -147,7 +184,11 @@ impl RdmaConfig {
             recv_slot_size: self.slot_size,
             max_inline,
             lend_limit: self.lend_limit,
-            recv_window: self.recv_window,
+            recv_window: match self.shared_recv {
+                Some(_) => Some(self.recv_window.unwrap_or(DEFAULT_SHARED_WINDOW)),
+                None => self.recv_window,
+            },
+            shared_recv: self.shared_recv.is_some(),
             large: crate::protocol::LargeConfig {
                 chunk_size: self.large_chunk,
                 write_window: self.large_write_window,

@@ -14,7 +14,8 @@ mod large_pool;
 mod resources;
 mod response_sizes;
 mod server;
+mod shared_recv;
 
 pub use client::RdmaClient;
-pub use config::{PollMode, RdmaConfig};
+pub use config::{PollMode, RdmaConfig, SharedRecvConfig, DEFAULT_SHARED_WINDOW};
 pub use server::RdmaServer;

@@ -1,5 +1,6 @@
 //! The verbs objects of one connection, created on the device its cm_id is bound to.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use rpc_core::Status;
@@ -9,24 +10,57 @@ use crate::protocol::WorkId;
 use crate::transport::config::RdmaConfig;
 use crate::transport::engine::{Attachment, Engine, Role};
 use crate::transport::large_pool::LargePool;
+use crate::transport::shared_recv::SharedRecv;
 use crate::verbs::{
     AccessFlags, CmId, MemoryRegion, QpCapabilities, QpInitAttr, QueuePair, RecvRequest, Sge,
     VerbsError,
 };
 
 /// Field order is teardown order: the QP is destroyed before the rings are deregistered,
-/// so no work request can name memory that is gone, and before the attachment gives its
-/// completion-queue entries and tag back.
+/// so no work request can name memory that is gone, before a shared receive queue gets the
+/// connection's commitments back, and before the attachment gives its completion-queue
+/// entries and tag back.
 pub(crate) struct Resources {
     pub(crate) qp: QueuePair,
     pub(crate) send_mr: MemoryRegion,
-    pub(crate) recv_mr: MemoryRegion,
+    pub(crate) recv: RecvMemory,
     /// Buffers and windows of large bodies (shared with the `Bytes` of delivered bodies,
     /// which keep their registration alive after the connection is gone).
     pub(crate) large: Arc<LargePool>,
     /// The connection's place in the shared completion engine.
     pub(crate) attachment: Attachment,
     pub(crate) protocol: Config,
+}
+
+/// Where a connection's frames land.
+pub(crate) enum RecvMemory {
+    /// A ring of its own: slot `s` at `s × slot size`, posted on its QP.
+    Ring(MemoryRegion),
+    /// Buffers of a shared receive queue.
+    Shared(Commitment),
+}
+
+/// A connection's commitment of buffers of a shared receive queue: given back when dropped,
+/// after the QP (which can then receive no more).
+pub(crate) struct Commitment {
+    pub(crate) shared: Arc<SharedRecv>,
+    /// Buffers to give back: the admitted window until the connection exists, then what
+    /// its protocol says at its end ([`Commitment::set`]).
+    committed: AtomicU32,
+}
+
+impl Commitment {
+    /// The connection ends with `n` receive slots posted: their commitments go back with
+    /// the QP.
+    pub(crate) fn set(&self, n: u32) {
+        self.committed.store(n, Ordering::Release);
+    }
+}
+
+impl Drop for Commitment {
+    fn drop(&mut self) {
+        self.shared.give_back(*self.committed.get_mut());
+    }
 }
 
 pub(crate) fn verbs_status(what: &str, err: VerbsError) -> Status {
@@ -47,6 +81,11 @@ impl Resources {
         let attachment = Engine::attach(&ctx, config, role, sizing.cq_depth())?;
         let pd = attachment.engine.pd.clone();
         let cq = attachment.cq.cq.clone();
+        let shared = config
+            .shared_recv
+            .as_ref()
+            .map(|bounds| attachment.engine.shared_recv(config.slot_size, bounds))
+            .transpose()?;
         let qp = QueuePair::new(
             id,
             &pd,
@@ -55,32 +94,49 @@ impl Resources {
                 recv_cq: cq,
                 caps: QpCapabilities {
                     max_send_wr: sizing.sq_depth(),
-                    max_recv_wr: config.slots,
+                    max_recv_wr: sizing.rq_depth(),
                     max_send_sge: 1,
                     max_recv_sge: 1,
                     max_inline_data: config.max_inline,
                 },
                 sq_sig_all: false,
-                srq: None,
+                srq: shared.as_ref().map(|s| s.srq().clone()),
             },
         )
         .map_err(|e| verbs_status("rdma_create_qp", e))?;
+        if shared.is_some() {
+            // Before any frame can arrive: the QP's receives are routed by its number.
+            attachment.bind_qp(qp.qp_num());
+        }
         let protocol = config.protocol(qp.max_inline_data());
         protocol
             .validate()
             .map_err(|e| Status::invalid_argument(format!("RDMA ring configuration: {e}")))?;
         let send_len = protocol.send_slots as usize * protocol.send_slot_size as usize
             + crate::protocol::CONTROL_BUF_LEN;
-        let recv_len = protocol.recv_slots as usize * protocol.recv_slot_size as usize;
         let send_mr = MemoryRegion::alloc(&pd, send_len, AccessFlags::NONE)
             .map_err(|e| verbs_status("registering the send ring", e))?;
-        let recv_mr = MemoryRegion::alloc(&pd, recv_len, AccessFlags::LOCAL_WRITE)
-            .map_err(|e| verbs_status("registering the receive ring", e))?;
+        let recv = match shared {
+            Some(shared) => {
+                let window = protocol.window();
+                shared.admit(window)?;
+                RecvMemory::Shared(Commitment {
+                    shared,
+                    committed: AtomicU32::new(window),
+                })
+            }
+            None => {
+                let len = protocol.recv_slots as usize * protocol.recv_slot_size as usize;
+                let mr = MemoryRegion::alloc(&pd, len, AccessFlags::LOCAL_WRITE)
+                    .map_err(|e| verbs_status("registering the receive ring", e))?;
+                RecvMemory::Ring(mr)
+            }
+        };
         let large = LargePool::new(pd, config.large_budget, config.large_cache);
         let resources = Resources {
             qp,
             send_mr,
-            recv_mr,
+            recv,
             large,
             attachment,
             protocol,
@@ -98,42 +154,56 @@ impl Resources {
         work.to_wr_id(self.attachment.tag)
     }
 
-    /// Posts a receive into `slot`.
+    /// The shared receive queue the connection receives from, if any.
+    pub(crate) fn shared_recv(&self) -> Option<&Commitment> {
+        match &self.recv {
+            RecvMemory::Shared(commitment) => Some(commitment),
+            RecvMemory::Ring(_) => None,
+        }
+    }
+
+    /// Posts a receive into `slot` of the connection's own ring.
     pub(crate) fn post_recv(&self, slot: u32) -> Result<(), VerbsError> {
+        let RecvMemory::Ring(ring) = &self.recv else {
+            // The protocol emits no `PostRecv` in shared mode.
+            debug_assert!(false, "PostRecv {slot} on a shared receive queue");
+            tracing::error!(
+                slot,
+                "receive of its own asked for on a shared receive queue"
+            );
+            return Ok(());
+        };
         let size = self.protocol.recv_slot_size;
         let offset = u64::from(slot) * u64::from(size);
-        let sge = [Sge::new(
-            self.recv_mr.addr() + offset,
-            size,
-            self.recv_mr.lkey(),
-        )];
+        let sge = [Sge::new(ring.addr() + offset, size, ring.lkey())];
         let request = RecvRequest {
             wr_id: self.wr_id(WorkId::Recv(slot)),
             sges: &sge,
         };
-        // SAFETY: the SGE lies inside `recv_mr`, which lives as long as the QP (it is
+        // SAFETY: the SGE lies inside the ring, which lives as long as the QP (it is
         // declared after it in this struct and so deregistered after the QP is destroyed).
         // The protocol hands out a slot for posting only when nobody reads it: after
         // `release_recv`, or before the connection starts.
         unsafe { self.qp.post_recv(&request) }
     }
 
-    /// The bytes of receive slot `slot`.
+    /// The bytes of receive entry `entry`: a slot of the ring, or a buffer of the shared
+    /// receive queue.
     ///
     /// # Safety
-    /// The slot must not be posted: its receive completed and it was not re-posted since.
-    pub(crate) unsafe fn recv_slot(&self, slot: u32) -> &[u8] {
+    /// The entry must not be posted: its receive completed and it was not re-posted since.
+    pub(crate) unsafe fn recv_entry(&self, entry: u32) -> &[u8] {
+        let ring = match &self.recv {
+            RecvMemory::Ring(ring) => ring,
+            // SAFETY: the caller's contract.
+            RecvMemory::Shared(commitment) => return unsafe { commitment.shared.buffer(entry) },
+        };
         let size = self.protocol.recv_slot_size as usize;
-        let offset = slot as usize * size;
-        assert!(
-            offset + size <= self.recv_mr.len(),
-            "receive slot out of range"
-        );
+        let offset = entry as usize * size;
+        assert!(offset + size <= ring.len(), "receive slot out of range");
         // SAFETY: in bounds (checked above) of the registered, live buffer; the caller
         // guarantees the device does not write this slot while the slice lives.
-        unsafe {
-            std::slice::from_raw_parts((self.recv_mr.addr() as usize + offset) as *const u8, size)
-        }
+        unsafe { std::slice::from_raw_parts((ring.addr() as usize + offset) as *const u8, size) }
     }
 }
 

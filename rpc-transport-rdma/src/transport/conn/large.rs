@@ -64,8 +64,9 @@ impl LargeState {
 /// Something to hand to the upper layer.
 #[derive(Debug)]
 pub(crate) enum Arrival {
-    /// A frame in a receive slot.
-    Slot(Received),
+    /// A frame in a receive slot, and the entry it landed in (the ring slot, or a shared
+    /// receive queue's buffer).
+    Slot(Received, u32),
     /// A body placed by RDMA WRITE, announced by the header.
     Placed(Header, LargeBuffer),
 }

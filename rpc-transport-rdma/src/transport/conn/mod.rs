@@ -71,6 +71,8 @@ struct State {
     dropped: Vec<(u64, FrameKind)>,
     /// Buffers and windows of large bodies in flight.
     large: LargeState,
+    /// With a shared receive queue: the buffer each held receive slot landed in.
+    shared_bufs: Vec<u32>,
 }
 
 /// Teardown: `Drop` first revokes open grants (windows are deallocated, so nothing the peer
@@ -108,8 +110,9 @@ pub(crate) struct Conn {
     /// Frames received by a thread that was already delivering (a handler that polled while
     /// waiting for send credits); its outermost delivery loop hands them over, in order.
     deferred: Mutex<Vec<Arrival>>,
-    /// Receive slots the upper layer is done with, not yet re-posted (see `recv.rs`).
-    released: Mutex<Vec<u32>>,
+    /// Receive slots the upper layer is done with, not yet re-posted (see `recv.rs`), with
+    /// the entries they landed in.
+    released: Mutex<Vec<(u32, u32)>>,
     /// `released` is not empty.
     has_released: AtomicBool,
     peer: String,
@@ -121,7 +124,12 @@ pub(crate) struct Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        self.state.get_mut().large.revoke_all();
+        let state = self.state.get_mut();
+        state.large.revoke_all();
+        if let Some(commitment) = self.res.shared_recv() {
+            // Given back once the QP is destroyed (the next field to drop).
+            commitment.set(state.proto.recv_posted());
+        }
     }
 }
 
@@ -142,6 +150,10 @@ impl Conn {
             Status::unavailable(format!("cannot agree on ring geometry with {peer}: {e}"))
         })?;
         let max_send_frame = geometry.max_send_frame as usize;
+        let shared_bufs = match res.shared_recv() {
+            Some(_) => vec![0; geometry.recv_slots as usize],
+            None => Vec::new(),
+        };
         Ok(Arc::new_cyclic(|me| Conn {
             max_send_frame,
             res,
@@ -150,6 +162,7 @@ impl Conn {
                 proto: protocol::Connection::new(geometry),
                 dropped: Vec::new(),
                 large: LargeState::default(),
+                shared_bufs,
             }),
             me: me.clone(),
             writable_epoch: AtomicU64::new(0),

@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use super::large::{placed_frame, Arrival};
 use super::{Batch, Conn, FrameSink, State, DELIVERING, DRIVER, RELEASE_BATCH, UPPER_LAYER_LOCKED};
-use crate::protocol::{Received, SendTarget, WorkId};
+use crate::protocol::{ProtocolViolation, Received, SendTarget, WorkId};
 use crate::transport::engine::{Polled, SharedCq};
 use crate::verbs::WorkCompletion;
 
@@ -81,26 +81,20 @@ impl Conn {
             if !err.is_flush() {
                 tracing::warn!(peer = %self.peer, ?work, %err, "work request failed");
             }
+            if let (WorkId::Recv(buf), Some(commitment)) = (work, self.res.shared_recv()) {
+                commitment.shared.repost(buf);
+            }
             state.proto.on_completion_error(work);
             return;
         }
         let outcome = match work {
             WorkId::Send(slot) => state.proto.on_send_complete(SendTarget::Ring(slot)),
             WorkId::Control => state.proto.on_send_complete(SendTarget::Control),
-            WorkId::Recv(slot) => {
-                // SAFETY: the receive into `slot` just completed; the slot is not posted again
-                // until the protocol's `PostRecv` for it, which comes after `release_recv`.
-                let bytes = unsafe { self.res.recv_slot(slot) };
-                let outcome = state
-                    .proto
-                    .on_recv_complete(slot, wc.byte_len(), bytes)
-                    .map(|frame| received.extend(frame.map(Arrival::Slot)));
-                // The ring is registered and the receive queue sized for every slot: back
-                // all the window the peer asks for (the `PostRecv`s come first).
-                let wanted = state.proto.window_wanted();
-                if wanted > 0 {
-                    state.proto.grow_window(wanted);
-                }
+            WorkId::Recv(entry) => {
+                let outcome = self
+                    .on_recv(state, entry, wc.byte_len())
+                    .map(|frame| received.extend(frame.map(|rx| Arrival::Slot(rx, entry))));
+                self.grow_window(state);
                 outcome
             }
             WorkId::Write(transfer) => state.proto.on_write_complete(transfer),
@@ -110,6 +104,47 @@ impl Conn {
         if let Err(violation) = outcome {
             tracing::warn!(peer = %self.peer, %violation, "peer violated the protocol");
         }
+    }
+
+    /// A receive into `entry` (a ring slot, or a shared receive queue's buffer) completed.
+    fn on_recv(
+        &self,
+        state: &mut State,
+        entry: u32,
+        byte_len: u32,
+    ) -> Result<Option<Received>, ProtocolViolation> {
+        // SAFETY: the receive into `entry` just completed; it is not posted again before the
+        // protocol is done with it: a ring slot by the `PostRecv` that follows its release, a
+        // shared buffer below (the frame was consumed or refused) or once released.
+        let bytes = unsafe { self.res.recv_entry(entry) };
+        let Some(commitment) = self.res.shared_recv() else {
+            return state.proto.on_recv_complete(entry, byte_len, bytes);
+        };
+        let outcome = state.proto.on_shared_recv_complete(byte_len, bytes);
+        match &outcome {
+            Ok(Some(rx)) => state.shared_bufs[rx.slot as usize] = entry,
+            // Consumed (or refused): the buffer goes back before any credit the protocol
+            // returns for it is posted (the actions run after this batch).
+            Ok(None) | Err(_) => commitment.shared.repost(entry),
+        }
+        outcome
+    }
+
+    /// Grows the receive window as far as the protocol wants and the memory allows: all of
+    /// it with the connection's own ring (registered, and its receive queue sized for every
+    /// slot; the `PostRecv`s come first), what the pool grants with a shared receive queue.
+    fn grow_window(&self, state: &mut State) {
+        let wanted = state.proto.window_wanted();
+        if wanted == 0 {
+            return;
+        }
+        let Some(commitment) = self.res.shared_recv() else {
+            state.proto.grow_window(wanted);
+            return;
+        };
+        let granted = commitment.shared.grow(wanted);
+        let grown = state.proto.grow_window(granted);
+        commitment.shared.give_back(granted - grown);
     }
 
     /// Hands `received` to the sink. Borrowed, and drained in place: a batch is a few
@@ -136,14 +171,14 @@ impl Conn {
         received: impl IntoIterator<Item = Arrival>,
     ) {
         for arrival in received {
-            let rx = match arrival {
-                Arrival::Slot(rx) => rx,
+            let (rx, entry) = match arrival {
+                Arrival::Slot(rx, entry) => (rx, entry),
                 Arrival::Placed(header, buffer) => {
                     sink.deliver(placed_frame(header, buffer));
                     continue;
                 }
             };
-            let frame_bytes = self.frame_bytes(&rx);
+            let frame_bytes = self.frame_bytes(&rx, entry);
             // Most frames carry no metadata: an empty view needs no reference to the slot.
             let metadata = if rx.header.metadata_len == 0 {
                 Bytes::new()
@@ -164,10 +199,11 @@ impl Conn {
 
     /// The bytes of a received frame for the upper layer: a zero-copy view that keeps the
     /// slot while the protocol lends it, else a copy, and the slot goes back at once.
-    fn frame_bytes(self: &Arc<Self>, rx: &Received) -> Bytes {
+    fn frame_bytes(self: &Arc<Self>, rx: &Received, entry: u32) -> Bytes {
         let owner = RecvSlot {
             conn: Arc::clone(self),
             slot: rx.slot,
+            entry,
             len: rx.len as usize,
         };
         if rx.lend {
@@ -189,15 +225,13 @@ impl Conn {
     /// RNR is possible); at most [`RELEASE_BATCH`] wait, and a poller that looks after a
     /// quiet spell releases them too. Other threads (async handlers, frames kept by the
     /// application) release at once: nothing says they will come back.
-    fn release_recv(&self, slot: u32) {
+    fn release_recv(&self, slot: u32, entry: u32) {
         let address = self.address();
         if DELIVERING.get() != address && DRIVER.get() != address {
             let outer = UPPER_LAYER_LOCKED.replace(true);
             {
                 let mut state = self.state.lock();
-                if let Err(violation) = state.proto.release_recv(slot) {
-                    tracing::error!(%violation, "releasing a receive slot");
-                }
+                self.release_one(&mut state, slot, entry);
                 self.run_actions(&mut state);
             }
             // Buffers are dropped wherever the upper layer drops them, possibly under its
@@ -208,7 +242,7 @@ impl Conn {
         }
         let due = {
             let mut released = self.released.lock();
-            released.push(slot);
+            released.push((slot, entry));
             released.len() >= RELEASE_BATCH
         };
         if !self.has_released.swap(true, Ordering::AcqRel) {
@@ -241,13 +275,31 @@ impl Conn {
         {
             return;
         }
-        let slots: SmallVec<[u32; RELEASE_BATCH]> = self.released.lock().drain(..).collect();
-        for slot in slots {
-            if let Err(violation) = state.proto.release_recv(slot) {
-                tracing::error!(%violation, "releasing a receive slot");
-            }
+        let slots: SmallVec<[(u32, u32); RELEASE_BATCH]> = self.released.lock().drain(..).collect();
+        for (slot, entry) in slots {
+            self.release_one(state, slot, entry);
         }
         self.run_actions(state);
+    }
+
+    /// The upper layer is done with `slot`, received into `entry`: a ring slot is re-posted
+    /// by the protocol's `PostRecv`; a shared buffer is re-posted here, before the
+    /// protocol commits the slot again (or gives it back, when the pool is short).
+    fn release_one(&self, state: &mut State, slot: u32, entry: u32) {
+        let released = match self.res.shared_recv() {
+            None => state.proto.release_recv(slot).map(drop),
+            Some(commitment) => {
+                let shared = &commitment.shared;
+                shared.repost(entry);
+                state
+                    .proto
+                    .release_shared(slot, shared.shrinking())
+                    .map(|given| shared.give_back(u32::from(given)))
+            }
+        };
+        if let Err(violation) = released {
+            tracing::error!(%violation, "releasing a receive slot");
+        }
     }
 
     /// Spins on the CQ for up to `budget` (`None`: until something arrives) on the caller's
@@ -282,19 +334,21 @@ impl Conn {
 struct RecvSlot {
     conn: Arc<Conn>,
     slot: u32,
+    /// Where it landed: the ring slot, or the shared receive queue's buffer.
+    entry: u32,
     len: usize,
 }
 
 impl AsRef<[u8]> for RecvSlot {
     fn as_ref(&self) -> &[u8] {
-        // SAFETY: the slot stays un-posted until this owner's drop releases it.
-        let bytes = unsafe { self.conn.res.recv_slot(self.slot) };
+        // SAFETY: the entry stays un-posted until this owner's drop releases it.
+        let bytes = unsafe { self.conn.res.recv_entry(self.entry) };
         &bytes[..self.len]
     }
 }
 
 impl Drop for RecvSlot {
     fn drop(&mut self) {
-        self.conn.release_recv(self.slot);
+        self.conn.release_recv(self.slot, self.entry);
     }
 }

@@ -11,7 +11,9 @@
 //!   room for them ([`Engine::attach`]), so no CQ can overflow; a full set of CQs grows by
 //!   one.
 //! * A [`Registry`] that routes each completion to its connection by the tag in its
-//!   `wr_id`.
+//!   `wr_id` (a shared receive queue's receives: by the `qp_num` that received).
+//! * Optionally ([`RdmaConfig::shared_recv`]) one shared receive queue per slot size,
+//!   which its connections receive into ([`SharedRecv`]).
 //! * One poller thread ([`poller`]) that processes every connection's completions when no
 //!   caller does (a blocking caller spinning on its thread, an async caller holding a CQ's
 //!   drive lease, see [`lease`]), and watches the rdma_cm channels of client connections. It is
@@ -38,6 +40,7 @@ use crate::transport::config::{PollMode, RdmaConfig};
 use crate::transport::conn::{Batch, Conn};
 use crate::transport::kick::Kick;
 use crate::transport::resources::verbs_status;
+use crate::transport::shared_recv::SharedRecv;
 use crate::verbs::{CompletionChannel, CompletionQueue, Context, ProtectionDomain, WorkCompletion};
 
 mod epoll;
@@ -132,6 +135,13 @@ pub(crate) struct Engine {
     channel: Arc<CompletionChannel>,
     /// Entries per CQ (the device's limit permitting).
     cq_entries: u32,
+    /// The device's limit of receives per shared receive queue.
+    max_srq_wr: u32,
+    /// Shared receive queues, one per buffer size and bounds, created with their first
+    /// connection.
+    srqs: Mutex<Vec<Arc<SharedRecv>>>,
+    /// `srqs` is not empty: completions may need routing by `qp_num`.
+    has_srq: AtomicBool,
     cqs: RwLock<Arc<[Arc<SharedCq>]>>,
     /// Bumped whenever `cqs` changes, so the poller re-reads it only then.
     cqs_epoch: AtomicU64,
@@ -177,6 +187,8 @@ pub(crate) struct Attachment {
     entries: u32,
     /// A client's rdma_cm channel, watched by the poller (-1: none).
     cm_fd: AtomicI32,
+    /// The connection's queue pair, if it receives from a shared receive queue.
+    srq_qp: std::sync::OnceLock<u32>,
 }
 
 impl Attachment {
@@ -186,6 +198,14 @@ impl Attachment {
         self.cm_fd.store(fd, Ordering::Release);
         Ok(())
     }
+
+    /// The connection's queue pair `qp_num` receives from a shared receive queue: route its
+    /// receives here.
+    pub(crate) fn bind_qp(&self, qp_num: u32) {
+        if self.srq_qp.set(qp_num).is_ok() {
+            self.engine.registry.bind_qp(qp_num, self.tag);
+        }
+    }
 }
 
 impl Drop for Attachment {
@@ -194,7 +214,9 @@ impl Drop for Attachment {
         if fd >= 0 {
             self.engine.epoll.remove(fd);
         }
-        self.engine.registry.remove(self.tag);
+        self.engine
+            .registry
+            .remove(self.tag, self.srq_qp.get().copied());
         self.cq.released.fetch_add(self.entries, Ordering::AcqRel);
         if self.engine.attached.fetch_sub(1, Ordering::AcqRel) == 1 {
             // The last one: the poller leaves.
@@ -245,6 +267,7 @@ impl Engine {
             tag: 0,
             entries,
             cm_fd: AtomicI32::new(-1),
+            srq_qp: std::sync::OnceLock::new(),
             engine,
         };
         attachment.tag = attachment.engine.registry.reserve().ok_or_else(|| {
@@ -260,10 +283,9 @@ impl Engine {
         channel
             .set_nonblocking(true)
             .map_err(|e| verbs_status("completion channel", e))?;
-        let max_cqe = context
+        let device = context
             .query_device()
-            .map_err(|e| verbs_status("ibv_query_device", e))?
-            .max_cqe;
+            .map_err(|e| verbs_status("ibv_query_device", e))?;
         let epoll = Epoll::new()?;
         let kick = Kick::new()?;
         epoll.add(channel.fd(), TOKEN_COMPLETIONS)?;
@@ -274,7 +296,10 @@ impl Engine {
             role,
             pd,
             channel,
-            cq_entries: config.cq_entries.min(max_cqe).max(1),
+            cq_entries: config.cq_entries.min(device.max_cqe).max(1),
+            max_srq_wr: device.max_srq_wr,
+            srqs: Mutex::new(Vec::new()),
+            has_srq: AtomicBool::new(false),
             cqs: RwLock::new(Arc::from(Vec::new())),
             cqs_epoch: AtomicU64::new(0),
             registry: Registry::default(),
@@ -290,6 +315,43 @@ impl Engine {
             has_attention: AtomicBool::new(false),
             stalls: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// The shared receive queue for buffers of `buffer_size` bytes bounded by `config`,
+    /// created if there is none yet.
+    pub(crate) fn shared_recv(
+        &self,
+        buffer_size: u32,
+        config: &crate::transport::config::SharedRecvConfig,
+    ) -> Result<Arc<SharedRecv>, Status> {
+        let mut srqs = self.srqs.lock();
+        if let Some(srq) = srqs.iter().find(|s| s.serves(buffer_size, config)) {
+            return Ok(srq.clone());
+        }
+        let tag = self.registry.reserve_srq().ok_or_else(|| {
+            Status::resource_exhausted("this process used up its RDMA connection tags")
+        })?;
+        let srq = Arc::new(SharedRecv::new(
+            &self.pd,
+            buffer_size,
+            config,
+            self.max_srq_wr,
+            tag,
+        )?);
+        self.registry.register_srq(tag, &srq);
+        srqs.push(srq.clone());
+        self.has_srq.store(true, Ordering::Release);
+        Ok(srq)
+    }
+
+    /// The tag `wc` is routed by (see [`Registry::route_tag`]).
+    fn route_tag(&self, wc: &WorkCompletion) -> u32 {
+        let tag = tag_of(wc);
+        if self.has_srq.load(Ordering::Relaxed) {
+            self.registry.route_tag(tag, wc.qp_num())
+        } else {
+            tag
+        }
     }
 
     /// A CQ with room for `entries` more, reserved; a new CQ if none has room.
@@ -373,12 +435,14 @@ impl Engine {
         self.completions_seen.fetch_add(1, Ordering::AcqRel);
         // Runs of completions of one connection, processed in CQ order under its lock.
         let mut runs: SmallVec<[(Arc<Conn>, Batch); 2]> = SmallVec::new();
+        let tags: SmallVec<[u32; POLL_BATCH]> =
+            polled.iter().map(|wc| self.route_tag(wc)).collect();
         let mut start = 0;
         while start < polled.len() {
-            let tag = tag_of(&polled[start]);
-            let end = polled[start..]
+            let tag = tags[start];
+            let end = tags[start..]
                 .iter()
-                .position(|wc| tag_of(wc) != tag)
+                .position(|&t| t != tag)
                 .map_or(polled.len(), |n| start + n);
             let run = &polled[start..end];
             start = end;
@@ -388,6 +452,7 @@ impl Engine {
                     runs.push((conn, received));
                 }
                 Route::Held => {}
+                Route::Srq(srq) => srq.reclaim(run),
                 Route::Gone => {
                     tracing::trace!(tag, n = run.len(), "completions of a closed connection");
                 }

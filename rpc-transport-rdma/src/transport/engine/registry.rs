@@ -6,6 +6,10 @@
 //! exists; completions that arrive before the connection registers (a client's first
 //! receive can race the ESTABLISHED event) wait in the entry and are handed over with the
 //! registration.
+//!
+//! A shared receive queue has a tag of its own, in the `wr_id` of its receives: their
+//! completions are routed by the `qp_num` of the queue pair that received, which each
+//! connection binds to its tag when its queue pair is created.
 
 use std::sync::{Arc, Weak};
 
@@ -13,6 +17,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::transport::conn::Conn;
+use crate::transport::shared_recv::SharedRecv;
 use crate::verbs::WorkCompletion;
 
 /// Largest tag `WorkId::to_wr_id` can carry.
@@ -29,6 +34,8 @@ enum Entry {
     /// lost, so the connection cannot start.
     Overflowed,
     Live(Weak<Conn>),
+    /// A shared receive queue: completions of its receives name it.
+    Srq(Weak<SharedRecv>),
 }
 
 /// Where a completion goes.
@@ -38,6 +45,8 @@ pub(crate) enum Route {
     Held,
     /// Its connection is gone (or the tag was never ours): drop it.
     Gone,
+    /// Receives of a shared receive queue whose queue pair is gone: their buffers go back.
+    Srq(Arc<SharedRecv>),
 }
 
 #[derive(Default)]
@@ -49,17 +58,25 @@ pub(crate) struct Registry {
 struct Inner {
     next: u32,
     entries: FxHashMap<u32, Entry>,
+    /// The connection tag of each queue pair on a shared receive queue.
+    qps: FxHashMap<u32, u32>,
+}
+
+impl Inner {
+    fn next_tag(&mut self) -> Option<u32> {
+        if self.next >= MAX_TAG {
+            return None;
+        }
+        self.next += 1;
+        Some(self.next)
+    }
 }
 
 impl Registry {
     /// A fresh tag, for a connection about to be created. None once every tag was used.
     pub(crate) fn reserve(&self) -> Option<u32> {
         let mut inner = self.inner.lock();
-        if inner.next >= MAX_TAG {
-            return None;
-        }
-        inner.next += 1;
-        let tag = inner.next;
+        let tag = inner.next_tag()?;
         inner.entries.insert(tag, Entry::Early(Vec::new()));
         Some(tag)
     }
@@ -75,9 +92,40 @@ impl Registry {
         }
     }
 
-    /// The connection of `tag` is gone; later completions with it are dropped.
-    pub(crate) fn remove(&self, tag: u32) {
-        self.inner.lock().entries.remove(&tag);
+    /// The connection of `tag` is gone; later completions with it are dropped. `qp_num`:
+    /// its queue pair on a shared receive queue, if any.
+    pub(crate) fn remove(&self, tag: u32, qp_num: Option<u32>) {
+        let mut inner = self.inner.lock();
+        inner.entries.remove(&tag);
+        if let Some(qp_num) = qp_num {
+            inner.qps.remove(&qp_num);
+        }
+    }
+
+    /// A fresh tag for a shared receive queue.
+    pub(crate) fn reserve_srq(&self) -> Option<u32> {
+        self.inner.lock().next_tag()
+    }
+
+    /// The shared receive queue of `tag` is ready.
+    pub(crate) fn register_srq(&self, tag: u32, srq: &Arc<SharedRecv>) {
+        let entry = Entry::Srq(Arc::downgrade(srq));
+        self.inner.lock().entries.insert(tag, entry);
+    }
+
+    /// Queue pair `qp_num`, on a shared receive queue, belongs to the connection of `tag`.
+    pub(crate) fn bind_qp(&self, qp_num: u32, tag: u32) {
+        self.inner.lock().qps.insert(qp_num, tag);
+    }
+
+    /// The tag to route a completion by: its own, or for a shared receive queue's receive,
+    /// the tag of the connection whose queue pair received (the queue's, if it is gone).
+    pub(crate) fn route_tag(&self, tag: u32, qp_num: u32) -> u32 {
+        let inner = self.inner.lock();
+        match inner.entries.get(&tag) {
+            Some(Entry::Srq(_)) => inner.qps.get(&qp_num).copied().unwrap_or(tag),
+            _ => tag,
+        }
     }
 
     /// Where completions with `tag` go; keeps them if their connection is being set up.
@@ -94,6 +142,7 @@ impl Registry {
                 *entry = Entry::Overflowed;
                 Route::Gone
             }
+            Some(Entry::Srq(srq)) => srq.upgrade().map_or(Route::Gone, Route::Srq),
             Some(Entry::Overflowed) | None => Route::Gone,
         }
     }
