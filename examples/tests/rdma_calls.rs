@@ -447,7 +447,7 @@ fn connecting_where_nobody_listens_fails_fast_and_clearly() {
 /// connection for good (held slots were never re-posted, so no credit came back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
-async fn kept_replies_never_stall_the_connection() {
+async fn kept_replies_never_stall_a_receive_ring() {
     if !device() {
         return;
     }
@@ -534,7 +534,8 @@ async fn keep_every_reply(rdma: RdmaConfig, limit: u32) {
 
 /// Both sides start with the smallest window (three receives posted, two data credits); 16
 /// calls in flight make each side double the other's window until it covers them. Every
-/// call completes, and the client ends up with more credits than it started with.
+/// call completes, and the client ends up with more credits than it started with. The send
+/// ring (two slots at first) stays small while calls go one at a time and grows under 16.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 async fn smallest_windows_grow_under_sixteen_calls_in_flight() {
@@ -557,6 +558,14 @@ async fn smallest_windows_grow_under_sixteen_calls_in_flight() {
     );
     let channel = Channel::new(calls, transport.clone(), rpc_core::ChannelConfig::default());
     let client = EchoClient::new(channel);
+    for seq in 0..200 {
+        client.echo(EchoRequest::default()).await.expect("a call");
+        assert_eq!(
+            transport.stats().send_slots,
+            rpc_transport_rdma::DEFAULT_SEND_WINDOW,
+            "calls one at a time grew the send ring (call {seq})"
+        );
+    }
     let done: Vec<u64> = stream::iter(0..2_000u64)
         .map(|seq| {
             let client = client.clone();
@@ -579,4 +588,8 @@ async fn smallest_windows_grow_under_sixteen_calls_in_flight() {
         "neither window grew: {stats:?}"
     );
     assert!(stats.recv_window <= RdmaConfig::default().slots);
+    assert!(
+        stats.send_slots > rpc_transport_rdma::DEFAULT_SEND_WINDOW,
+        "sixteen in flight never grew the send ring: {stats:?}"
+    );
 }

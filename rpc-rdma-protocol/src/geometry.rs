@@ -20,8 +20,12 @@ pub const CONTROL_BUF_LEN: usize = rpc_core::COMPACT_HEADER_LEN;
 /// Local configuration of one connection: ring sizes plus tuning knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
-    /// Slots in the send ring.
+    /// Slots in the send ring, at most.
     pub send_slots: u32,
+    /// Slots the send ring starts with (`1..=send_slots`); `None`: all of them. A ring found
+    /// full doubles, up to `send_slots`, once the driver has memory for it
+    /// ([`crate::Connection::send_slots_wanted`]).
+    pub send_window: Option<u32>,
     /// Bytes per send slot.
     pub send_slot_size: u32,
     /// Slots in the receive ring: the most credits ever granted to the peer at once.
@@ -64,6 +68,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             send_slots: 64,
+            send_window: None,
             send_slot_size: 8192,
             recv_slots: 64,
             recv_slot_size: 8192,
@@ -136,6 +141,7 @@ impl Config {
             in_range(what, value.unwrap_or(default), min, max)
         };
         let s = self.send_slots;
+        knob("send_window", self.send_window, s, 1, s)?;
         let r = self.window();
         validate_window("local receive window", r, self.recv_slots)?;
         let signal = knob(
@@ -189,8 +195,10 @@ struct Policy {
 pub struct Geometry {
     /// Transport protocol version in use.
     pub version: u8,
-    /// Slots in the local send ring.
+    /// Slots in the local send ring, at most (the stride of its memory is the slot size).
     pub send_slots: u32,
+    /// Slots the local send ring starts with.
+    pub send_window: u32,
     /// Bytes per local send slot (stride of the send ring).
     pub send_slot_size: u32,
     /// Largest frame (header included) this side may send.
@@ -237,6 +245,7 @@ impl Geometry {
         Ok(Geometry {
             version,
             send_slots: local.send_slots,
+            send_window: local.send_window.unwrap_or(local.send_slots),
             send_slot_size: local.send_slot_size,
             max_send_frame: local.send_slot_size.min(peer.recv_slot_size),
             recv_slots: local.recv_slots,

@@ -13,6 +13,12 @@
 //! Signaling: a post is signaled every `interval` posts, and whenever it leaves no free slot.
 //! A full ring therefore always has a signaled send outstanding or a slot still to be posted
 //! (which will be signaled), so reclaim can never stall.
+//!
+//! Growth: the ring may start smaller than its most slots (`max`). A reservation that finds
+//! it full asks for twice the slots ([`SendRing::wanted`]); once the driver has memory for
+//! them ([`SendRing::back`]) the ring grows the next time it is empty (every slot reclaimed,
+//! so the device reads none), and counts slots from 0 again: `index = (seq − base) % slots`.
+//! A full ring always drains (see above), so a wanted growth always happens.
 
 use std::collections::VecDeque;
 
@@ -50,7 +56,15 @@ enum Slot {
 /// Send-ring bookkeeping; every operation is O(1) (reclaim amortized).
 #[derive(Debug)]
 pub(crate) struct SendRing {
-    slots: Box<[Slot]>,
+    slots: Vec<Slot>,
+    /// The sequence number of slot 0 since the last growth.
+    base: u64,
+    /// Slots the driver has memory for (the ring grows to them when empty).
+    backed: u32,
+    /// Most slots the ring may grow to.
+    max: u32,
+    /// A reservation found the ring full: more slots are wanted.
+    full: bool,
     /// Everything before this sequence number is free.
     reclaimed: u64,
     /// Next sequence number to post.
@@ -65,13 +79,19 @@ pub(crate) struct SendRing {
 }
 
 impl SendRing {
-    pub(crate) fn new(slots: u32, interval: u32, max_queued: u32) -> Self {
+    /// A ring of `slots` that may grow to `max`.
+    pub(crate) fn new(slots: u32, max: u32, interval: u32, max_queued: u32) -> Self {
+        debug_assert!(slots >= 1 && slots <= max);
         SendRing {
-            slots: vec![Slot::Free; slots as usize].into_boxed_slice(),
+            slots: vec![Slot::Free; slots as usize],
+            base: 0,
+            backed: slots,
+            max,
+            full: false,
             reclaimed: 0,
             next_post: 0,
             head: 0,
-            signaled: VecDeque::with_capacity(slots as usize),
+            signaled: VecDeque::with_capacity(max as usize),
             since_signal: 0,
             interval,
             max_queued,
@@ -83,7 +103,38 @@ impl SendRing {
     }
 
     fn index(&self, seq: u64) -> usize {
-        (seq % self.count()) as usize
+        ((seq - self.base) % self.count()) as usize
+    }
+
+    /// Slots the ring has now.
+    pub(crate) fn slots(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    /// Slots the ring should have memory for, if more than it has memory for: twice what it
+    /// has (up to its most) once a reservation found it full. 0: none wanted.
+    pub(crate) fn wanted(&self) -> u32 {
+        let wanted = (self.slots() * 2).min(self.max);
+        if self.full && wanted > self.backed {
+            wanted
+        } else {
+            0
+        }
+    }
+
+    /// The driver has memory for `n` slots (at most the ring's most): the ring grows to them
+    /// when it is next empty.
+    pub(crate) fn back(&mut self, n: u32) {
+        self.backed = self.backed.max(n.min(self.max));
+        self.grow_if_empty();
+    }
+
+    fn grow_if_empty(&mut self) {
+        if self.backed > self.slots() && self.reclaimed == self.head {
+            self.slots.resize(self.backed as usize, Slot::Free);
+            self.base = self.head;
+            self.full = false;
+        }
     }
 
     /// Slot index of a sequence number.
@@ -114,6 +165,9 @@ impl SendRing {
     /// Hands out the next slot: `(slot, seq)`.
     pub(crate) fn reserve(&mut self) -> Option<(u32, u64)> {
         if !self.can_reserve() {
+            if self.free() == 0 && self.slots() < self.max {
+                self.full = true;
+            }
             return None;
         }
         let seq = self.head;
@@ -181,7 +235,15 @@ impl SendRing {
         self.slots[i] = Slot::Posted;
         self.next_post += 1;
         self.since_signal += 1;
-        let signaled = self.since_signal >= self.interval || self.free() == 0;
+        // A ring smaller than its most signals more often (a quarter of its slots), so a
+        // connection that sends one frame at a time reclaims as it goes and never finds
+        // its ring full: only concurrency grows it.
+        let interval = if self.slots() < self.max {
+            self.interval.min((self.slots() / 4).max(1))
+        } else {
+            self.interval
+        };
+        let signaled = self.since_signal >= interval || self.free() == 0;
         if signaled {
             self.since_signal = 0;
             self.signaled.push_back(seq);
@@ -206,6 +268,7 @@ impl SendRing {
             self.slots[i] = Slot::Free;
         }
         self.reclaimed = seq + 1;
+        self.grow_if_empty();
         Ok(())
     }
 
@@ -227,6 +290,8 @@ impl SendRing {
     pub(crate) fn assert_invariants(&self) {
         assert!(self.reclaimed <= self.next_post && self.next_post <= self.head);
         assert!(self.head - self.reclaimed <= self.count());
+        assert!(self.base <= self.reclaimed);
+        assert!(self.slots() <= self.backed && self.backed <= self.max);
         assert!(self.unposted() <= self.max_queued);
         for seq in self.reclaimed..self.head {
             let state = self.slots[self.index(seq)];
@@ -284,7 +349,7 @@ mod tests {
 
     #[test]
     fn signals_every_nth_and_when_full() {
-        let mut r = SendRing::new(8, 3, 8);
+        let mut r = SendRing::new(8, 8, 3, 8);
         let signaled: Vec<bool> = (0..8).map(|_| post_one(&mut r).1).collect();
         // Every third, plus the eighth because it fills the ring.
         assert_eq!(
@@ -302,7 +367,7 @@ mod tests {
 
     #[test]
     fn posts_into_a_full_ring_are_signaled_regardless_of_interval() {
-        let mut r = SendRing::new(3, 3, 3);
+        let mut r = SendRing::new(3, 3, 3, 3);
         assert!(!post_one(&mut r).1);
         assert!(
             r.on_completion(0).is_err(),
@@ -323,7 +388,7 @@ mod tests {
 
     #[test]
     fn completions_must_match_the_oldest_signaled_send() {
-        let mut r = SendRing::new(4, 1, 4);
+        let mut r = SendRing::new(4, 4, 1, 4);
         post_one(&mut r);
         post_one(&mut r);
         assert_eq!(
@@ -340,7 +405,7 @@ mod tests {
 
     #[test]
     fn posts_in_reservation_order_and_skips_holes() {
-        let mut r = SendRing::new(4, 4, 4);
+        let mut r = SendRing::new(4, 4, 4, 4);
         let (_, a) = r.reserve().unwrap();
         let (_, b) = r.reserve().unwrap();
         let (_, c) = r.reserve().unwrap();
@@ -360,7 +425,7 @@ mod tests {
 
     #[test]
     fn aborting_the_last_reservations_rolls_back() {
-        let mut r = SendRing::new(3, 3, 3);
+        let mut r = SendRing::new(3, 3, 3, 3);
         let (_, a) = r.reserve().unwrap();
         let (_, b) = r.reserve().unwrap();
         let (_, c) = r.reserve().unwrap();
@@ -375,10 +440,49 @@ mod tests {
 
     #[test]
     fn queue_bound_limits_unposted_frames() {
-        let mut r = SendRing::new(8, 1, 2);
+        let mut r = SendRing::new(8, 8, 1, 2);
         r.reserve().unwrap();
         r.reserve().unwrap();
         assert!(!r.can_reserve());
         assert_eq!(r.free(), 6);
+    }
+
+    #[test]
+    fn a_full_ring_grows_once_backed_and_drained_and_starts_at_slot_zero() {
+        let mut r = SendRing::new(2, 5, 2, 5);
+        assert_eq!(
+            r.wanted(),
+            0,
+            "nothing wanted before the ring is found full"
+        );
+        let (a, _) = r.reserve().unwrap();
+        let (b, _) = r.reserve().unwrap();
+        assert_eq!((a, b), (0, 1));
+        assert!(r.reserve().is_none());
+        assert_eq!(r.wanted(), 4, "twice the slots");
+        r.back(4);
+        assert_eq!(r.wanted(), 0, "backed");
+        assert_eq!(r.slots(), 2, "no growth while slots are in use");
+        r.commit(0, P);
+        r.commit(1, P);
+        assert_eq!(r.next_committed(), Some(P));
+        assert_eq!(r.mark_posted(), (0, true), "a full ring signals");
+        assert_eq!(r.next_committed(), Some(P));
+        assert_eq!(r.mark_posted(), (1, true));
+        r.assert_invariants();
+        r.on_completion(0).unwrap();
+        assert_eq!(r.slots(), 2, "slot 1 is still in use");
+        r.on_completion(1).unwrap();
+        assert_eq!((r.slots(), r.free()), (4, 4), "grown once drained");
+        r.assert_invariants();
+        let (c, seq) = r.reserve().unwrap();
+        assert_eq!((c, seq), (0, 2), "slots count from 0 again");
+        for _ in 0..3 {
+            r.reserve().unwrap();
+        }
+        assert!(r.reserve().is_none());
+        assert_eq!(r.wanted(), 5, "capped at the most slots");
+        r.back(9);
+        r.assert_invariants();
     }
 }

@@ -78,6 +78,8 @@ pub struct Stats {
     pub recv_window: u32,
     /// Free send slots.
     pub send_free: u32,
+    /// Send ring slots now (it starts at the send window and grows when found full).
+    pub send_slots: u32,
     /// Reserved or committed frames not yet posted.
     pub send_unposted: u32,
     /// Posted send slots not yet reclaimed.
@@ -146,6 +148,7 @@ impl Connection {
                 geometry.credit_return_threshold,
             ),
             send: SendRing::new(
+                geometry.send_window,
                 geometry.send_slots,
                 geometry.signal_interval,
                 geometry.max_queued,
@@ -200,6 +203,7 @@ impl Connection {
             recv_held: self.recv.held(),
             recv_window: self.recv.backed(),
             send_free: self.send.free(),
+            send_slots: self.send.slots(),
             send_unposted: self.send.unposted(),
             send_unreclaimed: self.send.unreclaimed(),
             control_busy: self.control_busy,
@@ -304,6 +308,22 @@ impl Connection {
             return;
         }
         if self.send.abort(reservation.seq) {
+            self.flush();
+        }
+    }
+
+    /// Send slots to have memory for, when more than the driver backs: twice the ring's (up
+    /// to `send_slots`) once a reservation found it full; 0 otherwise. The driver registers
+    /// what is missing and calls [`Self::back_send_slots`].
+    pub fn send_slots_wanted(&self) -> u32 {
+        self.send.wanted()
+    }
+
+    /// The driver has memory for `n` send slots (at most `send_slots`): the ring grows to
+    /// them as soon as no slot is in use, and async senders waiting for room are told.
+    pub fn back_send_slots(&mut self, n: u32) {
+        if self.closed.is_none() {
+            self.send.back(n);
             self.flush();
         }
     }

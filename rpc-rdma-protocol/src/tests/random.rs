@@ -75,16 +75,20 @@ pub(super) fn config() -> impl Strategy<Value = Config> {
                     2..window,
                     1..=send_slots,
                     prop_oneof![Just(0u32), Just(64), Just(128)],
+                    1..=send_slots,
                 )
             })
         })
-        .prop_map(|(base, signal, threshold, queued, max_inline)| Config {
-            signal_interval: Some(signal),
-            credit_return_threshold: Some(threshold),
-            max_queued: Some(queued),
-            max_inline,
-            ..base
-        })
+        .prop_map(
+            |(base, signal, threshold, queued, max_inline, send)| Config {
+                send_window: Some(send),
+                signal_interval: Some(signal),
+                credit_return_threshold: Some(threshold),
+                max_queued: Some(queued),
+                max_inline,
+                ..base
+            },
+        )
 }
 
 pub(super) fn apply(p: &mut Pair, op: Op) {

@@ -38,6 +38,10 @@ impl Default for PollMode {
     }
 }
 
+/// The send slots a connection registers at first, unless [`RdmaConfig::send_window`] says
+/// otherwise: enough for calls one at a time; concurrency doubles the ring as needed.
+pub const DEFAULT_SEND_WINDOW: u32 = 2;
+
 /// The initial receive window of a connection on a shared receive queue, unless
 /// [`RdmaConfig::recv_window`] says otherwise: what every connection commits however idle
 /// (a busy one has it doubled while the queue has buffers to spare).
@@ -123,6 +127,10 @@ pub struct RdmaConfig {
     /// to the ring, so keeping received `Bytes` never starves a connection of receives or
     /// its peer of credits.
     pub lend_limit: Option<u32>,
+    /// Send slots registered at first (`1..=slots`); `None`: [`DEFAULT_SEND_WINDOW`]. A
+    /// connection whose senders find the ring full gets it doubled, up to `slots`, so the
+    /// memory follows the frames in flight, not the configured ring.
+    pub send_window: Option<u32>,
     /// Receive slots posted at first, the peer's initial credits (`3..=slots`); `None`: all
     /// of them with a ring of the connection's own, [`DEFAULT_SHARED_WINDOW`] with a shared
     /// receive queue. A peer that uses up the window gets it doubled, up to `slots` (see
@@ -132,7 +140,10 @@ pub struct RdmaConfig {
     /// Receive from one shared receive queue per device and slot size, with the bounds given,
     /// instead of a ring of receive slots per connection (see docs/PROTOCOL.md, "Shared
     /// receive queue"): memory follows the windows the connections use, not their number
-    /// times the ring. `None`: each connection registers and posts its own ring.
+    /// times the ring. `None` (the default): each connection registers and posts its own
+    /// ring. Not the default yet: a queue pair in error flushes no receive of a shared
+    /// queue, so a connection whose peer broke it (a forged rkey, say) is noticed only once
+    /// the engine reads the device's asynchronous events, which it does not yet.
     pub shared_recv: Option<SharedRecvConfig>,
     /// Entries of each completion queue the connections of one device share (the device's
     /// limit permitting). A connection reserves room for its whole send and receive queues
@@ -162,6 +173,7 @@ impl Default for RdmaConfig {
             large_cache: 64 << 20,
             large_max_grants: 16,
             lend_limit: None,
+            send_window: None,
             recv_window: None,
             shared_recv: None,
             cq_entries: 16 * 1024,
@@ -184,8 +196,16 @@ impl RdmaConfig {
             recv_slot_size: self.slot_size,
             max_inline,
             lend_limit: self.lend_limit,
+            send_window: Some(
+                self.send_window
+                    .unwrap_or(DEFAULT_SEND_WINDOW)
+                    .min(self.slots),
+            ),
             recv_window: match self.shared_recv {
-                Some(_) => Some(self.recv_window.unwrap_or(DEFAULT_SHARED_WINDOW)),
+                Some(_) => Some(
+                    self.recv_window
+                        .unwrap_or(DEFAULT_SHARED_WINDOW.min(self.slots)),
+                ),
                 None => self.recv_window,
             },
             shared_recv: self.shared_recv.is_some(),

@@ -13,9 +13,12 @@ mod kick;
 mod large_pool;
 mod resources;
 mod response_sizes;
+mod send_memory;
 mod server;
 mod shared_recv;
 
 pub use client::RdmaClient;
-pub use config::{PollMode, RdmaConfig, SharedRecvConfig, DEFAULT_SHARED_WINDOW};
+pub use config::{
+    PollMode, RdmaConfig, SharedRecvConfig, DEFAULT_SEND_WINDOW, DEFAULT_SHARED_WINDOW,
+};
 pub use server::RdmaServer;

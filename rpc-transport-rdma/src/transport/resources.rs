@@ -10,6 +10,7 @@ use crate::protocol::WorkId;
 use crate::transport::config::RdmaConfig;
 use crate::transport::engine::{Attachment, Engine, Role};
 use crate::transport::large_pool::LargePool;
+use crate::transport::send_memory::SendMemory;
 use crate::transport::shared_recv::SharedRecv;
 use crate::verbs::{
     AccessFlags, CmId, MemoryRegion, QpCapabilities, QpInitAttr, QueuePair, RecvRequest, Sge,
@@ -22,7 +23,7 @@ use crate::verbs::{
 /// entries and tag back.
 pub(crate) struct Resources {
     pub(crate) qp: QueuePair,
-    pub(crate) send_mr: MemoryRegion,
+    pub(crate) send: SendMemory,
     pub(crate) recv: RecvMemory,
     /// Buffers and windows of large bodies (shared with the `Bytes` of delivered bodies,
     /// which keep their registration alive after the connection is gone).
@@ -112,10 +113,13 @@ impl Resources {
         protocol
             .validate()
             .map_err(|e| Status::invalid_argument(format!("RDMA ring configuration: {e}")))?;
-        let send_len = protocol.send_slots as usize * protocol.send_slot_size as usize
-            + crate::protocol::CONTROL_BUF_LEN;
-        let send_mr = MemoryRegion::alloc(&pd, send_len, AccessFlags::NONE)
-            .map_err(|e| verbs_status("registering the send ring", e))?;
+        let send = SendMemory::new(
+            &pd,
+            protocol.send_window.unwrap_or(protocol.send_slots),
+            protocol.send_slots,
+            protocol.send_slot_size,
+        )
+        .map_err(|e| verbs_status("registering the send ring", e))?;
         let recv = match shared {
             Some(shared) => {
                 let window = protocol.window();
@@ -135,7 +139,7 @@ impl Resources {
         let large = LargePool::new(pd, config.large_budget, config.large_cache);
         let resources = Resources {
             qp,
-            send_mr,
+            send,
             recv,
             large,
             attachment,
@@ -204,34 +208,5 @@ impl Resources {
         // SAFETY: in bounds (checked above) of the registered, live buffer; the caller
         // guarantees the device does not write this slot while the slice lives.
         unsafe { std::slice::from_raw_parts((ring.addr() as usize + offset) as *const u8, size) }
-    }
-}
-
-impl Resources {
-    /// The bytes of send buffer `target`, for writing a frame into it.
-    ///
-    /// # Safety
-    /// The caller holds the connection's engine lock (so nobody else writes send memory) and
-    /// the protocol owns no posted work request on `target` (it was just reserved, or it is
-    /// being prepared right before its post).
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn send_buffer(&self, target: crate::protocol::SendTarget) -> &mut [u8] {
-        let size = self.protocol.send_slot_size as usize;
-        let (offset, len) = match target {
-            crate::protocol::SendTarget::Ring(slot) => (slot as usize * size, size),
-            crate::protocol::SendTarget::Control => (
-                self.protocol.send_slots as usize * size,
-                crate::protocol::CONTROL_BUF_LEN,
-            ),
-        };
-        assert!(
-            offset + len <= self.send_mr.len(),
-            "send buffer out of range"
-        );
-        // SAFETY: in bounds of the live registered buffer; exclusivity is the caller's
-        // contract (engine lock held, no posted request reading this buffer).
-        unsafe {
-            std::slice::from_raw_parts_mut((self.send_mr.addr() as usize + offset) as *mut u8, len)
-        }
     }
 }

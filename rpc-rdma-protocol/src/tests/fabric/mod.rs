@@ -340,9 +340,16 @@ impl Endpoint {
     /// The driver grows the receive window by what the connection wants, at most `n`, as
     /// far as it can back the slots.
     pub(crate) fn grow(&mut self, n: u32) -> bool {
+        let send = self.conn.send_slots_wanted();
+        let grew_send = send > 0;
+        if grew_send {
+            // Memory for the whole send ring is there: back what the ring asks for.
+            self.conn.back_send_slots(send);
+            self.absorb();
+        }
         let n = self.recv.back(n.min(self.conn.window_wanted()));
         if n == 0 {
-            return false;
+            return grew_send;
         }
         let grown = self.conn.grow_window(n);
         assert_eq!(grown, n, "a wanted window did not grow");

@@ -255,10 +255,10 @@ impl Conn {
                 Action::PostSend(work) => {
                     // SAFETY: state lock held; the protocol posts each buffer once until its
                     // completion reclaims it, and this is that post.
-                    let buf = unsafe { self.res.send_buffer(work.target) };
+                    let (buf, lkey) = unsafe { self.res.send.buffer(work.target) };
                     work.prepare(buf);
                     let res = &self.res;
-                    let sge = [Sge::new(buf.as_ptr() as u64, work.len, res.send_mr.lkey())];
+                    let sge = [Sge::new(buf.as_ptr() as u64, work.len, lkey)];
                     let mut flags = SendFlags::NONE;
                     if work.signaled {
                         flags |= SendFlags::SIGNALED;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use rpc_core::frame::OutgoingFrame;
 use rpc_core::Status;
 
+use super::State;
 use super::{large, Conn};
 use crate::protocol::SendError;
 
@@ -178,10 +179,18 @@ impl Conn {
     fn post_frame(&self, frame: &OutgoingFrame<'_>) -> Result<(), SendError> {
         let len = frame.len();
         let mut state = self.state.lock();
-        let reservation = state.proto.reserve_send(len)?;
+        let reservation = match state.proto.reserve_send(len) {
+            Ok(reservation) => reservation,
+            Err(err) => {
+                // A full ring asks for more slots: their memory now, the ring grows once it
+                // drains.
+                self.back_send_slots(&mut state);
+                return Err(err);
+            }
+        };
         // SAFETY: the state lock is held and the slot was just reserved, so no posted work
         // request reads it.
-        let slot = unsafe { self.res.send_buffer(reservation.target()) };
+        let (slot, _) = unsafe { self.res.send.buffer(reservation.target()) };
         let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             frame.write_to(&mut slot[..len])
         }));
@@ -197,5 +206,18 @@ impl Conn {
         // lock already held. Their credits ride on the next frame.
         self.release_deferred(&mut state);
         committed
+    }
+
+    /// Registers memory for the send slots the protocol wants, if any, and tells it.
+    pub(super) fn back_send_slots(&self, state: &mut State) {
+        let wanted = state.proto.send_slots_wanted();
+        if wanted == 0 {
+            return;
+        }
+        match self.res.send.back(wanted) {
+            Ok(()) => state.proto.back_send_slots(wanted),
+            // The ring keeps the slots it has: slower, not broken.
+            Err(e) => tracing::warn!(peer = %self.peer, %e, wanted, "growing the send ring"),
+        }
     }
 }
