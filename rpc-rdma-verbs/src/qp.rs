@@ -427,10 +427,20 @@ pub(crate) fn post_recv_chain(
     wrs: &[RecvRequest<'_>],
     post: impl FnOnce(*mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int,
 ) -> Result<()> {
-    if wrs.is_empty() {
-        return Ok(());
-    }
-    let mut raws = wrs.iter().map(build_recv_wr).collect::<Result<Vec<_>>>()?;
+    let mut one;
+    let mut many;
+    let raws: &mut [ibv_recv_wr] = match wrs {
+        [] => return Ok(()),
+        // The common re-post of one buffer: no allocation.
+        [wr] => {
+            one = [build_recv_wr(wr)?];
+            &mut one
+        }
+        _ => {
+            many = wrs.iter().map(build_recv_wr).collect::<Result<Vec<_>>>()?;
+            &mut many
+        }
+    };
     let base = raws.as_mut_ptr();
     for i in 1..raws.len() {
         // SAFETY: `i` and `i - 1` are in bounds of `raws`, which is not resized after this.

@@ -197,7 +197,11 @@ impl SharedRecv {
     /// Puts a buffer back on the queue: its frame was consumed, refused, or released by the
     /// upper layer.
     pub(crate) fn repost(&self, buf: u32) {
-        if let Err(e) = self.post(&[buf]) {
+        // One buffer per message: no allocation on this path.
+        let sge = [self.sge(buf)];
+        let request = [self.request(buf, &sge)];
+        // SAFETY: as in `post`.
+        if let Err(e) = unsafe { self.srq.post_recv_list(&request) } {
             // Only a queue in error (the device is gone) refuses a post.
             tracing::warn!(buf, %e, "re-posting a shared receive buffer");
         }
@@ -208,15 +212,19 @@ impl SharedRecv {
         let requests: Vec<RecvRequest<'_>> = bufs
             .iter()
             .zip(&sges)
-            .map(|(&buf, sge)| RecvRequest {
-                wr_id: WorkId::Recv(buf).to_wr_id(self.tag),
-                sges: sge,
-            })
+            .map(|(&buf, sge)| self.request(buf, sge))
             .collect();
         // SAFETY: each SGE names a whole buffer of a registered chunk, which lives as long as
         // the SRQ (a field of this struct, after the SRQ). The buffer is not read by anyone:
         // it was just registered, or its frame was consumed, or the upper layer released it.
         unsafe { self.srq.post_recv_list(&requests) }
+    }
+
+    fn request<'a>(&self, buf: u32, sge: &'a [Sge; 1]) -> RecvRequest<'a> {
+        RecvRequest {
+            wr_id: WorkId::Recv(buf).to_wr_id(self.tag),
+            sges: sge,
+        }
     }
 
     fn chunk_of(&self, buf: u32) -> (&MemoryRegion, usize) {

@@ -47,9 +47,12 @@ mod epoll;
 mod lease;
 mod poller;
 mod registry;
+mod shared_cq;
+mod srqs;
 
 use epoll::Epoll;
 use registry::{Registry, Route, MAX_EARLY};
+pub(crate) use shared_cq::SharedCq;
 
 /// Completions taken from a CQ per poll.
 const POLL_BATCH: usize = 32;
@@ -94,36 +97,6 @@ pub(crate) enum Polled {
     Empty,
     /// Another thread is polling it right now.
     Busy,
-}
-
-/// A completion queue shared by many queue pairs.
-pub(crate) struct SharedCq {
-    pub(crate) cq: Arc<CompletionQueue>,
-    /// Entries promised to the queue pairs on this CQ (their send plus receive depths).
-    reserved: Mutex<u32>,
-    /// The poll buffer; holding it is what makes a thread the CQ's poller for a moment.
-    completions: Mutex<Vec<WorkCompletion>>,
-    /// Blocking callers spinning on this CQ right now, and the async caller holding its
-    /// drive lease.
-    spinners: AtomicUsize,
-    /// Which async caller drives this CQ on its own task ([`lease`]).
-    lease: lease::Lease,
-    /// Polling it failed: its connections were closed and nobody polls it any more.
-    failed: AtomicBool,
-    /// Entries of queue pairs destroyed since the CQ was last found empty. Some providers
-    /// leave a destroyed QP's completions in the CQ, so its entries are given back only once
-    /// the CQ was seen empty after its destruction.
-    released: AtomicU32,
-}
-
-impl SharedCq {
-    /// The CQ was found empty: the entries of queue pairs destroyed before are free.
-    fn drained(&self) {
-        if self.released.load(Ordering::Acquire) != 0 {
-            let entries = self.released.swap(0, Ordering::AcqRel);
-            *self.reserved.lock() -= entries;
-        }
-    }
 }
 
 /// Shared by the connections of one device and poll mode; see the module documentation.
@@ -315,43 +288,6 @@ impl Engine {
             has_attention: AtomicBool::new(false),
             stalls: Mutex::new(Vec::new()),
         }))
-    }
-
-    /// The shared receive queue for buffers of `buffer_size` bytes bounded by `config`,
-    /// created if there is none yet.
-    pub(crate) fn shared_recv(
-        &self,
-        buffer_size: u32,
-        config: &crate::transport::config::SharedRecvConfig,
-    ) -> Result<Arc<SharedRecv>, Status> {
-        let mut srqs = self.srqs.lock();
-        if let Some(srq) = srqs.iter().find(|s| s.serves(buffer_size, config)) {
-            return Ok(srq.clone());
-        }
-        let tag = self.registry.reserve_srq().ok_or_else(|| {
-            Status::resource_exhausted("this process used up its RDMA connection tags")
-        })?;
-        let srq = Arc::new(SharedRecv::new(
-            &self.pd,
-            buffer_size,
-            config,
-            self.max_srq_wr,
-            tag,
-        )?);
-        self.registry.register_srq(tag, &srq);
-        srqs.push(srq.clone());
-        self.has_srq.store(true, Ordering::Release);
-        Ok(srq)
-    }
-
-    /// The tag `wc` is routed by (see [`Registry::route_tag`]).
-    fn route_tag(&self, wc: &WorkCompletion) -> u32 {
-        let tag = tag_of(wc);
-        if self.has_srq.load(Ordering::Relaxed) {
-            self.registry.route_tag(tag, wc.qp_num())
-        } else {
-            tag
-        }
     }
 
     /// A CQ with room for `entries` more, reserved; a new CQ if none has room.

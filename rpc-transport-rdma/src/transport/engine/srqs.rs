@@ -1,0 +1,51 @@
+//! The engine's shared receive queues: one per buffer size and bounds, and the routing of
+//! their receives by `qp_num`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rpc_core::Status;
+
+use super::{tag_of, Engine};
+use crate::transport::config::SharedRecvConfig;
+use crate::transport::shared_recv::SharedRecv;
+use crate::verbs::WorkCompletion;
+
+impl Engine {
+    /// The shared receive queue for buffers of `buffer_size` bytes bounded by `config`,
+    /// created if there is none yet.
+    pub(crate) fn shared_recv(
+        &self,
+        buffer_size: u32,
+        config: &SharedRecvConfig,
+    ) -> Result<Arc<SharedRecv>, Status> {
+        let mut srqs = self.srqs.lock();
+        if let Some(srq) = srqs.iter().find(|s| s.serves(buffer_size, config)) {
+            return Ok(srq.clone());
+        }
+        let tag = self.registry.reserve_srq().ok_or_else(|| {
+            Status::resource_exhausted("this process used up its RDMA connection tags")
+        })?;
+        let srq = Arc::new(SharedRecv::new(
+            &self.pd,
+            buffer_size,
+            config,
+            self.max_srq_wr,
+            tag,
+        )?);
+        self.registry.register_srq(tag, &srq);
+        srqs.push(srq.clone());
+        self.has_srq.store(true, Ordering::Release);
+        Ok(srq)
+    }
+
+    /// The tag `wc` is routed by (see [`Registry::route_tag`]).
+    pub(super) fn route_tag(&self, wc: &WorkCompletion) -> u32 {
+        let tag = tag_of(wc);
+        if self.has_srq.load(Ordering::Relaxed) {
+            self.registry.route_tag(tag, wc.qp_num())
+        } else {
+            tag
+        }
+    }
+}
