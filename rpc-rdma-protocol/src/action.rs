@@ -226,6 +226,8 @@ pub enum WorkId {
     Bind(u32),
     /// The invalidation of a grant's rkey.
     Invalidate(u32),
+    /// A keepalive probe (see [`crate::Connection::start_probe`]).
+    Probe,
 }
 
 impl WorkId {
@@ -235,6 +237,7 @@ impl WorkId {
     const TAG_WRITE: u64 = 4;
     const TAG_BIND: u64 = 5;
     const TAG_INVALIDATE: u64 = 6;
+    const TAG_PROBE: u64 = 7;
 
     /// Packs the id with a connection tag: bits 63..35 tag (29 bits), 34..3 index, 2..0 kind.
     pub fn to_wr_id(self, conn: u32) -> u64 {
@@ -245,6 +248,7 @@ impl WorkId {
             WorkId::Write(id) => (Self::TAG_WRITE, id),
             WorkId::Bind(id) => (Self::TAG_BIND, id),
             WorkId::Invalidate(id) => (Self::TAG_INVALIDATE, id),
+            WorkId::Probe => (Self::TAG_PROBE, 0),
         };
         debug_assert!(conn < 1 << 29, "connection tag beyond 29 bits");
         (u64::from(conn) << 35) | (u64::from(index) << 3) | kind
@@ -261,6 +265,7 @@ impl WorkId {
             Self::TAG_WRITE => WorkId::Write(index),
             Self::TAG_BIND => WorkId::Bind(index),
             Self::TAG_INVALIDATE => WorkId::Invalidate(index),
+            Self::TAG_PROBE if index == 0 => WorkId::Probe,
             _ => return None,
         };
         Some((conn, id))
@@ -329,6 +334,7 @@ mod tests {
             WorkId::Write(u32::MAX),
             WorkId::Bind(3),
             WorkId::Invalidate(1 << 31),
+            WorkId::Probe,
         ] {
             for conn in [0, 1, (1 << 29) - 1] {
                 assert_eq!(WorkId::from_wr_id(id.to_wr_id(conn)), Some((conn, id)));
@@ -336,6 +342,6 @@ mod tests {
         }
         assert_eq!(WorkId::from_wr_id(0), None);
         assert_eq!(WorkId::from_wr_id(0b1010), None);
-        assert_eq!(WorkId::from_wr_id(0b111), None);
+        assert_eq!(WorkId::from_wr_id(0b1111), None, "a probe has index 0");
     }
 }

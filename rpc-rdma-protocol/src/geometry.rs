@@ -113,10 +113,11 @@ impl Config {
         self.resolve().map(|_| ())
     }
 
-    /// Send-queue depth the QP needs: every ring slot and the control buffer, plus the
-    /// WRITEs, window binds and invalidations of the large-body path (all signaled).
+    /// Send-queue depth the QP needs: every ring slot and the control buffer, the WRITEs,
+    /// window binds and invalidations of the large-body path (all signaled), and one
+    /// keepalive probe.
     pub fn sq_depth(&self) -> u32 {
-        self.send_slots + 1 + self.large.write_window + 2 * self.large.max_grants
+        sq_depth(self.send_slots, &self.large)
     }
 
     /// Completion-queue depth for one QP on one CQ: the send queue plus every receive.
@@ -299,7 +300,7 @@ impl Geometry {
 
     /// Send-queue depth the QP needs (see [`Config::sq_depth`]).
     pub fn sq_depth(&self) -> u32 {
-        self.send_slots + 1 + self.large.write_window + 2 * self.large.max_grants
+        sq_depth(self.send_slots, &self.large)
     }
 
     /// Receive-queue depth the QP needs (none with a shared receive queue).
@@ -310,6 +311,12 @@ impl Geometry {
             self.recv_slots
         }
     }
+}
+
+/// Send-queue entries for `send_slots` ring slots, the control buffer, the large-body
+/// path's work requests and one keepalive probe.
+fn sq_depth(send_slots: u32, large: &LargeConfig) -> u32 {
+    send_slots + 1 + large.write_window + 2 * large.max_grants + 1
 }
 
 #[cfg(test)]
@@ -383,7 +390,8 @@ mod tests {
         assert_eq!(g.send_offset(SendTarget::Control), 64 * 8192);
         assert_eq!(g.send_region_len(), 64 * 8192 + CONTROL_BUF_LEN);
         assert_eq!(g.recv_offset(63) + 8192, g.recv_region_len());
-        assert_eq!(g.sq_depth(), 65 + 2 + 2 * 16);
+        // Ring and control, 2 WRITEs, a bind and an invalidation per grant, one probe.
+        assert_eq!(g.sq_depth(), 65 + 2 + 2 * 16 + 1);
     }
 
     #[test]

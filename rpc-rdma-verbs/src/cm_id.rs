@@ -10,7 +10,7 @@ use std::time::Duration;
 use rdma_sys::{
     rdma_accept, rdma_bind_addr, rdma_cm_id, rdma_conn_param, rdma_connect, rdma_create_id,
     rdma_destroy_id, rdma_disconnect, rdma_get_request, rdma_listen, rdma_port_space, rdma_reject,
-    rdma_resolve_addr, rdma_resolve_route,
+    rdma_resolve_addr, rdma_resolve_route, rdma_set_option,
 };
 
 use super::context::Context;
@@ -358,6 +358,37 @@ impl CmId {
         let (_guard, raw) = self.inner.lock();
         // SAFETY: the id is alive and locked; the data outlives the call.
         check("rdma_reject", unsafe { rdma_reject(raw, data, len) })
+    }
+
+    /// Sets the local ACK timeout of the id's queue pair (`RDMA_OPTION_ID_ACK_TIMEOUT`):
+    /// 4.096 µs × 2^`exponent` (0–31) before an unacknowledged packet is sent again, so a
+    /// silent peer is declared dead after about `retry_count + 1` times that. Call before
+    /// `connect` or `accept`; without it rdma_cm derives the timeout from the route's
+    /// packet lifetime.
+    pub fn set_ack_timeout(&self, exponent: u8) -> Result<()> {
+        /// `RDMA_OPTION_ID` and `RDMA_OPTION_ID_ACK_TIMEOUT` of `<rdma/rdma_cma.h>`, which
+        /// rdma-sys does not bind.
+        const RDMA_OPTION_ID: c_int = 0;
+        const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
+        if exponent > 31 {
+            return Err(VerbsError::invalid(
+                "rdma_set_option(ACK_TIMEOUT)",
+                "the exponent is 5 bits (0-31)",
+            ));
+        }
+        let mut value = exponent;
+        let (_guard, raw) = self.inner.lock();
+        // SAFETY: the id is alive and locked; `value` is the `uint8_t` the option takes and
+        // outlives the call.
+        check("rdma_set_option(ACK_TIMEOUT)", unsafe {
+            rdma_set_option(
+                raw,
+                RDMA_OPTION_ID,
+                RDMA_OPTION_ID_ACK_TIMEOUT,
+                (&mut value as *mut u8).cast(),
+                1,
+            )
+        })
     }
 
     /// Disconnects: moves the QP to the error state (outstanding work requests complete as

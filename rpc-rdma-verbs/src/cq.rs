@@ -64,6 +64,11 @@ impl CompletionQueue {
         self.tag
     }
 
+    /// What names this CQ in an [`super::EventSubject::Cq`].
+    pub fn id(&self) -> usize {
+        self.raw.as_ptr() as usize
+    }
+
     /// The number of entries the CQ really has (at least what was asked for).
     pub fn capacity(&self) -> u32 {
         // SAFETY: the CQ is alive; `cqe` is only changed by ibv_resize_cq, which we never call.

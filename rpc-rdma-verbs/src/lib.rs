@@ -7,6 +7,7 @@
 //! | rdma_cm id (resolve, listen, connect, accept, disconnect) | [`CmId`], [`ConnParam`] | `cm_id.rs` |
 //! | device list | [`devices`], [`DeviceInfo`] | `device.rs` |
 //! | device context (query device/port/GID) | [`Context`] | `context.rs` |
+//! | asynchronous events of a context | [`AsyncEvent`], [`AsyncEventKind`] | `async_event.rs` |
 //! | protection domain | [`ProtectionDomain`] | `pd.rs` |
 //! | memory region, page-aligned buffer | [`MemoryRegion`], [`AlignedBuffer`] | `mr.rs` |
 //! | memory window (type 2) | [`MemoryWindow`] | `mw.rs` |
@@ -61,6 +62,7 @@
 //! On current kernels [`fork_status`] reports [`ForkStatus::Unneeded`]. Either way the child
 //! cannot use the parent's verbs objects.
 
+mod async_event;
 mod cm_id;
 mod comp_channel;
 mod context;
@@ -78,6 +80,7 @@ pub mod test_support;
 mod wc;
 mod wr;
 
+pub use async_event::{AsyncEvent, AsyncEventKind, EventSubject};
 pub use cm_id::{
     CmId, ConnParam, ConnectRequest, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,
     MAX_REJECT_PRIVATE_DATA,

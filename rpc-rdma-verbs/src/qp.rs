@@ -330,6 +330,21 @@ impl QueuePair {
         post_result("ibv_post_send(LOCAL_INV)", ret, 0)
     }
 
+    /// Posts a zero-length RDMA WRITE (signaled): a liveness probe. It names no memory on
+    /// either side (a zero-length RDMA operation checks no rkey, IBTA C9-88) and consumes no
+    /// receive at the peer, but completes only once the peer's queue pair acknowledged it:
+    /// it fails with a flush if this queue pair is in the error state, and with
+    /// retry-exceeded if the peer's no longer answers.
+    pub fn post_probe(&self, wr_id: u64) -> Result<()> {
+        let mut raw = empty_send_wr(wr_id, SendFlags::SIGNALED);
+        raw.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+        let mut bad: *mut ibv_send_wr = ptr::null_mut();
+        // SAFETY: the QP is alive; the request names no memory (no SGE, remote address 0,
+        // rkey 0, length 0).
+        let ret = unsafe { ibv_post_send(self.raw.as_ptr(), &mut raw, &mut bad) };
+        post_result("ibv_post_send(probe)", ret, 0)
+    }
+
     /// Posts one receive.
     ///
     /// # Safety

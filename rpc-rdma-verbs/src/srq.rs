@@ -81,6 +81,11 @@ impl SharedReceiveQueue {
         })
     }
 
+    /// What names this SRQ in an [`super::EventSubject::Srq`].
+    pub fn id(&self) -> usize {
+        self.raw.as_ptr() as usize
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut ibv_srq {
         self.raw.as_ptr()
     }

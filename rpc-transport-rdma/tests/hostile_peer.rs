@@ -21,7 +21,7 @@ use rpc_transport_rdma::verbs::{
     MemoryRegion, ProtectionDomain, QpCapabilities, QpInitAttr, QueuePair, RecvRequest, RemoteAddr,
     SendFlags, SendOp, SendRequest, WcOpcode, WorkCompletion,
 };
-use rpc_transport_rdma::{RdmaClient, RdmaConfig, RdmaServer};
+use rpc_transport_rdma::{RdmaClient, RdmaConfig, RdmaServer, SharedRecvConfig};
 
 const LIMIT: Duration = Duration::from_secs(15);
 
@@ -52,6 +52,12 @@ const SLOT: usize = 4096;
 
 impl HostilePeer {
     fn connect(server: SocketAddr) -> HostilePeer {
+        HostilePeer::connect_with_retries(server, 6)
+    }
+
+    /// Connects asking for `retry_count` transport retries (which the server's queue pair
+    /// takes too).
+    fn connect_with_retries(server: SocketAddr, retry_count: u8) -> HostilePeer {
         let channel = EventChannel::new().expect("event channel");
         channel.set_nonblocking(true).expect("non-blocking");
         let id = CmId::new(&channel).expect("cm id");
@@ -97,6 +103,7 @@ impl HostilePeer {
         id.connect(&ConnParam {
             private_data: &params,
             rnr_retry_count: 0,
+            retry_count,
             ..ConnParam::default()
         })
         .expect("connect");
@@ -150,6 +157,13 @@ impl HostilePeer {
         .expect("post write");
     }
 
+    /// Destroys the queue pair but keeps the rdma_cm id connected: a peer that died without
+    /// a word (its host lost power, say). Returns what still waits for the disconnect.
+    fn lose_queue_pair(self) -> (Arc<EventChannel>, CmId) {
+        drop(self.qp);
+        (self.channel, self._id)
+    }
+
     fn expect_disconnected(self) {
         next_event(&self.channel, CmEventKind::Disconnected);
     }
@@ -194,11 +208,82 @@ fn call_succeeds_as_unimplemented(channel: &Channel) {
 #[test]
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn protocol_violations_disconnect_only_the_offender() {
-    // RUST_LOG=rpc_transport_rdma=debug shows the server's side.
+    offenders_are_disconnected(RdmaConfig {
+        shared_recv: None,
+        ..RdmaConfig::default()
+    });
+}
+
+/// A queue pair on a shared receive queue has no receives to flush when it goes to the
+/// error state (a forged rkey): hardware raises an asynchronous event, soft-RoCE raises
+/// none, and the keepalive probe that follows fails instead.
+#[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+fn protocol_violations_disconnect_only_the_offender_on_a_shared_receive_queue() {
+    offenders_are_disconnected(RdmaConfig {
+        shared_recv: Some(SharedRecvConfig::default()),
+        keepalive: Some(Duration::from_millis(300)),
+        ..RdmaConfig::default()
+    });
+}
+
+/// A peer whose queue pair vanished without a disconnect (the peer died) answers no probe:
+/// the server's probe runs out of its retries (the peer asked for 3, of 67 ms each) and the
+/// server frees the connection.
+#[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+fn a_dead_peer_is_noticed_once_the_probe_runs_out_of_retries() {
+    dead_peer_is_disconnected(3, Duration::from_secs(60));
+}
+
+/// The same peer asking for 7 retries, which soft-RoCE takes as "forever": the probe stays
+/// unanswered, and the keepalive timeout declares the peer dead.
+#[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+fn a_dead_peer_is_noticed_once_the_probe_times_out() {
+    dead_peer_is_disconnected(7, Duration::from_secs(1));
+}
+
+fn dead_peer_is_disconnected(peer_retry_count: u8, keepalive_timeout: Duration) {
+    init_tracing();
+    if test_support::require_device().is_none() {
+        return;
+    }
+    let dispatcher = Server::builder().build().expect("dispatcher");
+    let config = RdmaConfig {
+        keepalive: Some(Duration::from_millis(300)),
+        keepalive_timeout,
+        // 4.096 µs × 2^14 = 67 ms per retry.
+        ack_timeout: Some(14),
+        ..RdmaConfig::default()
+    };
+    let server = RdmaServer::bind(
+        &SocketAddr::new(test_support::test_addr(), 0).to_string(),
+        dispatcher,
+        config,
+    )
+    .expect("server");
+    let peer = HostilePeer::connect_with_retries(server.local_addr(), peer_retry_count);
+    let started = Instant::now();
+    let (channel, _id) = peer.lose_queue_pair();
+    next_event(&channel, CmEventKind::Disconnected);
+    eprintln!(
+        "dead peer (asked for {peer_retry_count} retries) disconnected by the server after {:?}",
+        started.elapsed()
+    );
+}
+
+/// RUST_LOG=rpc_transport_rdma=debug shows the server's side.
+fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
+}
+
+/// Every kind of offence against a server configured with `server_config`.
+fn offenders_are_disconnected(server_config: RdmaConfig) {
+    init_tracing();
     if test_support::require_device().is_none() {
         return;
     }
@@ -206,7 +291,7 @@ fn protocol_violations_disconnect_only_the_offender() {
     let server = RdmaServer::bind(
         &SocketAddr::new(test_support::test_addr(), 0).to_string(),
         dispatcher,
-        RdmaConfig::default(),
+        server_config,
     )
     .expect("server");
     let addr = server.local_addr();

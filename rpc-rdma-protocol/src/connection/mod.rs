@@ -15,6 +15,7 @@ use super::recv_ring::RecvRing;
 use super::send_ring::{Pending, SendRing};
 
 mod large;
+mod probe;
 mod recv;
 
 /// A frame that leaves the peer with at most this many usable credits (posted slots whose
@@ -63,6 +64,20 @@ pub enum CloseReason {
     CompletionError(WorkId),
     /// The peer or the completion stream broke the protocol.
     Violation(ProtocolViolation),
+}
+
+impl std::fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CloseReason::Local => f.write_str("closed locally"),
+            CloseReason::CompletionError(WorkId::Probe) => f.write_str(
+                "keepalive probe failed: the queue pair is in the error state, or the peer \
+                 stopped answering",
+            ),
+            CloseReason::CompletionError(work) => write!(f, "work request {work:?} failed"),
+            CloseReason::Violation(violation) => write!(f, "protocol violation: {violation}"),
+        }
+    }
 }
 
 /// A snapshot of a connection's counters and gauges.
@@ -125,6 +140,8 @@ pub struct Connection {
     window_wanted: u32,
     large: Large,
     control_busy: bool,
+    /// A keepalive probe is posted and not complete.
+    probing: bool,
     want_writable: bool,
     actions: VecDeque<Action>,
     closed: Option<CloseReason>,
@@ -161,6 +178,7 @@ impl Connection {
             window_wanted: 0,
             large: Large::new(geometry.large),
             control_busy: false,
+            probing: false,
             want_writable: false,
             actions: VecDeque::with_capacity(capacity),
             closed: None,

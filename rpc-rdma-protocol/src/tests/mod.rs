@@ -2,7 +2,7 @@
 //! ([`fabric`]), scripted scenarios, hostile input, and random interleavings.
 
 mod advertise;
-mod fabric;
+pub(crate) mod fabric;
 mod hostile;
 mod large;
 mod lending;

@@ -35,6 +35,8 @@ pub(super) enum Op {
     Release(Side, u8),
     /// The driver grows the receive window by up to n of the slots wanted.
     Grow(Side, u8),
+    /// The driver posts a keepalive probe, if one may go.
+    Probe(Side),
 }
 
 pub(super) fn side() -> impl Strategy<Value = Side> {
@@ -53,6 +55,7 @@ pub(super) fn op() -> impl Strategy<Value = Op> {
         3 => side().prop_map(Op::PollRecv),
         3 => (side(), any::<u8>()).prop_map(|(s, i)| Op::Release(s, i)),
         1 => (side(), 1u8..4).prop_map(|(s, n)| Op::Grow(s, n)),
+        1 => side().prop_map(Op::Probe),
     ]
 }
 
@@ -130,6 +133,9 @@ pub(super) fn apply(p: &mut Pair, op: Op) {
         }
         Op::Grow(s, n) => {
             p.side(s).grow(u32::from(n));
+        }
+        Op::Probe(s) => {
+            p.side(s).probe();
         }
     }
 }

@@ -42,6 +42,10 @@ impl Default for PollMode {
 /// otherwise: enough for calls one at a time; concurrency doubles the ring as needed.
 pub const DEFAULT_SEND_WINDOW: u32 = 2;
 
+/// How long a connection may be idle before it is probed, unless [`RdmaConfig::keepalive`]
+/// says otherwise. A thousand idle connections cost about 70 probes a second.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
+
 /// The initial receive window of a connection on a shared receive queue, unless
 /// [`RdmaConfig::recv_window`] says otherwise: what every connection commits however idle
 /// (a busy one has it doubled while the queue has buffers to spare).
@@ -96,8 +100,16 @@ pub struct RdmaConfig {
     /// `rnr_retry_count` of the queue pairs. The credit protocol never lets an RNR happen, so
     /// the default is 0: an RNR would be a bug and fails loudly instead of stalling.
     pub rnr_retry: u8,
-    /// Transport retries before a silent peer is declared dead (`retry_count`, 0–7).
+    /// Transport retries before a silent peer is declared dead (`retry_count`, 0–7), asked
+    /// for by clients; a server's queue pairs take what each client asked for. Not 7:
+    /// soft-RoCE retries forever at 7 (hardware 7 times), which [`RdmaConfig::keepalive_timeout`]
+    /// then has to catch.
     pub retry_count: u8,
+    /// Local ACK timeout of the queue pairs, as the verbs exponent: 4.096 µs × 2^n (0–31)
+    /// before an unacknowledged packet is sent again; a silent peer is declared dead after
+    /// about `retry_count + 1` of them. `None`: what rdma_cm derives from the route (on
+    /// RoCE, seconds per retry).
+    pub ack_timeout: Option<u8>,
     /// How long address and route resolution and the connection handshake may take.
     pub connect_timeout: Duration,
     /// Inline data the queue pairs are asked to support; the device may grant less.
@@ -149,6 +161,18 @@ pub struct RdmaConfig {
     /// limit permitting). A connection reserves room for its whole send and receive queues
     /// on a CQ; once no CQ has room, another is created.
     pub cq_entries: u32,
+    /// Idle time after which a connection is probed (a zero-length RDMA WRITE its peer's
+    /// queue pair must acknowledge); `None`: never. A connection whose probe fails is
+    /// closed, its calls failing with `UNAVAILABLE`: its peer died or stopped answering
+    /// (noticed after this interval plus the transport's retries, `retry_count` times
+    /// `ack_timeout`), or its queue pair went to the error state without a completion to say
+    /// so (a forged rkey on a shared receive queue, with a device that raises no
+    /// asynchronous event for it). Busy connections are never probed.
+    pub keepalive: Option<Duration>,
+    /// Longest a probe may go unacknowledged, with nothing else completing meanwhile, before
+    /// the peer is declared dead and the connection closed (`UNAVAILABLE`), whatever the
+    /// transport's own retries would take.
+    pub keepalive_timeout: Duration,
     /// Header-only frames (the `Cancel` of a dropped call) that may wait for credits on one
     /// connection. Dropping a call never blocks: its Cancel is sent at once or queued;
     /// past this bound it is dropped, and the server's late answer to the call is ignored.
@@ -162,7 +186,8 @@ impl Default for RdmaConfig {
             slot_size: 8192,
             poll_mode: PollMode::default(),
             rnr_retry: 0,
-            retry_count: 7,
+            retry_count: 6,
+            ack_timeout: None,
             connect_timeout: Duration::from_secs(5),
             max_inline: 256,
             stall_limit: Duration::from_secs(10),
@@ -178,6 +203,8 @@ impl Default for RdmaConfig {
             shared_recv: None,
             cq_entries: 16 * 1024,
             control_queue: 1024,
+            keepalive: Some(DEFAULT_KEEPALIVE),
+            keepalive_timeout: Duration::from_secs(20),
         }
     }
 }

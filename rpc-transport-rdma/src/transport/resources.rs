@@ -105,10 +105,14 @@ impl Resources {
             },
         )
         .map_err(|e| verbs_status("rdma_create_qp", e))?;
-        if shared.is_some() {
-            // Before any frame can arrive: the QP's receives are routed by its number.
-            attachment.bind_qp(qp.qp_num());
+        if let Some(exponent) = config.ack_timeout {
+            // Before connect or accept, which move the QP to RTS with it.
+            id.set_ack_timeout(exponent)
+                .map_err(|e| verbs_status("setting the ACK timeout", e))?;
         }
+        // Before any frame can arrive: shared receives and the device's events about the QP
+        // are routed by its number.
+        attachment.bind_qp(qp.qp_num());
         let protocol = config.protocol(qp.max_inline_data());
         protocol
             .validate()

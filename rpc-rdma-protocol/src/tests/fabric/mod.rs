@@ -54,6 +54,8 @@ enum Wire {
     Write(WriteWork),
     /// A local operation (window bind or invalidation): takes effect in queue order.
     Local(WorkId, Option<u32>),
+    /// A keepalive probe: a zero-length WRITE the peer only acknowledges.
+    Probe,
 }
 
 /// A receive completion waiting to be polled.
@@ -183,6 +185,16 @@ impl Endpoint {
             self.geom.sq_depth()
         );
         self.sq.push_back((id, signaled));
+    }
+
+    /// Posts a keepalive probe if the protocol lets one go; true if it did.
+    pub(crate) fn probe(&mut self) -> bool {
+        if !self.conn.start_probe() {
+            return false;
+        }
+        self.push_sq(WorkId::Probe, true);
+        self.wire.push_back(Wire::Probe);
+        true
     }
 
     /// Sends a Cancel for `call_id` (a plain frame through the ring).
@@ -379,6 +391,10 @@ impl Endpoint {
             WorkId::Write(transfer) => self.conn.on_write_complete(transfer),
             WorkId::Bind(grant) => self.conn.on_bind_complete(grant),
             WorkId::Invalidate(grant) => self.conn.on_invalidated(grant),
+            WorkId::Probe => {
+                self.conn.on_probe_complete();
+                Ok(())
+            }
             WorkId::Recv(_) => unreachable!("receives complete on the receive CQ"),
         };
         outcome.expect("send-queue completion");
@@ -534,7 +550,8 @@ impl Endpoint {
         })
     }
 
-    /// Kinds of the work requests on the wire, oldest first ("S" send, "W" write, "L" local).
+    /// Kinds of the work requests on the wire, oldest first ("S" send, "W" write, "L" local,
+    /// "P" probe).
     pub(crate) fn wire_shape(&self) -> String {
         self.wire
             .iter()
@@ -542,6 +559,7 @@ impl Endpoint {
                 Wire::Send(_) => 'S',
                 Wire::Write(_) => 'W',
                 Wire::Local(..) => 'L',
+                Wire::Probe => 'P',
             })
             .collect()
     }
@@ -561,6 +579,10 @@ fn transmit(from: &mut Endpoint, to: &mut Endpoint) -> bool {
         }
         Wire::Local(id, rkey) => {
             large::finish_local(from, id, rkey);
+            return true;
+        }
+        Wire::Probe => {
+            from.send_cq.push_back(WorkId::Probe);
             return true;
         }
     };

@@ -26,10 +26,12 @@ use crate::transport::engine::Engine;
 use crate::transport::resources::Resources;
 use crate::verbs::{CmEventKind, CmId, SendFlags, SendOp, SendRequest, Sge};
 
+mod keepalive;
 mod large;
 mod recv;
 mod send;
 
+use keepalive::Keepalive;
 pub(crate) use large::Arrival;
 use large::LargeState;
 
@@ -120,6 +122,7 @@ pub(crate) struct Conn {
     stall_limit: Duration,
     /// Largest frame one SEND carries (negotiated; larger bodies go by RDMA WRITE).
     max_send_frame: usize,
+    keepalive: Keepalive,
 }
 
 impl Drop for Conn {
@@ -183,6 +186,7 @@ impl Conn {
             has_released: AtomicBool::new(false),
             peer,
             stall_limit,
+            keepalive: Keepalive::new(config.keepalive, config.keepalive_timeout),
         }))
     }
 
@@ -344,7 +348,7 @@ impl Conn {
     pub(crate) fn report_dropped_and_close(&self) {
         let (dropped, failed, reason) = {
             let mut state = self.state.lock();
-            let reason = state.proto.close_reason().map(|r| format!("{r:?}"));
+            let reason = state.proto.close_reason().map(ToString::to_string);
             let failed = state.large.take_failures();
             (std::mem::take(&mut state.dropped), failed, reason)
         };

@@ -28,7 +28,19 @@ impl Conn {
 
     /// Whether this connection's queue pair reports to `cq`.
     pub(crate) fn uses_cq(&self, cq: &SharedCq) -> bool {
-        std::ptr::eq(Arc::as_ptr(&self.res.attachment.cq), cq)
+        std::ptr::eq(Arc::as_ptr(self.cq()), cq)
+    }
+
+    /// The CQ the connection's completions arrive on.
+    pub(crate) fn cq(&self) -> &Arc<SharedCq> {
+        &self.res.attachment.cq
+    }
+
+    /// Whether the connection receives from the shared receive queue named `srq_id`.
+    pub(crate) fn uses_srq(&self, srq_id: usize) -> bool {
+        self.res
+            .shared_recv()
+            .is_some_and(|commitment| commitment.shared.srq().id() == srq_id)
     }
 
     /// Processes a run of this connection's completions, in CQ order: feeds them to the
@@ -40,6 +52,7 @@ impl Conn {
         if completions.is_empty() {
             return received;
         }
+        self.keepalive.active();
         let mut state = self.state.lock();
         for wc in completions {
             self.on_completion(&mut state, wc, &mut received);
@@ -100,6 +113,11 @@ impl Conn {
             WorkId::Write(transfer) => state.proto.on_write_complete(transfer),
             WorkId::Bind(grant) => state.proto.on_bind_complete(grant),
             WorkId::Invalidate(grant) => state.proto.on_invalidated(grant),
+            WorkId::Probe => {
+                self.keepalive.answered();
+                state.proto.on_probe_complete();
+                Ok(())
+            }
         };
         if let Err(violation) = outcome {
             tracing::warn!(peer = %self.peer, %violation, "peer violated the protocol");

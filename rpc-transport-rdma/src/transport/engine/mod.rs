@@ -43,6 +43,7 @@ use crate::transport::resources::verbs_status;
 use crate::transport::shared_recv::SharedRecv;
 use crate::verbs::{CompletionChannel, CompletionQueue, Context, ProtectionDomain, WorkCompletion};
 
+mod async_events;
 mod epoll;
 mod lease;
 mod poller;
@@ -59,6 +60,7 @@ const POLL_BATCH: usize = 32;
 /// Epoll tokens of the engine's own fds; client rdma_cm channels use their connection tag.
 const TOKEN_COMPLETIONS: u64 = u64::MAX;
 const TOKEN_KICK: u64 = u64::MAX - 1;
+const TOKEN_ASYNC: u64 = u64::MAX - 2;
 /// Empty polls between two looks at the clock while spinning.
 pub(crate) const CLOCK_EVERY: u32 = 1024;
 
@@ -160,8 +162,8 @@ pub(crate) struct Attachment {
     entries: u32,
     /// A client's rdma_cm channel, watched by the poller (-1: none).
     cm_fd: AtomicI32,
-    /// The connection's queue pair, if it receives from a shared receive queue.
-    srq_qp: std::sync::OnceLock<u32>,
+    /// The connection's queue pair, once created.
+    qp_num: std::sync::OnceLock<u32>,
 }
 
 impl Attachment {
@@ -172,10 +174,10 @@ impl Attachment {
         Ok(())
     }
 
-    /// The connection's queue pair `qp_num` receives from a shared receive queue: route its
-    /// receives here.
+    /// The connection's queue pair is `qp_num`: route its shared receive queue's receives
+    /// and the device's events about it here.
     pub(crate) fn bind_qp(&self, qp_num: u32) {
-        if self.srq_qp.set(qp_num).is_ok() {
+        if self.qp_num.set(qp_num).is_ok() {
             self.engine.registry.bind_qp(qp_num, self.tag);
         }
     }
@@ -189,7 +191,7 @@ impl Drop for Attachment {
         }
         self.engine
             .registry
-            .remove(self.tag, self.srq_qp.get().copied());
+            .remove(self.tag, self.qp_num.get().copied());
         self.cq.released.fetch_add(self.entries, Ordering::AcqRel);
         if self.engine.attached.fetch_sub(1, Ordering::AcqRel) == 1 {
             // The last one: the poller leaves.
@@ -240,7 +242,7 @@ impl Engine {
             tag: 0,
             entries,
             cm_fd: AtomicI32::new(-1),
-            srq_qp: std::sync::OnceLock::new(),
+            qp_num: std::sync::OnceLock::new(),
             engine,
         };
         attachment.tag = attachment.engine.registry.reserve().ok_or_else(|| {
@@ -263,6 +265,11 @@ impl Engine {
         let kick = Kick::new()?;
         epoll.add(channel.fd(), TOKEN_COMPLETIONS)?;
         epoll.add(kick.fd(), TOKEN_KICK)?;
+        // Every engine of the context watches its events; whichever reads one routes it.
+        context
+            .set_async_nonblocking(true)
+            .map_err(|e| verbs_status("the device's asynchronous event fd", e))?;
+        epoll.add(context.async_fd(), TOKEN_ASYNC)?;
         Ok(Arc::new(Engine {
             context: context.clone(),
             mode: config.poll_mode,
@@ -349,15 +356,7 @@ impl Engine {
                 // A CQ that cannot be polled serves nobody: fail its connections loudly,
                 // once, and never poll it again.
                 drop(buffer);
-                if !cq.failed.swap(true, Ordering::AcqRel) {
-                    tracing::error!(%e, "ibv_poll_cq failed; closing the connections on that CQ");
-                    let status = verbs_status("ibv_poll_cq", e);
-                    for conn in self.registry.live() {
-                        if conn.uses_cq(cq) {
-                            conn.close(status.clone());
-                        }
-                    }
-                }
+                self.fail_cq(cq, verbs_status("ibv_poll_cq", e));
                 return Polled::Empty;
             }
         };
@@ -399,6 +398,19 @@ impl Engine {
             conn.hand_up(&mut received);
         }
         Polled::Some
+    }
+
+    /// `cq` serves nobody any more: fails its connections loudly, once, and never polls it
+    /// again.
+    fn fail_cq(&self, cq: &SharedCq, status: Status) {
+        if !cq.failed.swap(true, Ordering::AcqRel) {
+            tracing::error!(%status, "closing the connections on a failed CQ");
+            for conn in self.registry.live() {
+                if conn.uses_cq(cq) {
+                    conn.close(status.clone());
+                }
+            }
+        }
     }
 
     /// Registers a connection created on `attachment`; processes the completions that
@@ -453,6 +465,13 @@ impl Engine {
             .filter(|weak| weak.upgrade().is_some_and(|conn| conn.check_stall()))
             .collect();
         self.stalls.lock().extend(still);
+    }
+
+    /// Ticks every connection's keepalive (`elapsed` since the last tick).
+    fn keepalive_tick(&self, elapsed: Duration) {
+        for conn in self.registry.live() {
+            conn.keepalive_tick(elapsed);
+        }
     }
 
     /// A client connection's rdma_cm channel is readable.

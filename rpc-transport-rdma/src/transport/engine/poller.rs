@@ -5,7 +5,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{should_yield, Engine, Polled, SharedCq, CLOCK_EVERY, TOKEN_COMPLETIONS, TOKEN_KICK};
+use super::{
+    should_yield, Engine, Polled, SharedCq, CLOCK_EVERY, TOKEN_ASYNC, TOKEN_COMPLETIONS, TOKEN_KICK,
+};
 
 /// How often a spinning poller looks at the rdma_cm channels.
 const CM_CHECK: Duration = Duration::from_millis(1);
@@ -18,6 +20,10 @@ const SLEEP_SLICE: Duration = Duration::from_secs(1);
 /// to park, an async call about to wait, an rdma_cm event), and each needless wake-up
 /// steals a core from the callers.
 const CALLER_WINDOW: Duration = Duration::from_millis(50);
+
+/// Least time between two keepalive ticks of the connections (a sleeping poller ticks when
+/// it wakes, at least once a second).
+const KEEPALIVE_TICK: Duration = Duration::from_millis(250);
 
 /// Turns of a spinning poller's loop between two looks for stalled senders (a sleeping one
 /// looks whenever it goes to sleep, at least once a second).
@@ -44,6 +50,7 @@ struct Poller {
     /// A kick or a completion event: the next pass over the CQs is owed, whoever drives.
     kicked: bool,
     callers_epoch: u64,
+    last_tick: Instant,
 }
 
 impl Poller {
@@ -55,6 +62,7 @@ impl Poller {
             cqs_epoch,
             kicked: false,
             callers_epoch: 0,
+            last_tick: Instant::now(),
         }
     }
 
@@ -74,6 +82,7 @@ impl Poller {
             passes = passes.wrapping_add(1);
             if passes.is_multiple_of(STALL_CHECK_EVERY) {
                 self.engine.check_stalls();
+                self.tick();
             }
             if !std::mem::take(&mut self.kicked)
                 && self.engine.callers_drive(&mut self.callers_epoch)
@@ -174,10 +183,20 @@ impl Poller {
         result
     }
 
+    /// Ticks the connections' keepalive if it is time.
+    fn tick(&mut self) {
+        let elapsed = self.last_tick.elapsed();
+        if elapsed >= KEEPALIVE_TICK {
+            self.last_tick = Instant::now();
+            self.engine.keepalive_tick(elapsed);
+        }
+    }
+
     /// Sleeps in epoll for up to `timeout` and handles what woke it.
     fn wait(&mut self, timeout: Duration) {
         let engine = self.engine.clone();
         engine.check_stalls();
+        self.tick();
         engine.epoll.wait(timeout, |token| match token {
             TOKEN_COMPLETIONS => {
                 while let Ok(Some(_)) = engine.channel.try_get_event() {}
@@ -189,6 +208,7 @@ impl Poller {
                 engine.callers_handed_over(&mut self.callers_epoch);
                 self.kicked = true;
             }
+            TOKEN_ASYNC => engine.async_events(),
             tag => engine.cm_ready(tag),
         });
     }

@@ -58,7 +58,8 @@ pub(crate) struct Registry {
 struct Inner {
     next: u32,
     entries: FxHashMap<u32, Entry>,
-    /// The connection tag of each queue pair on a shared receive queue.
+    /// The connection tag of each queue pair (to route a shared receive queue's receives
+    /// and the device's asynchronous events).
     qps: FxHashMap<u32, u32>,
 }
 
@@ -93,7 +94,7 @@ impl Registry {
     }
 
     /// The connection of `tag` is gone; later completions with it are dropped. `qp_num`:
-    /// its queue pair on a shared receive queue, if any.
+    /// its queue pair, if it had one.
     pub(crate) fn remove(&self, tag: u32, qp_num: Option<u32>) {
         let mut inner = self.inner.lock();
         inner.entries.remove(&tag);
@@ -113,7 +114,7 @@ impl Registry {
         self.inner.lock().entries.insert(tag, entry);
     }
 
-    /// Queue pair `qp_num`, on a shared receive queue, belongs to the connection of `tag`.
+    /// Queue pair `qp_num` belongs to the connection of `tag`.
     pub(crate) fn bind_qp(&self, qp_num: u32, tag: u32) {
         self.inner.lock().qps.insert(qp_num, tag);
     }
@@ -150,6 +151,16 @@ impl Registry {
     /// The live connection of `tag`.
     pub(crate) fn get(&self, tag: u32) -> Option<Arc<Conn>> {
         match self.inner.lock().entries.get(&tag) {
+            Some(Entry::Live(conn)) => conn.upgrade(),
+            _ => None,
+        }
+    }
+
+    /// The live connection whose queue pair is `qp_num`.
+    pub(crate) fn qp_conn(&self, qp_num: u32) -> Option<Arc<Conn>> {
+        let inner = self.inner.lock();
+        let tag = inner.qps.get(&qp_num)?;
+        match inner.entries.get(tag) {
             Some(Entry::Live(conn)) => conn.upgrade(),
             _ => None,
         }
