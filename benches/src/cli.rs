@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use rdma_rpc::{Endpoint, PollMode, RdmaConfig, TransportKind};
+use rdma_rpc::{Endpoint, PollMode, RdmaConfig, Receives, SharedRecvConfig, TransportKind};
 
 /// Default warm-up calls before measuring.
 pub const DEFAULT_WARMUP: u64 = 1000;
@@ -163,6 +163,8 @@ pub struct RdmaArgs {
 /// Where RDMA receives land (`--recv`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RecvArg {
+    /// Servers share a receive queue, clients have rings (the library's default).
+    Auto,
     /// A ring of receive slots registered and posted per connection.
     Ring,
     /// One shared receive queue, with the library's default bounds.
@@ -189,11 +191,9 @@ impl RdmaArgs {
             config.slot_size = slot_size;
         }
         match self.recv {
-            Some(RecvArg::Ring) => config.shared_recv = None,
-            Some(RecvArg::Shared) => {
-                config.shared_recv = Some(config.shared_recv.unwrap_or_default());
-            }
-            None => {}
+            Some(RecvArg::Ring) => config.recv = Receives::Ring,
+            Some(RecvArg::Shared) => config.recv = Receives::Shared(SharedRecvConfig::default()),
+            Some(RecvArg::Auto) | None => {}
         }
         config
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use rdma_rpc::prelude::*;
-use rdma_rpc::{RdmaConfig, ServeOptions, ServerHandle, SharedRecvConfig};
+use rdma_rpc::{RdmaConfig, Receives, ServeOptions, ServerHandle, SharedRecvConfig};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -464,7 +464,7 @@ async fn kept_replies_never_drain_a_shared_receive_queue() {
         return;
     }
     let rdma = RdmaConfig {
-        shared_recv: Some(SharedRecvConfig::default()),
+        recv: Receives::Shared(SharedRecvConfig::default()),
         ..RdmaConfig::default()
     };
     keep_every_reply(rdma, rdma_rpc::DEFAULT_SHARED_WINDOW / 4).await;

@@ -1,4 +1,4 @@
-//! Connections receiving from a shared receive queue (`RdmaConfig::shared_recv`), over real
+//! Connections receiving from a shared receive queue (`RdmaConfig::recv`), over real
 //! verbs (run in the soft-RoCE VM by `cargo xtask test`). Queue pairs use `rnr_retry = 0`,
 //! so a receive-not-ready anywhere fails the call that hit it: the credits the server
 //! grants out of the queue's buffers must always be backed.
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use rdma_rpc::prelude::*;
-use rdma_rpc::{RdmaConfig, ServeOptions, ServerHandle, SharedRecvConfig};
+use rdma_rpc::{RdmaConfig, Receives, ServeOptions, ServerHandle, SharedRecvConfig};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -18,7 +18,7 @@ use rpc_transport_rdma::verbs::test_support::{require_device, test_addr};
 
 fn shared(bounds: SharedRecvConfig) -> RdmaConfig {
     RdmaConfig {
-        shared_recv: Some(bounds),
+        recv: Receives::Shared(bounds),
         ..RdmaConfig::default()
     }
 }

@@ -22,7 +22,9 @@ use std::time::Duration;
 pub use endpoint::{Endpoint, TransportKind};
 pub use error::Error;
 pub use rpc_core::*;
-pub use rpc_transport_rdma::{PollMode, RdmaConfig, SharedRecvConfig, DEFAULT_SHARED_WINDOW};
+pub use rpc_transport_rdma::{
+    PollMode, RdmaConfig, Receives, SharedRecvConfig, DEFAULT_KEEPALIVE, DEFAULT_SHARED_WINDOW,
+};
 pub use rpc_transport_tcp::{ConnectionLimits, TcpServerConfig};
 pub use serve::{ServeExt, ServeOptions, ServerHandle};
 

@@ -4,7 +4,8 @@ use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
 use rdma_sys::{
-    ibv_create_srq, ibv_destroy_srq, ibv_post_srq_recv, ibv_srq, ibv_srq_attr, ibv_srq_init_attr,
+    ibv_create_srq, ibv_destroy_srq, ibv_modify_srq, ibv_post_srq_recv, ibv_srq, ibv_srq_attr,
+    ibv_srq_attr_mask, ibv_srq_init_attr,
 };
 
 use super::error::{check, Result, VerbsError};
@@ -78,6 +79,22 @@ impl SharedReceiveQueue {
             // SAFETY: the SRQ is alive; the chained requests and their SGEs are valid for the
             // call; the memory contract is the caller's.
             unsafe { ibv_post_srq_recv(self.raw.as_ptr(), first, bad) }
+        })
+    }
+
+    /// Arms the queue's limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): once fewer than
+    /// `limit` receives are posted, the device raises one `IBV_EVENT_SRQ_LIMIT_REACHED`
+    /// asynchronous event ([`super::Context::get_async_event`]) and disarms it.
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
+        let mut attr = ibv_srq_attr {
+            max_wr: 0,
+            max_sge: 0,
+            srq_limit: limit,
+        };
+        let mask = ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as std::os::raw::c_int;
+        // SAFETY: the SRQ is alive and `attr` is valid for the call; only `srq_limit` is read.
+        check("ibv_modify_srq", unsafe {
+            ibv_modify_srq(self.raw.as_ptr(), &mut attr, mask)
         })
     }
 

@@ -18,6 +18,6 @@ pub use rpc_rdma_verbs as verbs;
 mod transport;
 
 pub use transport::{
-    PollMode, RdmaClient, RdmaConfig, RdmaServer, SharedRecvConfig, DEFAULT_KEEPALIVE,
+    PollMode, RdmaClient, RdmaConfig, RdmaServer, Receives, SharedRecvConfig, DEFAULT_KEEPALIVE,
     DEFAULT_SEND_WINDOW, DEFAULT_SHARED_WINDOW,
 };

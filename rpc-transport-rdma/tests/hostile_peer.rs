@@ -21,7 +21,7 @@ use rpc_transport_rdma::verbs::{
     MemoryRegion, ProtectionDomain, QpCapabilities, QpInitAttr, QueuePair, RecvRequest, RemoteAddr,
     SendFlags, SendOp, SendRequest, WcOpcode, WorkCompletion,
 };
-use rpc_transport_rdma::{RdmaClient, RdmaConfig, RdmaServer, SharedRecvConfig};
+use rpc_transport_rdma::{RdmaClient, RdmaConfig, RdmaServer, Receives, SharedRecvConfig};
 
 const LIMIT: Duration = Duration::from_secs(15);
 
@@ -209,7 +209,7 @@ fn call_succeeds_as_unimplemented(channel: &Channel) {
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn protocol_violations_disconnect_only_the_offender() {
     offenders_are_disconnected(RdmaConfig {
-        shared_recv: None,
+        recv: Receives::Ring,
         ..RdmaConfig::default()
     });
 }
@@ -221,7 +221,7 @@ fn protocol_violations_disconnect_only_the_offender() {
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn protocol_violations_disconnect_only_the_offender_on_a_shared_receive_queue() {
     offenders_are_disconnected(RdmaConfig {
-        shared_recv: Some(SharedRecvConfig::default()),
+        recv: Receives::Shared(SharedRecvConfig::default()),
         keepalive: Some(Duration::from_millis(300)),
         ..RdmaConfig::default()
     });

@@ -6,7 +6,9 @@
 //!   SRQ's buffers in arrival order, whichever client sent them, and each completion names
 //!   its QP (`qp_num`), by which the listener tells the senders apart. Exactly as many
 //!   buffers are posted as messages may be outstanding, with `rnr_retry_count = 0`, so an
-//!   uncounted receive fails the test with an RNR.
+//!   uncounted receive fails the test with an RNR. The SRQ's limit is armed at its four
+//!   buffers, so the first message raises `IBV_EVENT_SRQ_LIMIT_REACHED`, read from the
+//!   device context's asynchronous events.
 //!
 //! Prints "skipped" without a device (fails instead with RDMA_RPC_REQUIRE_DEVICE=1).
 
@@ -19,9 +21,9 @@ use std::time::Duration;
 
 use common::{conn_param, poll_one, spawn};
 use rpc_transport_rdma::verbs::{
-    test_support, AccessFlags, CmId, CompletionQueue, MemoryRegion, ProtectionDomain,
-    QpCapabilities, QpInitAttr, QueuePair, RecvRequest, SendFlags, SendOp, SharedReceiveQueue,
-    WcOpcode,
+    test_support, AccessFlags, AsyncEvent, AsyncEventKind, CmId, CompletionQueue, Context,
+    EventSubject, MemoryRegion, ProtectionDomain, QpCapabilities, QpInitAttr, QueuePair,
+    RecvRequest, SendFlags, SendOp, SharedReceiveQueue, WcOpcode,
 };
 
 /// Bytes per SRQ buffer.
@@ -53,6 +55,19 @@ fn message(client: u8, round: u32) -> Vec<u8> {
 }
 
 /// Posts SRQ buffer `buf` of `mr`.
+/// The device's next asynchronous event; fails the test after a while without one.
+fn next_async_event(ctx: &Context) -> AsyncEvent {
+    ctx.set_async_nonblocking(true)
+        .expect("non-blocking async fd");
+    for _ in 0..1000 {
+        if let Some(event) = ctx.try_get_async_event().expect("ibv_get_async_event") {
+            return event;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("no asynchronous event within 10 s");
+}
+
 fn post(srq: &SharedReceiveQueue, mr: &MemoryRegion, buf: usize) {
     let sge = mr.sge(buf * MSG..(buf + 1) * MSG).expect("SRQ SGE");
     let wr = RecvRequest {
@@ -99,6 +114,8 @@ fn two_qps_share_one_receive_queue() {
                 for buf in 0..BUFFERS {
                     post(&srq, &mr, buf);
                 }
+                srq.arm_limit(BUFFERS as u32)
+                    .expect("ibv_modify_srq(IBV_SRQ_LIMIT)");
                 (pd, srq, cq, mr)
             });
             let qp = QueuePair::new(
@@ -143,6 +160,13 @@ fn two_qps_share_one_receive_queue() {
                 .expect("credit");
         }
         assert_eq!(next, [ROUNDS; CLIENTS]);
+        let ctx = ids[0].context().expect("cm_id context");
+        let event = next_async_event(&ctx);
+        assert_eq!(
+            (event.kind, event.subject),
+            (AsyncEventKind::SrqLimitReached, EventSubject::Srq(srq.id())),
+            "{event}"
+        );
         for id in &ids {
             id.disconnect().ok();
         }

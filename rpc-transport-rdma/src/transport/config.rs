@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::transport::engine::Role;
+
 /// How a connection's completions are processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PollMode {
@@ -51,7 +53,23 @@ pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
 /// (a busy one has it doubled while the queue has buffers to spare).
 pub const DEFAULT_SHARED_WINDOW: u32 = 4;
 
-/// Bounds of a shared receive queue ([`RdmaConfig::shared_recv`]). Past them a connection
+/// Where a connection's receives land ([`RdmaConfig::recv`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Receives {
+    /// Server connections receive from a shared receive queue with the default bounds,
+    /// client connections into a ring of their own: a server's memory follows the windows
+    /// its connections use, not their number; a client, with a connection or a few, keeps
+    /// the ring's slightly shorter path.
+    #[default]
+    Auto,
+    /// Each connection registers and posts a ring of `slots` receive slots.
+    Ring,
+    /// Connections receive from one shared receive queue per device and slot size, with
+    /// these bounds.
+    Shared(SharedRecvConfig),
+}
+
+/// Bounds of a shared receive queue ([`Receives::Shared`]). Past them a connection
 /// is refused (`RESOURCE_EXHAUSTED` naming the numbers), and grown windows give back
 /// released slots until the queue has room again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,14 +167,14 @@ pub struct RdmaConfig {
     /// docs/PROTOCOL.md, "Receive windows"). The lend limit and the credit threshold follow
     /// this initial window.
     pub recv_window: Option<u32>,
-    /// Receive from one shared receive queue per device and slot size, with the bounds given,
-    /// instead of a ring of receive slots per connection (see docs/PROTOCOL.md, "Shared
-    /// receive queue"): memory follows the windows the connections use, not their number
-    /// times the ring. `None` (the default): each connection registers and posts its own
-    /// ring. Not the default yet: a queue pair in error flushes no receive of a shared
-    /// queue, so a connection whose peer broke it (a forged rkey, say) is noticed only once
-    /// the engine reads the device's asynchronous events, which it does not yet.
-    pub shared_recv: Option<SharedRecvConfig>,
+    /// Where receives land: a ring of receive slots per connection, or one shared receive
+    /// queue per device and slot size (see docs/PROTOCOL.md, "Shared receive queue"). The
+    /// default, [`Receives::Auto`], shares a queue among a server's connections and gives
+    /// each client connection its own ring. A queue pair in error flushes no receive of a
+    /// shared queue: such a connection is closed by the device's asynchronous event, or,
+    /// with devices that raise none (soft-RoCE), by its next keepalive probe
+    /// ([`RdmaConfig::keepalive`]).
+    pub recv: Receives,
     /// Entries of each completion queue the connections of one device share (the device's
     /// limit permitting). A connection reserves room for its whole send and receive queues
     /// on a CQ; once no CQ has room, another is created.
@@ -200,7 +218,7 @@ impl Default for RdmaConfig {
             lend_limit: None,
             send_window: None,
             recv_window: None,
-            shared_recv: None,
+            recv: Receives::Auto,
             cq_entries: 16 * 1024,
             control_queue: 1024,
             keepalive: Some(DEFAULT_KEEPALIVE),
@@ -215,7 +233,18 @@ impl RdmaConfig {
         (self.slot_size as usize).saturating_sub(rpc_core::HEADER_LEN)
     }
 
-    pub(crate) fn protocol(&self, max_inline: u32) -> crate::protocol::Config {
+    /// The shared receive queue bounds a connection of `role` receives with, if any.
+    pub(crate) fn shared_recv(&self, role: Role) -> Option<SharedRecvConfig> {
+        match self.recv {
+            Receives::Auto if role == Role::Server => Some(SharedRecvConfig::default()),
+            Receives::Auto | Receives::Ring => None,
+            Receives::Shared(bounds) => Some(bounds),
+        }
+    }
+
+    /// The protocol's configuration for a connection with `max_inline` bytes of inline
+    /// data, receiving from a shared receive queue or not.
+    pub(crate) fn protocol(&self, max_inline: u32, shared: bool) -> crate::protocol::Config {
         crate::protocol::Config {
             send_slots: self.slots,
             send_slot_size: self.slot_size,
@@ -228,14 +257,15 @@ impl RdmaConfig {
                     .unwrap_or(DEFAULT_SEND_WINDOW)
                     .min(self.slots),
             ),
-            recv_window: match self.shared_recv {
-                Some(_) => Some(
+            recv_window: if shared {
+                Some(
                     self.recv_window
                         .unwrap_or(DEFAULT_SHARED_WINDOW.min(self.slots)),
-                ),
-                None => self.recv_window,
+                )
+            } else {
+                self.recv_window
             },
-            shared_recv: self.shared_recv.is_some(),
+            shared_recv: shared,
             large: crate::protocol::LargeConfig {
                 chunk_size: self.large_chunk,
                 write_window: self.large_write_window,

@@ -19,7 +19,7 @@ mod shared_recv;
 
 pub use client::RdmaClient;
 pub use config::{
-    PollMode, RdmaConfig, SharedRecvConfig, DEFAULT_KEEPALIVE, DEFAULT_SEND_WINDOW,
+    PollMode, RdmaConfig, Receives, SharedRecvConfig, DEFAULT_KEEPALIVE, DEFAULT_SEND_WINDOW,
     DEFAULT_SHARED_WINDOW,
 };
 pub use server::RdmaServer;

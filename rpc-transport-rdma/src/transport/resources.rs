@@ -78,14 +78,13 @@ impl Resources {
             .map_err(|e| verbs_status("no RDMA device for the address", e))?;
         // Sized from the configuration before the QP exists; the inline limit the device
         // grants does not change the queue depths.
-        let sizing = config.protocol(config.max_inline);
+        let bounds = config.shared_recv(role);
+        let sizing = config.protocol(config.max_inline, bounds.is_some());
         let attachment = Engine::attach(&ctx, config, role, sizing.cq_depth())?;
         let pd = attachment.engine.pd.clone();
         let cq = attachment.cq.cq.clone();
-        let shared = config
-            .shared_recv
-            .as_ref()
-            .map(|bounds| attachment.engine.shared_recv(config.slot_size, bounds))
+        let shared = bounds
+            .map(|bounds| attachment.engine.shared_recv(config.slot_size, &bounds))
             .transpose()?;
         let qp = QueuePair::new(
             id,
@@ -113,7 +112,7 @@ impl Resources {
         // Before any frame can arrive: shared receives and the device's events about the QP
         // are routed by its number.
         attachment.bind_qp(qp.qp_num());
-        let protocol = config.protocol(qp.max_inline_data());
+        let protocol = config.protocol(qp.max_inline_data(), shared.is_some());
         protocol
             .validate()
             .map_err(|e| Status::invalid_argument(format!("RDMA ring configuration: {e}")))?;

@@ -12,7 +12,7 @@
 //!   one.
 //! * A [`Registry`] that routes each completion to its connection by the tag in its
 //!   `wr_id` (a shared receive queue's receives: by the `qp_num` that received).
-//! * Optionally ([`RdmaConfig::shared_recv`]) one shared receive queue per slot size,
+//! * Shared receive queues ([`RdmaConfig::recv`]), one per slot size and bounds,
 //!   which its connections receive into ([`SharedRecv`]).
 //! * One poller thread ([`poller`]) that processes every connection's completions when no
 //!   caller does (a blocking caller spinning on its thread, an async caller holding a CQ's
