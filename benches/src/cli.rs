@@ -158,6 +158,10 @@ pub struct RdmaArgs {
     /// process (default: the library's).
     #[arg(long, value_enum)]
     pub recv: Option<RecvArg>,
+    /// Receive slots posted at first, the peer's initial credits (default: the library's:
+    /// the whole ring, or 4 on a shared receive queue).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(3..=65536))]
+    pub recv_window: Option<u32>,
 }
 
 /// Where RDMA receives land (`--recv`).
@@ -189,6 +193,9 @@ impl RdmaArgs {
         }
         if let Some(slot_size) = self.slot_size {
             config.slot_size = slot_size;
+        }
+        if let Some(window) = self.recv_window {
+            config.recv_window = Some(window);
         }
         match self.recv {
             Some(RecvArg::Ring) => config.recv = Receives::Ring,

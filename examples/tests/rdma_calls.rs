@@ -5,13 +5,15 @@
 //! a missing device fails instead of skipping). Queue pairs use `rnr_retry = 0`, so a
 //! receive-not-ready anywhere fails the call that hit it.
 
+mod common;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use rdma_rpc::prelude::*;
-use rdma_rpc::{RdmaConfig, Receives, ServeOptions, ServerHandle, SharedRecvConfig};
+use rdma_rpc::{RdmaConfig, Receives, ServerHandle, SharedRecvConfig};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -26,17 +28,12 @@ fn device() -> bool {
 }
 
 fn start(tester: &Tester, rdma: RdmaConfig) -> ServerHandle {
-    Server::builder()
-        .add_service(EchoServer::new(EchoService))
-        .add_service(TesterServer::new(tester.clone()))
-        .start_with(
-            &format!("rdma://{}:0", test_addr()),
-            ServeOptions {
-                rdma,
-                ..Default::default()
-            },
-        )
-        .expect("rdma server starts")
+    common::start_rdma(
+        Server::builder()
+            .add_service(EchoServer::new(EchoService))
+            .add_service(TesterServer::new(tester.clone())),
+        rdma,
+    )
 }
 
 fn connect(server: &ServerHandle, rdma: RdmaConfig) -> Channel {

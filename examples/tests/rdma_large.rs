@@ -6,6 +6,8 @@
 //! sizes beyond the configured limits. Ignored by a plain `cargo test` (they need a device);
 //! `cargo xtask test` runs them in the soft-RoCE VM with `--include-ignored`.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,18 +48,13 @@ fn device() -> bool {
 }
 
 fn start(rdma: RdmaConfig) -> ServerHandle {
-    Server::builder()
-        .max_message_size(LIMIT)
-        .add_service(EchoServer::new(EchoService))
-        .add_service(TesterServer::new(Tester::default()))
-        .start_with(
-            &format!("rdma://{}:0", test_addr()),
-            ServeOptions {
-                rdma,
-                ..Default::default()
-            },
-        )
-        .expect("rdma server starts")
+    common::start_rdma(
+        Server::builder()
+            .max_message_size(LIMIT)
+            .add_service(EchoServer::new(EchoService))
+            .add_service(TesterServer::new(Tester::default())),
+        rdma,
+    )
 }
 
 fn connect(server: &ServerHandle) -> Channel {

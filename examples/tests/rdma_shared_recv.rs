@@ -5,16 +5,18 @@
 //!
 //! Every test needs an RDMA device, so a plain `cargo test` ignores them.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use rdma_rpc::prelude::*;
-use rdma_rpc::{RdmaConfig, Receives, ServeOptions, ServerHandle, SharedRecvConfig};
+use rdma_rpc::{RdmaConfig, Receives, ServerHandle, SharedRecvConfig};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
 use rpc_examples::EchoService;
-use rpc_transport_rdma::verbs::test_support::{require_device, test_addr};
+use rpc_transport_rdma::verbs::test_support::require_device;
 
 fn shared(bounds: SharedRecvConfig) -> RdmaConfig {
     RdmaConfig {
@@ -24,16 +26,10 @@ fn shared(bounds: SharedRecvConfig) -> RdmaConfig {
 }
 
 fn start(rdma: RdmaConfig) -> ServerHandle {
-    Server::builder()
-        .add_service(EchoServer::new(EchoService))
-        .start_with(
-            &format!("rdma://{}:0", test_addr()),
-            ServeOptions {
-                rdma,
-                ..Default::default()
-            },
-        )
-        .expect("rdma server starts")
+    common::start_rdma(
+        Server::builder().add_service(EchoServer::new(EchoService)),
+        rdma,
+    )
 }
 
 fn connect(server: &ServerHandle, rdma: RdmaConfig) -> Result<EchoClient, rdma_rpc::Error> {

@@ -17,64 +17,61 @@ use super::comp_channel::set_nonblocking;
 use super::context::Context;
 use super::error::{check, Result};
 
-/// What an asynchronous event reports (`enum ibv_event_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AsyncEventKind {
-    CqErr,
-    QpFatal,
-    QpReqErr,
-    QpAccessErr,
-    CommEst,
-    SqDrained,
-    PathMig,
-    PathMigErr,
-    DeviceFatal,
-    PortActive,
-    PortErr,
-    LidChange,
-    PkeyChange,
-    SmChange,
-    SrqErr,
-    SrqLimitReached,
-    QpLastWqeReached,
-    ClientReregister,
-    GidChange,
-    WqFatal,
-    /// A kind newer than this crate.
-    Unknown(u32),
+/// Declares [`AsyncEventKind`] from `enum ibv_event_type`: each variant with its value and
+/// C name.
+macro_rules! event_kinds {
+    ($($variant:ident = $raw:literal => $name:literal,)*) => {
+        /// What an asynchronous event reports (`enum ibv_event_type`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum AsyncEventKind {
+            $(#[doc = $name] $variant,)*
+            /// A kind newer than this crate.
+            Unknown(u32),
+        }
+
+        impl AsyncEventKind {
+            fn from_raw(raw: u32) -> AsyncEventKind {
+                match raw {
+                    $($raw => AsyncEventKind::$variant,)*
+                    other => AsyncEventKind::Unknown(other),
+                }
+            }
+
+            /// The C name (`IBV_EVENT_...`), for a known kind.
+            pub fn name(self) -> Option<&'static str> {
+                match self {
+                    $(AsyncEventKind::$variant => Some($name),)*
+                    AsyncEventKind::Unknown(_) => None,
+                }
+            }
+        }
+    };
+}
+
+event_kinds! {
+    CqErr = 0 => "IBV_EVENT_CQ_ERR",
+    QpFatal = 1 => "IBV_EVENT_QP_FATAL",
+    QpReqErr = 2 => "IBV_EVENT_QP_REQ_ERR",
+    QpAccessErr = 3 => "IBV_EVENT_QP_ACCESS_ERR",
+    CommEst = 4 => "IBV_EVENT_COMM_EST",
+    SqDrained = 5 => "IBV_EVENT_SQ_DRAINED",
+    PathMig = 6 => "IBV_EVENT_PATH_MIG",
+    PathMigErr = 7 => "IBV_EVENT_PATH_MIG_ERR",
+    DeviceFatal = 8 => "IBV_EVENT_DEVICE_FATAL",
+    PortActive = 9 => "IBV_EVENT_PORT_ACTIVE",
+    PortErr = 10 => "IBV_EVENT_PORT_ERR",
+    LidChange = 11 => "IBV_EVENT_LID_CHANGE",
+    PkeyChange = 12 => "IBV_EVENT_PKEY_CHANGE",
+    SmChange = 13 => "IBV_EVENT_SM_CHANGE",
+    SrqErr = 14 => "IBV_EVENT_SRQ_ERR",
+    SrqLimitReached = 15 => "IBV_EVENT_SRQ_LIMIT_REACHED",
+    QpLastWqeReached = 16 => "IBV_EVENT_QP_LAST_WQE_REACHED",
+    ClientReregister = 17 => "IBV_EVENT_CLIENT_REREGISTER",
+    GidChange = 18 => "IBV_EVENT_GID_CHANGE",
+    WqFatal = 19 => "IBV_EVENT_WQ_FATAL",
 }
 
 impl AsyncEventKind {
-    fn from_raw(raw: u32) -> AsyncEventKind {
-        use AsyncEventKind::*;
-        const KINDS: [AsyncEventKind; 20] = [
-            CqErr,
-            QpFatal,
-            QpReqErr,
-            QpAccessErr,
-            CommEst,
-            SqDrained,
-            PathMig,
-            PathMigErr,
-            DeviceFatal,
-            PortActive,
-            PortErr,
-            LidChange,
-            PkeyChange,
-            SmChange,
-            SrqErr,
-            SrqLimitReached,
-            QpLastWqeReached,
-            ClientReregister,
-            GidChange,
-            WqFatal,
-        ];
-        usize::try_from(raw)
-            .ok()
-            .and_then(|i| KINDS.get(i).copied())
-            .unwrap_or(Unknown(raw))
-    }
-
     /// The queue pair it names went to the error state: no work request of it will
     /// complete normally again.
     pub fn is_qp_error(self) -> bool {
@@ -105,31 +102,11 @@ impl AsyncEventKind {
 
 impl fmt::Display for AsyncEventKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use AsyncEventKind::*;
-        let name = match self {
-            CqErr => "IBV_EVENT_CQ_ERR",
-            QpFatal => "IBV_EVENT_QP_FATAL",
-            QpReqErr => "IBV_EVENT_QP_REQ_ERR",
-            QpAccessErr => "IBV_EVENT_QP_ACCESS_ERR",
-            CommEst => "IBV_EVENT_COMM_EST",
-            SqDrained => "IBV_EVENT_SQ_DRAINED",
-            PathMig => "IBV_EVENT_PATH_MIG",
-            PathMigErr => "IBV_EVENT_PATH_MIG_ERR",
-            DeviceFatal => "IBV_EVENT_DEVICE_FATAL",
-            PortActive => "IBV_EVENT_PORT_ACTIVE",
-            PortErr => "IBV_EVENT_PORT_ERR",
-            LidChange => "IBV_EVENT_LID_CHANGE",
-            PkeyChange => "IBV_EVENT_PKEY_CHANGE",
-            SmChange => "IBV_EVENT_SM_CHANGE",
-            SrqErr => "IBV_EVENT_SRQ_ERR",
-            SrqLimitReached => "IBV_EVENT_SRQ_LIMIT_REACHED",
-            QpLastWqeReached => "IBV_EVENT_QP_LAST_WQE_REACHED",
-            ClientReregister => "IBV_EVENT_CLIENT_REREGISTER",
-            GidChange => "IBV_EVENT_GID_CHANGE",
-            WqFatal => "IBV_EVENT_WQ_FATAL",
-            Unknown(raw) => return write!(f, "async event {raw}"),
-        };
-        f.write_str(name)
+        match (self, self.name()) {
+            (_, Some(name)) => f.write_str(name),
+            (AsyncEventKind::Unknown(raw), None) => write!(f, "async event {raw}"),
+            (_, None) => f.write_str("async event"),
+        }
     }
 }
 

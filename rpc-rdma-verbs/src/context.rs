@@ -96,6 +96,13 @@ impl Context {
             .into_owned()
     }
 
+    /// Completion vectors of the device (interrupt lines a CQ may signal on; at least 1).
+    pub fn num_comp_vectors(&self) -> u32 {
+        // SAFETY: the context is open; `num_comp_vectors` is immutable.
+        let n = unsafe { (*self.raw.as_ptr()).num_comp_vectors };
+        u32::try_from(n).unwrap_or(0).max(1)
+    }
+
     /// Device limits and identity (`ibv_query_device`).
     pub fn query_device(&self) -> Result<DeviceAttr> {
         // SAFETY: `ibv_device_attr` is plain old data; all-zero is a valid value.

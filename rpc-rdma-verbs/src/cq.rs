@@ -36,6 +36,21 @@ impl CompletionQueue {
         channel: Option<&Arc<CompletionChannel>>,
         tag: u64,
     ) -> Result<Arc<CompletionQueue>> {
+        Self::with_vector(context, min_entries, channel, tag, 0)
+    }
+
+    /// [`CompletionQueue::new`] signalling on completion vector `comp_vector` (below
+    /// [`Context::num_comp_vectors`]): with several CQs, spreading them over the vectors
+    /// spreads their interrupts over the device's interrupt lines (and cores).
+    pub fn with_vector(
+        context: &Arc<Context>,
+        min_entries: u32,
+        channel: Option<&Arc<CompletionChannel>>,
+        tag: u64,
+        comp_vector: u32,
+    ) -> Result<Arc<CompletionQueue>> {
+        let comp_vector = c_int::try_from(comp_vector)
+            .map_err(|_| VerbsError::invalid("ibv_create_cq", "completion vector too large"))?;
         let cqe = c_int::try_from(min_entries.max(1))
             .map_err(|_| VerbsError::invalid("ibv_create_cq", "too many entries"))?;
         if let Some(channel) = channel {
@@ -49,7 +64,15 @@ impl CompletionQueue {
         let channel_ptr = channel.map_or(ptr::null_mut(), |c| c.as_ptr());
         // SAFETY: the context (and channel, if any) are alive (we hold Arcs); `tag` is stored
         // as an opaque cq_context and never dereferenced.
-        let raw = unsafe { ibv_create_cq(context.as_ptr(), cqe, tag as *mut _, channel_ptr, 0) };
+        let raw = unsafe {
+            ibv_create_cq(
+                context.as_ptr(),
+                cqe,
+                tag as *mut _,
+                channel_ptr,
+                comp_vector,
+            )
+        };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last_os("ibv_create_cq"))?;
         Ok(Arc::new(CompletionQueue {
             raw,

@@ -6,7 +6,8 @@
 //!
 //! * One protection domain. Memory windows are type 2 and bind to one queue pair, so a
 //!   grant still reaches only the peer it was made for.
-//! * One completion channel and a few completion queues, each shared by many queue pairs.
+//! * One completion channel and a few completion queues, each shared by many queue pairs
+//!   and each on the next of the device's completion vectors.
 //!   A connection reserves CQ entries for its whole send and receive queues on a CQ with
 //!   room for them ([`Engine::attach`]), so no CQ can overflow; a full set of CQs grows by
 //!   one.
@@ -308,8 +309,18 @@ impl Engine {
             }
         }
         let size = self.cq_entries.max(entries);
-        let cq = CompletionQueue::new(&self.context, size, Some(&self.channel), cqs.len() as u64)
-            .map_err(|e| verbs_status("ibv_create_cq", e))?;
+        // Spread over the device's completion vectors, so many CQs do not share one
+        // interrupt line.
+        let index = cqs.len() as u32;
+        let vector = index % self.context.num_comp_vectors();
+        let cq = CompletionQueue::with_vector(
+            &self.context,
+            size,
+            Some(&self.channel),
+            u64::from(index),
+            vector,
+        )
+        .map_err(|e| verbs_status("ibv_create_cq", e))?;
         if cq.capacity() < entries {
             return Err(Status::resource_exhausted(format!(
                 "a connection needs {entries} completion queue entries; the device gives {}",

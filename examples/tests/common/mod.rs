@@ -1,0 +1,18 @@
+//! Helpers shared by the RDMA integration tests of the examples.
+
+use rdma_rpc::{RdmaConfig, ServeExt, ServeOptions, ServerBuilder, ServerHandle};
+use rpc_transport_rdma::verbs::test_support::test_addr;
+
+/// Serves `builder`'s services over RDMA on the test device's address (an ephemeral port),
+/// with `rdma`.
+pub fn start_rdma(builder: ServerBuilder, rdma: RdmaConfig) -> ServerHandle {
+    builder
+        .start_with(
+            &format!("rdma://{}:0", test_addr()),
+            ServeOptions {
+                rdma,
+                ..Default::default()
+            },
+        )
+        .expect("rdma server starts")
+}
