@@ -105,6 +105,11 @@ impl Credits {
         std::mem::take(&mut self.returnable)
     }
 
+    /// A credit-only frame is due once `threshold` credits are returnable.
+    pub(crate) fn set_threshold(&mut self, threshold: u32) {
+        self.threshold = threshold;
+    }
+
     /// Whether enough credits are returnable to justify a credit-only frame.
     pub(crate) fn return_due(&self) -> bool {
         self.returnable >= self.threshold

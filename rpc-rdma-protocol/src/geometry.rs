@@ -155,7 +155,7 @@ impl Config {
         let threshold = knob(
             "credit_return_threshold",
             self.credit_return_threshold,
-            (r / 2).clamp(2, r - 1),
+            default_threshold(r),
             2,
             r - 1,
         )?;
@@ -219,8 +219,11 @@ pub struct Geometry {
     pub peer_recv_window: u32,
     /// Every Nth ring send is signaled.
     pub signal_interval: u32,
-    /// Re-posted receive slots that trigger a credit-only frame.
+    /// Re-posted receive slots that trigger a credit-only frame (in the initial window).
     pub credit_return_threshold: u32,
+    /// The threshold was not configured: it follows the window as it grows and shrinks
+    /// ([`Geometry::credit_threshold_for`]).
+    pub threshold_follows_window: bool,
     /// Bound of the queue of frames waiting to be posted.
     pub max_queued: u32,
     /// Receive slots the upper layer may hold as zero-copy views (see [`Config::lend_limit`]).
@@ -257,6 +260,7 @@ impl Geometry {
             peer_recv_window: peer.recv_window,
             signal_interval,
             credit_return_threshold,
+            threshold_follows_window: local.credit_return_threshold.is_none(),
             max_queued,
             lend_limit,
             max_inline: local.max_inline,
@@ -298,6 +302,21 @@ impl Geometry {
         slot as usize * self.recv_slot_size as usize
     }
 
+    /// The credit-return threshold while `window` receive slots are backed (the window
+    /// grows from [`Geometry::recv_window`] and never shrinks below it): the configured one,
+    /// or half the window, kept within reach of a peer down to its reserved credit while the
+    /// upper layer holds `lend_limit` slots (as [`Config::lend_limit`] explains). A grown
+    /// window then returns its credits in as few frames as the initial one, relative to its
+    /// size.
+    pub fn credit_threshold_for(&self, window: u32) -> u32 {
+        if !self.threshold_follows_window || window <= self.recv_window {
+            return self.credit_return_threshold;
+        }
+        default_threshold(window)
+            .min(window - self.lend_limit - RESERVED_CREDITS)
+            .max(self.credit_return_threshold)
+    }
+
     /// Send-queue depth the QP needs (see [`Config::sq_depth`]).
     pub fn sq_depth(&self) -> u32 {
         sq_depth(self.send_slots, &self.large)
@@ -311,6 +330,12 @@ impl Geometry {
             self.recv_slots
         }
     }
+}
+
+/// The credit-return threshold of a window of `window` slots when none is configured: half
+/// the window, at least 2 and below the window.
+fn default_threshold(window: u32) -> u32 {
+    (window / 2).clamp(2, window - 1)
 }
 
 /// Send-queue entries for `send_slots` ring slots, the control buffer, the large-body
@@ -352,6 +377,19 @@ mod tests {
         assert_eq!((g.peer_recv_slots, g.peer_recv_window), (32, 5));
         assert_eq!(g.initial_data_credits(), 4);
         assert_eq!((g.credit_return_threshold, g.lend_limit), (4, 2));
+        // The threshold follows the window as it grows: half of it, within reach.
+        let thresholds = [8, 9, 16, 64].map(|w| g.credit_threshold_for(w));
+        assert_eq!(thresholds, [4, 4, 8, 32]);
+        let fixed = Config {
+            credit_return_threshold: Some(3),
+            ..local
+        };
+        let g3 = Geometry::negotiate(&fixed, &peer).unwrap();
+        assert_eq!(
+            g3.credit_threshold_for(64),
+            3,
+            "a configured threshold stays"
+        );
         assert_eq!(local.initial_recv_posts(), 0..8);
         assert_eq!(local.connect_params().recv_window, 8);
         let shared = Config {

@@ -145,7 +145,9 @@ impl Connection {
         if let Err(violation) = self.recv.release(slot, retire) {
             return Err(self.fail(violation));
         }
-        if !retire {
+        if retire {
+            self.window_changed();
+        } else {
             self.repost(slot);
         }
         self.flush();
@@ -183,6 +185,7 @@ impl Connection {
         }
         self.window_wanted = 0;
         if grown > 0 {
+            self.window_changed();
             self.flush();
         }
         grown
@@ -201,6 +204,12 @@ impl Connection {
         if peer_side <= GROW_AT && backed < self.geometry.recv_slots {
             self.window_wanted = backed.min(self.geometry.recv_slots - backed);
         }
+    }
+
+    /// The window grew or shrank: the credit-return threshold follows it.
+    fn window_changed(&mut self) {
+        let threshold = self.geometry.credit_threshold_for(self.recv.backed());
+        self.credits.set_threshold(threshold);
     }
 
     fn repost(&mut self, slot: u32) {

@@ -75,7 +75,8 @@ pub(super) fn config() -> impl Strategy<Value = Config> {
                         ..Config::default()
                     }),
                     1..=send_slots,
-                    2..window,
+                    // None: the threshold follows the window as it grows.
+                    proptest::option::of(2..window),
                     1..=send_slots,
                     prop_oneof![Just(0u32), Just(64), Just(128)],
                     1..=send_slots,
@@ -86,7 +87,7 @@ pub(super) fn config() -> impl Strategy<Value = Config> {
             |(base, signal, threshold, queued, max_inline, send)| Config {
                 send_window: Some(send),
                 signal_interval: Some(signal),
-                credit_return_threshold: Some(threshold),
+                credit_return_threshold: threshold,
                 max_queued: Some(queued),
                 max_inline,
                 ..base
