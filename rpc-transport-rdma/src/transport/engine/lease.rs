@@ -8,7 +8,7 @@
 //! it completes run in between). The other waiting calls wait to be woken, by the lease
 //! holder's completions or, once it ends, to take the lease over.
 //!
-//! The lease counts as a spinning caller (`SharedCq::spinners`, `Engine::self_polling`),
+//! The lease counts as a spinning caller (`SharedCq::spinners`, `Engine::callers`),
 //! so the poller thread leaves the CQ alone while it is held. It ends:
 //! * when the holder's call ends (`release`); the callers waiting for it are woken and one
 //!   of them takes it (with none, nobody waits, and the next call takes it);
@@ -151,12 +151,12 @@ impl Engine {
                 return Drive::Wait;
             }
             *driving = true;
-            self.self_polling.fetch_add(1, Ordering::AcqRel);
+            self.callers.enter();
             cq.spinners.fetch_add(1, Ordering::AcqRel);
         }
         match self.poll(cq) {
             Polled::Some => {
-                self.self_poll_epoch.fetch_add(1, Ordering::AcqRel);
+                self.callers.progressed();
                 cq.lease.progressed();
                 Drive::Received
             }
@@ -215,7 +215,7 @@ impl Engine {
     /// A lease was given back: its holder no longer counts as spinning.
     fn stopped_driving(&self, cq: &SharedCq) {
         cq.spinners.fetch_sub(1, Ordering::AcqRel);
-        self.self_polling.fetch_sub(1, Ordering::AcqRel);
+        self.callers.leave();
     }
 }
 

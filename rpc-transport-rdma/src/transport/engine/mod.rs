@@ -45,6 +45,7 @@ use crate::transport::shared_recv::SharedRecv;
 use crate::verbs::{CompletionChannel, CompletionQueue, Context, ProtectionDomain, WorkCompletion};
 
 mod async_events;
+mod callers;
 mod epoll;
 mod lease;
 mod poller;
@@ -52,6 +53,7 @@ mod registry;
 mod shared_cq;
 mod srqs;
 
+use callers::Callers;
 use epoll::Epoll;
 use registry::{Registry, Route, MAX_EARLY};
 pub(crate) use shared_cq::SharedCq;
@@ -127,10 +129,8 @@ pub(crate) struct Engine {
     /// Connections attached; the poller leaves when it drops to 0 (under `ENGINES`).
     attached: AtomicUsize,
     retired: AtomicBool,
-    /// Blocking callers currently polling a CQ themselves, and async lease holders.
-    self_polling: AtomicUsize,
-    /// Bumped each time a blocking caller's own polling received something.
-    self_poll_epoch: AtomicU64,
+    /// Blocking callers polling a CQ themselves, and async lease holders.
+    callers: Callers,
     /// Batches of completions processed, by anyone.
     completions_seen: AtomicU64,
     /// The poller sleeps without arming the CQs because blocking callers drive them.
@@ -288,8 +288,7 @@ impl Engine {
             kick,
             attached: AtomicUsize::new(0),
             retired: AtomicBool::new(false),
-            self_polling: AtomicUsize::new(0),
-            self_poll_epoch: AtomicU64::new(0),
+            callers: Callers::default(),
             completions_seen: AtomicU64::new(0),
             poller_unarmed: AtomicBool::new(false),
             attention: Mutex::new(Vec::new()),
@@ -517,17 +516,16 @@ impl Engine {
         closed: impl Fn() -> bool,
     ) -> bool {
         /// Keeps the counts right even if a handler panics inside `poll`.
-        struct Polling<'a>([&'a AtomicUsize; 2]);
+        struct Polling<'a>(&'a Callers, &'a AtomicUsize);
         impl Drop for Polling<'_> {
             fn drop(&mut self) {
-                self.0.iter().for_each(|n| {
-                    n.fetch_sub(1, Ordering::AcqRel);
-                });
+                self.0.leave();
+                self.1.fetch_sub(1, Ordering::AcqRel);
             }
         }
-        self.self_polling.fetch_add(1, Ordering::AcqRel);
+        self.callers.enter();
         cq.spinners.fetch_add(1, Ordering::AcqRel);
-        let polling = Polling([&self.self_polling, &cq.spinners]);
+        let polling = Polling(&self.callers, &cq.spinners);
         let seen = self.completions_seen.load(Ordering::Acquire);
         let mut started: Option<Instant> = None;
         let mut spins: u32 = 0;
@@ -553,7 +551,7 @@ impl Engine {
             std::hint::spin_loop();
         };
         if progressed {
-            self.self_poll_epoch.fetch_add(1, Ordering::AcqRel);
+            self.callers.progressed();
         }
         drop(polling);
         if !progressed {
@@ -561,25 +559,6 @@ impl Engine {
             self.kick.kick();
         }
         progressed
-    }
-
-    /// Whether blocking callers drive the CQs: one is polling now, or one received something
-    /// since the poller's last look (`last_seen`, updated here).
-    ///
-    /// After a kick ([`Engine::callers_handed_over`]) only a caller polling again counts:
-    /// the caller that kicked is parked, and its earlier activity must not send the poller
-    /// back to sleep while nobody watches the CQs.
-    fn callers_drive(&self, last_seen: &mut u64) -> bool {
-        let epoch = self.self_poll_epoch.load(Ordering::Acquire);
-        let recent = epoch != *last_seen;
-        *last_seen = epoch;
-        recent || self.self_polling.load(Ordering::Acquire) > 0
-    }
-
-    /// A kick arrived: a caller is parking, or an async call waits. What blocking callers
-    /// did so far is history; the poller drives the CQs until one polls again.
-    fn callers_handed_over(&self, last_seen: &mut u64) {
-        *last_seen = self.self_poll_epoch.load(Ordering::Acquire);
     }
 
     /// Leaves the process's engines if no connection is attached; true if it did.

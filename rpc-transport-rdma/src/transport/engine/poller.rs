@@ -85,7 +85,7 @@ impl Poller {
                 self.tick();
             }
             if !std::mem::take(&mut self.kicked)
-                && self.engine.callers_drive(&mut self.callers_epoch)
+                && self.engine.callers.drive(&mut self.callers_epoch)
             {
                 // Blocking callers poll their CQs themselves: stay off the CPU and off
                 // those CQs, unarmed (armed, every completion would wake us for nothing). A
@@ -205,7 +205,7 @@ impl Poller {
             }
             TOKEN_KICK => {
                 engine.kick.drain();
-                engine.callers_handed_over(&mut self.callers_epoch);
+                engine.callers.handed_over(&mut self.callers_epoch);
                 self.kicked = true;
             }
             TOKEN_ASYNC => engine.async_events(),
