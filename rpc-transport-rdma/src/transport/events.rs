@@ -24,11 +24,13 @@ pub(crate) fn wait_readable<const N: usize>(fds: [RawFd; N], timeout: Duration) 
     pollfds.map(|p| p.revents != 0)
 }
 
-/// The next rdma_cm event on a non-blocking channel, waiting up to `deadline`.
-pub(crate) fn next_event(
+/// The next rdma_cm event on a non-blocking channel, waiting up to `deadline` for
+/// `expected` (named in the timeout).
+fn next_event(
     channel: &Arc<EventChannel>,
     deadline: Instant,
     what: &str,
+    expected: CmEventKind,
 ) -> Result<CmEvent, Status> {
     loop {
         match channel.try_get_event() {
@@ -38,7 +40,9 @@ pub(crate) fn next_event(
         }
         let now = Instant::now();
         if now >= deadline {
-            return Err(Status::unavailable(format!("{what}: timed out")));
+            return Err(Status::unavailable(format!(
+                "{what}: timed out waiting for {expected}"
+            )));
         }
         wait_readable([channel.fd()], deadline - now);
     }
@@ -51,7 +55,7 @@ pub(crate) fn expect_event(
     deadline: Instant,
     what: &str,
 ) -> Result<CmEvent, Status> {
-    let event = next_event(channel, deadline, what)?;
+    let event = next_event(channel, deadline, what, expected)?;
     if event.kind() == expected && event.status() == 0 {
         return Ok(event);
     }
