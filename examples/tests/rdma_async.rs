@@ -3,6 +3,7 @@
 //!
 //! Every test needs an RDMA device, so a plain `cargo test` ignores them.
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
@@ -16,6 +17,17 @@ use rpc_examples::testing::tester_server::TesterServer;
 use rpc_examples::testing::SleepRequest;
 use rpc_examples::{EchoService, Tester};
 use rpc_transport_rdma::verbs::test_support::{require_device, test_addr};
+
+/// The tests run one at a time: each spins on both of the VM's two vCPUs (busy polling, a
+/// blocked lease holder), and two at once starve soft-RoCE's kernel work, so that a connect
+/// once timed out. One of them also measures that the process goes idle.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 fn start() -> ServerHandle {
     Server::builder()
@@ -86,6 +98,7 @@ fn async_and_blocking_callers_share_a_connection_then_go_idle() {
     if require_device().is_none() {
         return;
     }
+    let _serial = one_at_a_time();
     let server = start();
     for mode in [PollMode::Busy, PollMode::Event, PollMode::default()] {
         let channel = connect(&server, mode);
@@ -142,6 +155,7 @@ fn a_blocked_lease_holder_does_not_starve_other_callers() {
     if require_device().is_none() {
         return;
     }
+    let _serial = one_at_a_time();
     let server = start();
     let channel = connect(&server, PollMode::Busy);
     const BLOCKED: Duration = Duration::from_secs(4);

@@ -21,7 +21,13 @@ impl Engine {
                 Ok(Some(event)) => self.route_event(event),
                 Ok(None) => return,
                 Err(e) => {
-                    tracing::warn!(%e, "reading the device's asynchronous events failed");
+                    // The fd would stay readable and spin the poller: stop watching it.
+                    // Keepalive probes still notice a queue pair in the error state.
+                    tracing::error!(
+                        %e,
+                        "reading the device's asynchronous events failed; no longer watching them"
+                    );
+                    self.epoll.remove(self.context.async_fd());
                     return;
                 }
             }
