@@ -98,7 +98,9 @@ impl Registry {
     pub(crate) fn remove(&self, tag: u32, qp_num: Option<u32>) {
         let mut inner = self.inner.lock();
         inner.entries.remove(&tag);
-        if let Some(qp_num) = qp_num {
+        // The device may already have given the number to a new queue pair (this one was
+        // destroyed before its attachment): only our own binding goes.
+        if let Some(qp_num) = qp_num.filter(|n| inner.qps.get(n) == Some(&tag)) {
             inner.qps.remove(&qp_num);
         }
     }
@@ -177,5 +179,25 @@ impl Registry {
                 _ => None,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_removal_keeps_the_new_owner_of_a_reused_qp_number() {
+        let registry = Registry::default();
+        let old = registry.reserve().expect("tag");
+        registry.bind_qp(5, old);
+        // The old queue pair is destroyed; the device gives its number to a new one before
+        // the old connection's attachment goes.
+        let new = registry.reserve().expect("tag");
+        registry.bind_qp(5, new);
+        registry.remove(old, Some(5));
+        assert_eq!(registry.inner.lock().qps.get(&5), Some(&new));
+        registry.remove(new, Some(5));
+        assert!(registry.inner.lock().qps.is_empty());
     }
 }
