@@ -45,7 +45,7 @@ struct HostilePeer {
     cq: Arc<CompletionQueue>,
     recv: MemoryRegion,
     source: MemoryRegion,
-    _id: CmId,
+    id: CmId,
 }
 
 const SLOT: usize = 4096;
@@ -114,7 +114,7 @@ impl HostilePeer {
             cq,
             recv,
             source,
-            _id: id,
+            id,
         }
     }
 
@@ -161,7 +161,7 @@ impl HostilePeer {
     /// a word (its host lost power, say). Returns what still waits for the disconnect.
     fn lose_queue_pair(self) -> (Arc<EventChannel>, CmId) {
         drop(self.qp);
-        (self.channel, self._id)
+        (self.channel, self.id)
     }
 
     fn expect_disconnected(self) {

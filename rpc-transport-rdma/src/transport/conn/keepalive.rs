@@ -64,9 +64,12 @@ impl Keepalive {
         }
     }
 
-    /// Completions were processed.
+    /// Completions were processed. Called under the connection's state lock, so one
+    /// thread at a time: a plain load and store, no locked instruction on the hot path.
     pub(super) fn active(&self) {
-        self.activity.fetch_add(1, Ordering::Relaxed);
+        let activity = self.activity.load(Ordering::Relaxed);
+        self.activity
+            .store(activity.wrapping_add(1), Ordering::Relaxed);
     }
 
     /// The probe completed.

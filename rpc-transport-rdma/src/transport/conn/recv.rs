@@ -52,8 +52,8 @@ impl Conn {
         if completions.is_empty() {
             return received;
         }
-        self.keepalive.active();
         let mut state = self.state.lock();
+        self.keepalive.active();
         for wc in completions {
             self.on_completion(&mut state, wc, &mut received);
         }
