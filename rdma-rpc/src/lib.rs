@@ -135,6 +135,7 @@ impl ClientBuilder {
             }
             TransportKind::Rdma => {
                 let mut config = self.rdma.clone();
+                config.limit_bodies(self.channel.max_message_size);
                 if let Some(t) = self.connect_timeout {
                     config.connect_timeout = t;
                 }

@@ -171,6 +171,7 @@ impl Config {
         knob("large.chunk_size", Some(large.chunk_size), 0, 4096, 1 << 30)?;
         knob("large.write_window", Some(large.write_window), 0, 1, 64)?;
         knob("large.max_grants", Some(large.max_grants), 0, 1, 1024)?;
+        knob("large.max_queued", Some(large.max_queued), 0, 0, 1 << 16)?;
         Ok(Policy {
             signal_interval: signal,
             credit_return_threshold: threshold,

@@ -52,6 +52,7 @@ pub mod geometry;
 pub mod large;
 pub mod params;
 mod recv_ring;
+pub mod reject;
 mod send_ring;
 pub mod shared_pool;
 
@@ -65,4 +66,5 @@ pub use error::{ParamsError, ProtocolViolation, SendError};
 pub use geometry::{Config, Geometry, CONTROL_BUF_LEN};
 pub use large::{LargeConfig, LocalBuffer};
 pub use params::{ConnectParams, CONNECT_PARAMS_LEN, TRANSPORT_VERSION};
+pub use reject::{decode_reject, encode_reject};
 pub use shared_pool::{Admission, PoolConfig, SharedPool};

@@ -18,6 +18,7 @@ pub use rpc_rdma_verbs as verbs;
 mod transport;
 
 pub use transport::{
-    PollMode, RdmaClient, RdmaConfig, RdmaServer, Receives, SharedRecvConfig, DEFAULT_KEEPALIVE,
-    DEFAULT_SEND_WINDOW, DEFAULT_SHARED_WINDOW,
+    process_limits, process_usage, set_process_limits, PollMode, ProcessLimits, ProcessUsage,
+    RdmaClient, RdmaConfig, RdmaServer, Receives, SharedRecvConfig, DEFAULT_KEEPALIVE,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_SEND_WINDOW, DEFAULT_SHARED_WINDOW,
 };

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use rpc_core::{
     method_id, CallTable, Channel, ChannelConfig, Code, Flags, FrameKind, Header, Request, Server,
 };
-use rpc_transport_rdma::protocol::ConnectParams;
+use rpc_transport_rdma::protocol::{decode_reject, ConnectParams};
 use rpc_transport_rdma::verbs::{
     test_support, AccessFlags, CmEventKind, CmId, CompletionQueue, ConnParam, EventChannel,
     MemoryRegion, ProtectionDomain, QpCapabilities, QpInitAttr, QueuePair, RecvRequest, RemoteAddr,
@@ -177,12 +177,22 @@ fn hostile_peer_is_disconnected(server: SocketAddr, frame: &[u8]) {
     peer.expect_disconnected();
 }
 
-/// Asks the server for a buffer for call 7's body of `len` bytes; returns the grant.
-fn granted(peer: &HostilePeer, len: u64) -> Header {
-    let mut ask = Header::new(FrameKind::LargeRequest, 7);
+/// Asks the server for a buffer for `call_id`'s body of `len` bytes; returns the answer.
+fn ask_buffer(peer: &HostilePeer, call_id: u64, len: u64) -> Header {
+    let mut ask = Header::new(FrameKind::LargeRequest, call_id);
     ask.remote.len = len;
     peer.send(&ask.to_bytes());
-    let grant = peer.receive();
+    let answer = peer.receive();
+    assert_eq!(
+        (answer.kind, answer.call_id),
+        (FrameKind::LargeGrant, call_id)
+    );
+    answer
+}
+
+/// Asks the server for a buffer for call 7's body of `len` bytes; returns the grant.
+fn granted(peer: &HostilePeer, len: u64) -> Header {
+    let grant = ask_buffer(peer, 7, len);
     assert_eq!(
         (grant.kind, grant.status, grant.remote.len),
         (FrameKind::LargeGrant, Code::Ok, len)
@@ -363,4 +373,133 @@ fn offenders_are_disconnected(server_config: RdmaConfig) {
     peer.expect_disconnected();
     call_succeeds_as_unimplemented(&channel);
     eprintln!("late WRITE after the body was delivered: refused, other client fine");
+}
+
+/// Bytes of memory the process has pinned (registered).
+fn vm_pin() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmPin:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmPin");
+    kib * 1024
+}
+
+/// A peer asks for buffers of 1 GiB from a server whose messages are limited to 4 MiB: both
+/// are refused, naming the limit, and nothing is registered. Then it asks for a buffer it
+/// never writes: the server closes the connection once the grant timeout passes.
+#[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+fn a_peer_cannot_make_the_server_register_memory_it_does_not_fill() {
+    init_tracing();
+    if test_support::require_device().is_none() {
+        return;
+    }
+    let dispatcher = Server::builder().build().expect("dispatcher");
+    let limit = dispatcher.config().max_message_size as u64 + rpc_core::MAX_METADATA_LEN as u64;
+    let grant_timeout = Duration::from_secs(1);
+    let config = RdmaConfig {
+        large_grant_timeout: grant_timeout,
+        ..RdmaConfig::default()
+    };
+    let server = RdmaServer::bind(
+        &SocketAddr::new(test_support::test_addr(), 0).to_string(),
+        dispatcher,
+        config,
+    )
+    .expect("server");
+    let peer = HostilePeer::connect(server.local_addr());
+    let pinned = vm_pin();
+    for call_id in [7, 8] {
+        let answer = ask_buffer(&peer, call_id, 1 << 30);
+        assert_eq!(
+            (answer.status, answer.remote.len, answer.remote.rkey),
+            (Code::ResourceExhausted, limit, 0),
+            "a 1 GiB buffer is refused, naming the server's limit"
+        );
+    }
+    let grown = vm_pin().saturating_sub(pinned);
+    eprintln!(
+        "two 1 GiB buffer requests refused (limit {limit} bytes); VmPin grew by {grown} bytes"
+    );
+    assert!(grown < 1 << 20, "VmPin grew by {grown} bytes");
+
+    let grant = ask_buffer(&peer, 9, 1 << 20);
+    assert_eq!(grant.status, Code::Ok);
+    let started = Instant::now();
+    peer.expect_disconnected();
+    let held = started.elapsed();
+    eprintln!("a grant of 1 MiB never written: disconnected after {held:?}");
+    assert!(held >= grant_timeout, "disconnected after {held:?}");
+}
+
+/// Connect parameters the server cannot use are rejected with a reason the client reads,
+/// before the server builds anything for the connection.
+#[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+fn bad_connect_parameters_are_rejected_with_a_reason() {
+    init_tracing();
+    if test_support::require_device().is_none() {
+        return;
+    }
+    let dispatcher = Server::builder().build().expect("dispatcher");
+    let server = RdmaServer::bind(
+        &SocketAddr::new(test_support::test_addr(), 0).to_string(),
+        dispatcher,
+        RdmaConfig::default(),
+    )
+    .expect("server");
+    let mut bad_version = ConnectParams::new(8, SLOT as u32);
+    bad_version.min_version = 200;
+    bad_version.max_version = 200;
+    for (what, params, expected) in [
+        ("garbage", vec![0x5a; 40], "unusable connection parameters"),
+        (
+            "no common version",
+            bad_version.encode().to_vec(),
+            "cannot agree on ring geometry",
+        ),
+    ] {
+        let channel = EventChannel::new().expect("event channel");
+        channel.set_nonblocking(true).expect("non-blocking");
+        let id = CmId::new(&channel).expect("cm id");
+        id.resolve_addr(None, server.local_addr(), LIMIT)
+            .expect("resolve addr");
+        next_event(&channel, CmEventKind::AddrResolved);
+        id.resolve_route(LIMIT).expect("resolve route");
+        next_event(&channel, CmEventKind::RouteResolved);
+        let ctx = id.context().expect("device");
+        let pd = ProtectionDomain::new(&ctx).expect("pd");
+        let cq = CompletionQueue::new(&ctx, 8, None, 0).expect("cq");
+        let _qp = QueuePair::new(
+            &id,
+            &pd,
+            QpInitAttr {
+                send_cq: cq.clone(),
+                recv_cq: cq,
+                caps: QpCapabilities::default(),
+                sq_sig_all: false,
+                srq: None,
+            },
+        )
+        .expect("qp");
+        id.connect(&ConnParam {
+            private_data: &params,
+            ..ConnParam::default()
+        })
+        .expect("connect");
+        let until = Instant::now() + LIMIT;
+        let event = loop {
+            if let Some(event) = channel.try_get_event().expect("rdma_get_cm_event") {
+                break event;
+            }
+            assert!(Instant::now() < until, "no answer to the connect request");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(event.kind(), CmEventKind::Rejected);
+        let reason = decode_reject(event.private_data()).expect("the reject names a reason");
+        eprintln!("{what}: rejected: {reason}");
+        assert!(reason.contains(expected), "{reason}");
+    }
 }

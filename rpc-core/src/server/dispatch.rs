@@ -3,7 +3,6 @@
 //! Transports own the sockets or queue pairs; for each connection they create a
 //! [`ConnectionDispatch`] and feed it every frame they receive.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -20,6 +19,7 @@ use crate::error::Error;
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{FrameKind, Header};
 use crate::metadata::MetadataMap;
+use crate::server::calls::Calls;
 use crate::server::router::Router;
 use crate::server::service::{ServerCall, ServerReply};
 use crate::status::{Code, Status};
@@ -38,7 +38,20 @@ pub struct ServerConfig {
     pub inline_handlers: bool,
     /// Worker threads of the runtime the server creates when it is not given one.
     pub worker_threads: usize,
+    /// Calls one connection may have in progress at once (handlers running, answers waiting
+    /// for room to be sent), in the spirit of HTTP/2's `MAX_CONCURRENT_STREAMS`. Requests
+    /// beyond it are answered `RESOURCE_EXHAUSTED` without running.
+    pub max_calls_per_connection: usize,
+    /// Calls all connections of the server may have in progress at once; requests beyond it
+    /// are answered `RESOURCE_EXHAUSTED` without running.
+    pub max_calls: usize,
 }
+
+/// Calls one connection may have in progress, unless [`ServerConfig::max_calls_per_connection`]
+/// says otherwise.
+pub const DEFAULT_MAX_CALLS_PER_CONNECTION: usize = 1024;
+/// Calls a server may have in progress, unless [`ServerConfig::max_calls`] says otherwise.
+pub const DEFAULT_MAX_CALLS: usize = 16 * 1024;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -46,6 +59,8 @@ impl Default for ServerConfig {
             max_message_size: crate::client::DEFAULT_MAX_MESSAGE_SIZE,
             inline_handlers: true,
             worker_threads: 2,
+            max_calls_per_connection: DEFAULT_MAX_CALLS_PER_CONNECTION,
+            max_calls: DEFAULT_MAX_CALLS,
         }
     }
 }
@@ -157,12 +172,14 @@ impl Drop for Running<'_> {
     }
 }
 
-/// Leaves [`InFlight`] when a spawned handler run ends, however it ends.
-struct InFlightGuard(Arc<Dispatcher>);
+/// Leaves [`InFlight`] and its connection's count when a spawned handler run or answer
+/// ends, however it ends.
+struct InFlightGuard(Arc<ConnectionDispatch>);
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.0.in_flight.exit();
+        self.0.in_progress.fetch_sub(1, Ordering::AcqRel);
+        self.0.dispatcher.in_flight.exit();
     }
 }
 
@@ -235,20 +252,15 @@ impl Dispatcher {
         in_flight.waiters.fetch_sub(1, Ordering::SeqCst);
         idle
     }
-
-    fn enter(self: &Arc<Self>) -> InFlightGuard {
-        self.in_flight.enter();
-        InFlightGuard(self.clone())
-    }
 }
 
 /// The server side of one connection: runs its requests and cancels them.
 pub struct ConnectionDispatch {
     dispatcher: Arc<Dispatcher>,
     sink: Arc<dyn ReplySink>,
-    /// Keyed by peer-chosen call ids: std's randomly keyed hasher keeps a hostile client
-    /// from flooding one bucket.
-    running: Mutex<HashMap<u64, AbortHandle>>,
+    running: Mutex<Calls>,
+    /// Spawned handler runs and answers of this connection not finished yet.
+    in_progress: AtomicUsize,
     /// New requests are refused (the server is shutting down); running ones finish.
     draining: AtomicBool,
     /// The connection is gone: frames still in flight inside the transport are ignored.
@@ -269,7 +281,8 @@ impl ConnectionDispatch {
         Arc::new(ConnectionDispatch {
             dispatcher,
             sink,
-            running: Mutex::new(HashMap::new()),
+            running: Mutex::new(Calls::default()),
+            in_progress: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         })
@@ -284,11 +297,7 @@ impl ConnectionDispatch {
     pub fn on_frame(self: &Arc<Self>, frame: InboundFrame) {
         match frame.header.kind {
             FrameKind::Request => self.on_request(frame),
-            FrameKind::Cancel => {
-                if let Some(handle) = self.running.lock().remove(&frame.header.call_id) {
-                    handle.abort();
-                }
-            }
+            FrameKind::Cancel => self.running.lock().cancel(frame.header.call_id),
             kind => tracing::debug!(?kind, "ignoring a frame kind servers do not act on"),
         }
     }
@@ -322,9 +331,35 @@ impl ConnectionDispatch {
     /// The connection is gone: stop every handler still running for it.
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        for (_, handle) in self.running.lock().drain() {
-            handle.abort();
+        self.running.lock().abort_all();
+    }
+
+    /// Counts a spawned handler run or answer until the guard drops.
+    fn enter(self: &Arc<Self>) -> InFlightGuard {
+        self.in_progress.fetch_add(1, Ordering::AcqRel);
+        self.dispatcher.in_flight.enter();
+        InFlightGuard(self.clone())
+    }
+
+    /// Why a new request cannot start now, if it cannot: a call limit is reached.
+    fn over_limit(&self) -> Option<Status> {
+        let config = &self.dispatcher.config;
+        let here = self.in_progress.load(Ordering::Acquire);
+        if here >= config.max_calls_per_connection {
+            return Some(Status::resource_exhausted(format!(
+                "this connection has {here} calls in progress, the server's limit per \
+                 connection (max_calls_per_connection {})",
+                config.max_calls_per_connection
+            )));
         }
+        let all = self.dispatcher.in_flight.count();
+        if all >= config.max_calls {
+            return Some(Status::resource_exhausted(format!(
+                "the server has {all} calls in progress, its limit (max_calls {})",
+                config.max_calls
+            )));
+        }
+        None
     }
 
     fn on_request(self: &Arc<Self>, frame: InboundFrame) {
@@ -338,11 +373,24 @@ impl ConnectionDispatch {
         if self.draining.load(Ordering::Acquire) {
             return self.send_status(call_id, &Status::unavailable("the server is shutting down"));
         }
-        if self.running.lock().contains_key(&call_id) {
-            return self.send_status(
-                call_id,
-                &Status::already_exists(format!("call id {call_id} is already running")),
-            );
+        {
+            let mut calls = self.running.lock();
+            if calls.take_cancelled(call_id) {
+                return tracing::debug!(call_id, "request cancelled before it arrived");
+            }
+            if calls.contains(call_id) {
+                drop(calls);
+                return self.send_status(
+                    call_id,
+                    &Status::already_exists(format!("call id {call_id} is already running")),
+                );
+            }
+        }
+        if let Some(status) = self.over_limit() {
+            // Sent if there is room now, else dropped: a refusal must not queue a task
+            // either, and a peer that leaves us no room holds the credits that would carry
+            // it.
+            return self.refuse(call_id, status);
         }
         let limit = dispatcher.config.max_message_size;
         if frame.payload.len() > limit {
@@ -398,7 +446,7 @@ impl ConnectionDispatch {
         let handler = AssertUnwindSafe(handler)
             .catch_unwind()
             .map(move |outcome| outcome.unwrap_or_else(|_| panicked()));
-        let guard = dispatcher.enter();
+        let guard = self.enter();
         let conn = self.clone();
         let run = async move {
             let result = match timeout {
@@ -417,10 +465,10 @@ impl ConnectionDispatch {
         let (abort, registration) = AbortHandle::new_pair();
         let conn = self.clone();
         let task = Abortable::new(run, registration).map(move |_| {
-            conn.running.lock().remove(&call_id);
+            conn.running.lock().finish(call_id);
         });
         // Registered before spawning, so the task's own removal can never precede it.
-        self.running.lock().insert(call_id, abort);
+        self.running.lock().start(call_id, abort);
         dispatcher.runtime.handle().spawn(task);
     }
 
@@ -436,7 +484,7 @@ impl ConnectionDispatch {
         {
             return;
         }
-        let guard = self.dispatcher.enter();
+        let guard = self.enter();
         let conn = self.clone();
         self.dispatcher.runtime.handle().spawn(async move {
             futures::future::poll_fn(|cx| conn.poll_answer(cx, call_id, method_id, &mut answer))
@@ -539,6 +587,19 @@ impl ConnectionDispatch {
 
     fn send_status(self: &Arc<Self>, call_id: u64, status: &Status) {
         self.answer(call_id, 0, Answer::Status(status.clone()));
+    }
+
+    /// Answers `call_id` with `status` if the transport has room now, else drops it.
+    fn refuse(&self, call_id: u64, status: Status) {
+        tracing::debug!(call_id, %status, "refusing a request");
+        let mut answer = Answer::Status(status);
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        if self
+            .poll_answer(&mut cx, call_id, 0, &mut answer)
+            .is_pending()
+        {
+            tracing::debug!(call_id, "no room for the refusal; dropped");
+        }
     }
 }
 

@@ -10,13 +10,19 @@
 //! # Ok(()) }
 //! ```
 
+mod calls;
 mod dispatch;
 mod router;
 mod service;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 
-pub use dispatch::{ConnectionDispatch, Dispatcher, ReplySink, ServerConfig};
+pub use dispatch::{
+    ConnectionDispatch, Dispatcher, ReplySink, ServerConfig, DEFAULT_MAX_CALLS,
+    DEFAULT_MAX_CALLS_PER_CONNECTION,
+};
 pub use service::{unary, MethodDescriptor, ServerCall, ServerReply, Service};
 
 use crate::error::Error;
@@ -75,6 +81,20 @@ impl ServerBuilder {
     /// Worker threads of the server's own runtime, when none is given or current.
     pub fn worker_threads(mut self, threads: usize) -> Self {
         self.config.worker_threads = threads;
+        self
+    }
+
+    /// Calls one connection may have in progress; requests beyond are answered
+    /// `RESOURCE_EXHAUSTED` (default [`DEFAULT_MAX_CALLS_PER_CONNECTION`]).
+    pub fn max_calls_per_connection(mut self, calls: usize) -> Self {
+        self.config.max_calls_per_connection = calls;
+        self
+    }
+
+    /// Calls all connections may have in progress; requests beyond are answered
+    /// `RESOURCE_EXHAUSTED` (default [`DEFAULT_MAX_CALLS`]).
+    pub fn max_calls(mut self, calls: usize) -> Self {
+        self.config.max_calls = calls;
         self
     }
 

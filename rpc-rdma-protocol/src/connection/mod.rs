@@ -125,6 +125,8 @@ pub struct Stats {
     pub response_buffers_advertised: u64,
     /// Responses the peer placed straight into a buffer this side advertised.
     pub response_buffers_filled: u64,
+    /// Buffer requests of the peer refused because `large.max_queued` were waiting.
+    pub large_queue_refusals: u64,
 }
 
 /// The sans-IO state machine of one RDMA connection. See the module documentation for the
@@ -216,6 +218,7 @@ impl Connection {
             large_into_advertised: large.into_advertised,
             response_buffers_advertised: large.advertised,
             response_buffers_filled: large.advertised_filled,
+            large_queue_refusals: large.queue_refusals,
             send_credits: self.credits.available(),
             pending_credit_return: self.credits.returnable(),
             recv_held: self.recv.held(),

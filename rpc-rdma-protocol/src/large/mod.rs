@@ -44,6 +44,10 @@ pub struct LargeConfig {
     pub write_window: u32,
     /// Peer-writable grants (asked for or open) at once; further buffer requests wait.
     pub max_grants: u32,
+    /// Buffer requests that may wait for a grant beyond `max_grants`; further ones are
+    /// refused at once with `RESOURCE_EXHAUSTED`, so a peer cannot grow the queue without
+    /// bound.
+    pub max_queued: u32,
     /// Largest body the peer may ask a buffer for; larger requests are refused with
     /// `RESOURCE_EXHAUSTED`.
     pub max_message: u64,
@@ -55,6 +59,7 @@ impl Default for LargeConfig {
             chunk_size: 256 * 1024,
             write_window: 2,
             max_grants: 16,
+            max_queued: 256,
             max_message: 2 << 30,
         }
     }
@@ -84,6 +89,8 @@ pub(crate) struct LargeCounts {
     pub(crate) advertised: u64,
     /// Responses the peer placed in a buffer we advertised.
     pub(crate) advertised_filled: u64,
+    /// Buffer requests refused because `max_queued` were already waiting.
+    pub(crate) queue_refusals: u64,
 }
 
 #[derive(Debug)]
@@ -147,8 +154,10 @@ pub(crate) struct Large {
     grant_by_call: HashMap<u64, u32>,
     /// Buffer requests handed to the driver (`GrantNeeded`) and not yet answered.
     asked: HashSet<u64>,
-    /// Buffer requests beyond `max_grants`, in arrival order.
-    waiting: VecDeque<(u64, u64)>,
+    /// Buffer requests beyond `max_grants`, in arrival order (at most `max_queued`).
+    waiting: VecDeque<u64>,
+    /// The lengths asked for by the calls in `waiting`, for membership in O(1).
+    waiting_len: HashMap<u64, u64>,
     /// Response buffers the peer advertised with requests we have not answered yet.
     offers: HashMap<u64, RemoteBuffer>,
     /// Header-only frames to send, in order.
@@ -171,6 +180,7 @@ impl Large {
             grant_by_call: HashMap::new(),
             asked: HashSet::new(),
             waiting: VecDeque::new(),
+            waiting_len: HashMap::new(),
             offers: HashMap::new(),
             frames: VecDeque::new(),
             counters: LargeCounts::default(),

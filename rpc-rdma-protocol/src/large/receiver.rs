@@ -22,7 +22,7 @@ impl Large {
         self.end_advertisement(call_id, out);
         let known = self.asked.contains(&call_id)
             || self.grant_by_call.contains_key(&call_id)
-            || self.waiting.iter().any(|&(c, _)| c == call_id);
+            || self.waiting_len.contains_key(&call_id);
         if known {
             return Err(ProtocolViolation::DuplicateBufferRequest { call_id });
         }
@@ -31,16 +31,27 @@ impl Large {
             self.push_refusal(call_id, Code::ResourceExhausted, self.config.max_message);
             return Ok(());
         }
-        self.waiting.push_back((call_id, len));
+        let busy = self.grants.len() + self.asked.len() >= self.config.max_grants as usize;
+        if busy && self.waiting.len() >= self.config.max_queued as usize {
+            self.counters.queue_refusals += 1;
+            self.push_refusal(call_id, Code::ResourceExhausted, 0);
+            return Ok(());
+        }
+        self.waiting.push_back(call_id);
+        self.waiting_len.insert(call_id, len);
         self.admit_waiting(out);
         Ok(())
     }
 
     fn admit_waiting(&mut self, out: &mut VecDeque<Action>) {
         while (self.grants.len() + self.asked.len()) < self.config.max_grants as usize {
-            let Some((call_id, len)) = self.waiting.pop_front() else {
+            let Some(call_id) = self.waiting.pop_front() else {
                 return;
             };
+            let len = self
+                .waiting_len
+                .remove(&call_id)
+                .expect("queued calls have a length");
             self.asked.insert(call_id);
             out.push_back(Action::GrantNeeded { call_id, len });
         }
@@ -167,9 +178,12 @@ impl Large {
     /// not granted yet is answered with a refusal, so that every request gets one answer.
     pub(crate) fn on_peer_cancel(&mut self, call_id: u64, out: &mut VecDeque<Action>) {
         self.release_offer(call_id);
-        let was_waiting = self.waiting.iter().any(|&(c, _)| c == call_id);
+        let was_waiting = self.waiting_len.remove(&call_id).is_some();
         if self.asked.remove(&call_id) || was_waiting {
-            self.waiting.retain(|&(c, _)| c != call_id);
+            if was_waiting {
+                // At most `max_queued` long.
+                self.waiting.retain(|&c| c != call_id);
+            }
             self.push_refusal(call_id, Code::Cancelled, 0);
             self.admit_waiting(out);
             return;

@@ -24,6 +24,7 @@ pub(super) fn large(max_grants: u32, max_message: u64) -> LargeConfig {
         chunk_size: CHUNK,
         write_window: 2,
         max_grants,
+        max_queued: 256,
         max_message,
     }
 }
@@ -194,6 +195,26 @@ fn buffer_requests_beyond_the_grant_limit_wait_their_turn() {
     }
     settle(&mut p);
     assert_eq!(p.b.large.delivered.len(), 4);
+}
+
+#[test]
+fn buffer_requests_beyond_the_queue_bound_are_refused() {
+    let mut queued = large(1, 1 << 20);
+    queued.max_queued = 2;
+    let mut p = Pair::new(cfg(large(16, 1 << 20)), cfg(queued));
+    let calls: Vec<u64> = (0..6)
+        .map(|_| p.a.send_large(2 * u64::from(CHUNK)).expect("start"))
+        .collect();
+    settle(&mut p);
+    // All six asks arrive before the receiver's driver lends the first buffer: one is
+    // asked for, two wait, three are refused.
+    let refused: Vec<(u64, Code)> = calls[3..]
+        .iter()
+        .map(|&c| (c, Code::ResourceExhausted))
+        .collect();
+    assert_eq!(p.a.large.failed, refused);
+    assert_eq!(p.b.large.delivered.len(), 3);
+    assert_eq!(p.b.conn.stats().large_queue_refusals, 3);
 }
 
 #[test]

@@ -9,6 +9,7 @@ use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::{CallTable, ClientTransport, Drive, FrameKind, Status, HEADER_LEN};
 
 use crate::protocol::Stats;
+use crate::transport::budget::ConnectionSlot;
 use crate::transport::config::{PollMode, RdmaConfig};
 use crate::transport::conn::{Conn, FrameSink};
 use crate::transport::engine::Role;
@@ -94,6 +95,7 @@ impl RdmaClient {
         let peer = format!("rdma://{addr}");
         let what = format!("cannot connect to {peer}");
         let dst = resolve(addr)?;
+        let slot = ConnectionSlot::take(&peer)?;
         let deadline = Instant::now() + config.connect_timeout;
         let channel = EventChannel::new().map_err(|e| verbs_status(&what, e))?;
         channel
@@ -107,7 +109,7 @@ impl RdmaClient {
             .map_err(|e| verbs_status(&what, e))?;
         expect_event(&channel, CmEventKind::RouteResolved, deadline, &what)?;
 
-        let res = Resources::create(&id, config, Role::Client)?;
+        let res = Resources::create(&id, config, Role::Client, slot)?;
         let slot_body = u64::from(res.protocol.recv_slot_size).saturating_sub(HEADER_LEN as u64);
         let response_sizes = Arc::new(ResponseSizes::new(slot_body));
         let params = res.protocol.connect_params().encode();

@@ -143,6 +143,9 @@ pub struct RdmaConfig {
     pub large_write_window: u32,
     /// Largest body (metadata plus message) a peer may send us by RDMA WRITE; larger ones
     /// are refused before any byte moves, with `RESOURCE_EXHAUSTED` naming both sizes.
+    /// Servers and channels lower it to their message size limit plus the metadata limit
+    /// ([`RdmaConfig::limit_bodies`]), so a peer can never make us register more than one
+    /// acceptable message per grant.
     pub large_max_message: u64,
     /// Registered memory a connection may lend to large bodies at once (both directions).
     /// Registered lazily: a connection that never moves a large body registers nothing.
@@ -151,6 +154,14 @@ pub struct RdmaConfig {
     pub large_cache: u64,
     /// Buffers the peer may be writing into at once; further requests wait their turn.
     pub large_max_grants: u32,
+    /// Buffer requests that may wait for a grant beyond `large_max_grants`; past it they are
+    /// refused at once (`RESOURCE_EXHAUSTED`), so a peer cannot grow the queue without bound.
+    pub large_max_queued: u32,
+    /// Longest a peer may hold a buffer we granted at its request without announcing the
+    /// body written into it. A peer past it is hoarding registered memory: the connection
+    /// is closed with `RESOURCE_EXHAUSTED` naming the grant, and everything it held is
+    /// freed. (Response buffers we advertise are not timed: a handler may take its time.)
+    pub large_grant_timeout: Duration,
     /// Receive slots the application may hold at once as zero-copy views of received
     /// messages (`0..=window - 3`); `None`: a quarter of the initial window (`recv_window`).
     /// Past it, received messages are handed up as copies and their slots go straight back
@@ -215,6 +226,8 @@ impl Default for RdmaConfig {
             large_budget: 4 << 30,
             large_cache: 64 << 20,
             large_max_grants: 16,
+            large_max_queued: 256,
+            large_grant_timeout: Duration::from_secs(30),
             lend_limit: None,
             send_window: None,
             recv_window: None,
@@ -231,6 +244,14 @@ impl RdmaConfig {
     /// Largest metadata plus message that fits one slot.
     pub fn max_inline_payload(&self) -> usize {
         (self.slot_size as usize).saturating_sub(rpc_core::HEADER_LEN)
+    }
+
+    /// Lowers [`RdmaConfig::large_max_message`] to what a message of `max_message_size`
+    /// bytes and its metadata can take: the RPC layer refuses anything larger after it
+    /// arrived, so lending a buffer for it would only let a peer pin memory.
+    pub fn limit_bodies(&mut self, max_message_size: usize) {
+        let most = (max_message_size as u64).saturating_add(rpc_core::MAX_METADATA_LEN as u64);
+        self.large_max_message = self.large_max_message.min(most);
     }
 
     /// The shared receive queue bounds a connection of `role` receives with, if any.
@@ -270,6 +291,7 @@ impl RdmaConfig {
                 chunk_size: self.large_chunk,
                 write_window: self.large_write_window,
                 max_grants: self.large_max_grants,
+                max_queued: self.large_max_queued,
                 max_message: self.large_max_message,
             },
             ..crate::protocol::Config::default()

@@ -60,9 +60,12 @@ pub(crate) fn expect_event(
         return Ok(event);
     }
     let reason = match event.kind() {
-        CmEventKind::Rejected => "connection refused (no rdma-rpc server listening there, or it \
-                                  rejected the connection)"
-            .to_owned(),
+        CmEventKind::Rejected => match crate::protocol::decode_reject(event.private_data()) {
+            Some(reason) => format!("the server rejected the connection: {reason}"),
+            None => "connection refused (no rdma-rpc server listening there, or it rejected \
+                     the connection)"
+                .to_owned(),
+        },
         CmEventKind::AddrError => "no RDMA device reaches that address".to_owned(),
         CmEventKind::RouteError => "no route to the address over RDMA".to_owned(),
         CmEventKind::Unreachable => "peer unreachable".to_owned(),

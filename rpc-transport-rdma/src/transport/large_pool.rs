@@ -8,6 +8,10 @@
 //! transfer that read them completes; they stay registered while the cache holds fewer
 //! than `cache_bytes`, and are deregistered otherwise. Leases never exceed `budget_bytes`.
 //!
+//! Every registration counts against the process's limit ([`ProcessLimits`]) until it is
+//! deregistered; a lease that would pass it first deregisters this pool's cache, then is
+//! refused.
+//!
 //! Buffers are registered `LOCAL_WRITE | MW_BIND` and never with remote access: the peer
 //! reaches one only through a memory window bound over it for one grant.
 
@@ -16,6 +20,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+#[cfg(doc)]
+use crate::transport::budget::ProcessLimits;
+use crate::transport::budget::Registered;
 use crate::verbs::{AccessFlags, MemoryRegion, MemoryWindow, ProtectionDomain, VerbsError};
 
 /// Smallest buffer registered (smaller bodies round up to it).
@@ -26,14 +33,32 @@ const MIN_BUFFER: usize = 64 * 1024;
 pub(crate) enum PoolError {
     #[error("{wanted} bytes would exceed the large-buffer budget of {budget} bytes ({lent} lent)")]
     Budget { wanted: u64, budget: u64, lent: u64 },
+    #[error(
+        "{wanted} bytes would exceed the process's limit of {limit} registered bytes \
+         ({held} registered; ProcessLimits::registered_bytes)"
+    )]
+    Process { wanted: u64, limit: u64, held: u64 },
     #[error("registering a {len}-byte buffer: {source}")]
     Register { len: usize, source: VerbsError },
+}
+
+/// A registration, counted against the process's limit while it lives.
+#[derive(Debug)]
+struct Pooled {
+    region: MemoryRegion,
+    _counted: Registered,
+}
+
+impl Pooled {
+    fn len(&self) -> usize {
+        self.region.len()
+    }
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     /// Registered, unused buffers by capacity.
-    free: BTreeMap<usize, Vec<MemoryRegion>>,
+    free: BTreeMap<usize, Vec<Pooled>>,
     cached: u64,
     lent: u64,
     windows: Vec<MemoryWindow>,
@@ -73,9 +98,7 @@ impl LargePool {
                 .free
                 .range_mut(len.max(1)..=len.saturating_mul(2).max(MIN_BUFFER))
                 .find_map(|(_, regions)| regions.pop());
-            let charge = found
-                .as_ref()
-                .map_or(Self::capacity_for(len), MemoryRegion::len) as u64;
+            let charge = found.as_ref().map_or(Self::capacity_for(len), Pooled::len) as u64;
             if inner.lent + charge > self.budget {
                 if let Some(region) = found {
                     inner.free.entry(region.len()).or_default().push(region);
@@ -97,17 +120,9 @@ impl LargePool {
             Some(region) => region,
             None => {
                 let capacity = Self::capacity_for(len);
-                let access = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
-                match MemoryRegion::alloc(&self.pd, capacity, access) {
-                    Ok(region) => region,
-                    Err(source) => {
-                        self.inner.lock().lent -= capacity as u64;
-                        return Err(PoolError::Register {
-                            len: capacity,
-                            source,
-                        });
-                    }
-                }
+                self.register(capacity).inspect_err(|_| {
+                    self.inner.lock().lent -= capacity as u64;
+                })?
             }
         };
         Ok(LargeBuffer {
@@ -117,7 +132,33 @@ impl LargePool {
         })
     }
 
-    fn give_back(&self, region: MemoryRegion) {
+    /// Registers a new buffer of `capacity` bytes, within the process's limit.
+    fn register(&self, capacity: usize) -> Result<Pooled, PoolError> {
+        let counted = Registered::take(capacity as u64).or_else(|_| {
+            // Our own cache may be what fills the process's share: give it back first.
+            let cache = std::mem::take(&mut self.inner.lock().free);
+            self.inner.lock().cached = 0;
+            drop(cache);
+            Registered::take(capacity as u64).map_err(|over| PoolError::Process {
+                wanted: capacity as u64,
+                limit: over.limit,
+                held: over.held,
+            })
+        })?;
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
+        let region = MemoryRegion::alloc(&self.pd, capacity, access).map_err(|source| {
+            PoolError::Register {
+                len: capacity,
+                source,
+            }
+        })?;
+        Ok(Pooled {
+            region,
+            _counted: counted,
+        })
+    }
+
+    fn give_back(&self, region: Pooled) {
         let capacity = region.len() as u64;
         let mut inner = self.inner.lock();
         inner.lent -= capacity;
@@ -151,7 +192,7 @@ impl LargePool {
 /// dropped.
 #[derive(Debug)]
 pub(crate) struct LargeBuffer {
-    region: Option<MemoryRegion>,
+    region: Option<Pooled>,
     len: usize,
     pool: Arc<LargePool>,
 }
@@ -159,7 +200,7 @@ pub(crate) struct LargeBuffer {
 impl LargeBuffer {
     /// The registration (whole capacity).
     pub(crate) fn region(&self) -> &MemoryRegion {
-        self.region.as_ref().expect("present until drop")
+        &self.region.as_ref().expect("present until drop").region
     }
 
     /// Address of the first byte.
@@ -184,6 +225,7 @@ impl LargeBuffer {
             .region
             .as_mut()
             .expect("present until drop")
+            .region
             .as_mut_slice()[..len]
     }
 }

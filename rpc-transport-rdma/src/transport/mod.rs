@@ -4,6 +4,7 @@
 //! * [`RdmaClient`]: a `rpc_core::ClientTransport` over one RC queue pair.
 //! * [`RdmaServer`]: an rdma_cm listener serving a `rpc_core` dispatcher.
 
+mod budget;
 mod client;
 mod config;
 mod conn;
@@ -17,6 +18,10 @@ mod send_memory;
 mod server;
 mod shared_recv;
 
+pub use budget::{
+    process_limits, process_usage, set_process_limits, ProcessLimits, ProcessUsage,
+    DEFAULT_MAX_CONNECTIONS,
+};
 pub use client::RdmaClient;
 pub use config::{
     PollMode, RdmaConfig, Receives, SharedRecvConfig, DEFAULT_KEEPALIVE, DEFAULT_SEND_WINDOW,

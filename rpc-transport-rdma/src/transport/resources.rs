@@ -7,6 +7,7 @@ use rpc_core::Status;
 
 use crate::protocol::Config;
 use crate::protocol::WorkId;
+use crate::transport::budget::ConnectionSlot;
 use crate::transport::config::RdmaConfig;
 use crate::transport::engine::{Attachment, Engine, Role};
 use crate::transport::large_pool::LargePool;
@@ -31,6 +32,8 @@ pub(crate) struct Resources {
     /// The connection's place in the shared completion engine.
     pub(crate) attachment: Attachment,
     pub(crate) protocol: Config,
+    /// The connection's place among the process's ([`ConnectionSlot`]).
+    _slot: ConnectionSlot,
 }
 
 /// Where a connection's frames land.
@@ -72,7 +75,12 @@ impl Resources {
     /// Attaches to the completion engine of `id`'s device, creates the QP (on a shared CQ)
     /// and both rings, and posts a receive in every receive slot, as the peer's initial
     /// credits assume.
-    pub(crate) fn create(id: &CmId, config: &RdmaConfig, role: Role) -> Result<Resources, Status> {
+    pub(crate) fn create(
+        id: &CmId,
+        config: &RdmaConfig,
+        role: Role,
+        slot: ConnectionSlot,
+    ) -> Result<Resources, Status> {
         let ctx = id
             .context()
             .map_err(|e| verbs_status("no RDMA device for the address", e))?;
@@ -86,23 +94,25 @@ impl Resources {
         let shared = bounds
             .map(|bounds| attachment.engine.shared_recv(config.slot_size, &bounds))
             .transpose()?;
-        let qp = QueuePair::new(
-            id,
-            &pd,
-            QpInitAttr {
-                send_cq: cq.clone(),
-                recv_cq: cq,
-                caps: QpCapabilities {
-                    max_send_wr: sizing.sq_depth(),
-                    max_recv_wr: sizing.rq_depth(),
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: config.max_inline,
+        let qp = create_qp(config.max_inline, |max_inline_data| {
+            QueuePair::new(
+                id,
+                &pd,
+                QpInitAttr {
+                    send_cq: cq.clone(),
+                    recv_cq: cq.clone(),
+                    caps: QpCapabilities {
+                        max_send_wr: sizing.sq_depth(),
+                        max_recv_wr: sizing.rq_depth(),
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline_data,
+                    },
+                    sq_sig_all: false,
+                    srq: shared.as_ref().map(|s| s.srq().clone()),
                 },
-                sq_sig_all: false,
-                srq: shared.as_ref().map(|s| s.srq().clone()),
-            },
-        )
+            )
+        })
         .map_err(|e| verbs_status("rdma_create_qp", e))?;
         if let Some(exponent) = config.ack_timeout {
             // Before connect or accept, which move the QP to RTS with it.
@@ -147,6 +157,7 @@ impl Resources {
             large,
             attachment,
             protocol,
+            _slot: slot,
         };
         for slot in protocol.initial_recv_posts() {
             resources
@@ -212,4 +223,31 @@ impl Resources {
         // guarantees the device does not write this slot while the slice lives.
         unsafe { std::slice::from_raw_parts((ring.addr() as usize + offset) as *const u8, size) }
     }
+}
+
+/// Creates a queue pair with `max_inline` bytes of inline data, or, if the device refuses,
+/// with less: half as much each time, down to none (some iWARP and Intel devices offer
+/// fewer than 256 bytes, and say so only by failing). Frames too large for what was granted
+/// are sent from registered memory instead. The first error is returned if none works.
+fn create_qp(
+    max_inline: u32,
+    mut create: impl FnMut(u32) -> Result<QueuePair, VerbsError>,
+) -> Result<QueuePair, VerbsError> {
+    let first = match create(max_inline) {
+        Ok(qp) => return Ok(qp),
+        Err(e) => e,
+    };
+    let mut inline = max_inline;
+    while inline > 0 {
+        inline = if inline > 16 { inline / 2 } else { 0 };
+        if let Ok(qp) = create(inline) {
+            tracing::debug!(
+                asked = max_inline,
+                granted = inline,
+                "the device offers less inline data"
+            );
+            return Ok(qp);
+        }
+    }
+    Err(first)
 }

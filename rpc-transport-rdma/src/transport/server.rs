@@ -12,6 +12,8 @@ use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::{ConnectionDispatch, Dispatcher, ReplySink};
 use rpc_core::{FrameKind, Status};
 
+use crate::protocol::{encode_reject, ConnectParams, Geometry};
+use crate::transport::budget::ConnectionSlot;
 use crate::transport::client::resolve;
 use crate::transport::config::RdmaConfig;
 use crate::transport::conn::{Conn, FrameSink};
@@ -77,6 +79,8 @@ impl RdmaServer {
         id.listen(LISTEN_BACKLOG)
             .map_err(|e| verbs_status(&what, e))?;
         let local_addr = id.local_addr().unwrap_or(local);
+        let mut config = config;
+        config.limit_bodies(dispatcher.config().max_message_size);
         let shared = Arc::new(Shared {
             dispatcher,
             config,
@@ -170,7 +174,6 @@ fn on_event(listener: &CmId, mut event: CmEvent, shared: &Arc<Shared>) {
                 .peer_addr()
                 .map_or_else(|| "rdma://?".to_owned(), |a| format!("rdma://{a}"));
             if let Err(status) = accept(id, event.private_data(), peer.clone(), shared) {
-                // Dropping the id rejected the request.
                 tracing::warn!(%peer, %status, "refused a connection");
             }
         }
@@ -194,9 +197,44 @@ fn on_event(listener: &CmId, mut event: CmEvent, shared: &Arc<Shared>) {
     }
 }
 
+/// Rejects a connect request with `status`'s message as the reason the client will see.
+fn reject(id: CmId, status: Status) -> Result<(), Status> {
+    let reason = encode_reject(status.message());
+    if let Err(e) = id.reject(&reason) {
+        // Dropping the id rejects it without a reason.
+        tracing::debug!(%e, "rdma_reject failed");
+    }
+    Err(status)
+}
+
+/// Checks a connect request before anything is built for it: a place among the process's
+/// connections, and parameters this server can agree to.
+fn admit(private_data: &[u8], peer: &str, shared: &Shared) -> Result<ConnectionSlot, Status> {
+    let config = &shared.config;
+    let slot = ConnectionSlot::take(peer)?;
+    let params = ConnectParams::decode(private_data).map_err(|e| {
+        Status::invalid_argument(format!("{peer} sent unusable connection parameters: {e}"))
+    })?;
+    let ours = config.protocol(
+        config.max_inline,
+        config.shared_recv(Role::Server).is_some(),
+    );
+    Geometry::negotiate(&ours, &params).map_err(|e| {
+        Status::invalid_argument(format!("cannot agree on ring geometry with {peer}: {e}"))
+    })?;
+    Ok(slot)
+}
+
 fn accept(id: CmId, private_data: &[u8], peer: String, shared: &Shared) -> Result<(), Status> {
     let config = &shared.config;
-    let res = Resources::create(&id, config, Role::Server)?;
+    let slot = match admit(private_data, &peer, shared) {
+        Ok(slot) => slot,
+        Err(status) => return reject(id, status),
+    };
+    let res = match Resources::create(&id, config, Role::Server, slot) {
+        Ok(res) => res,
+        Err(status) => return reject(id, status),
+    };
     let params = res.protocol.connect_params().encode();
     let conn = Conn::new(res, id, private_data, peer, config)?;
     let dispatch = ConnectionDispatch::new(

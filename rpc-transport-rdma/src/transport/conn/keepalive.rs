@@ -113,6 +113,7 @@ impl Conn {
         if self.is_closed() {
             return;
         }
+        self.expire_grants();
         match self.keepalive.tick(elapsed) {
             Tick::Nothing => {}
             Tick::Dead => self.close(Status::unavailable(format!(

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
@@ -27,6 +28,9 @@ pub(super) fn is_body_kind(kind: FrameKind) -> bool {
 struct Granted {
     window: MemoryWindow,
     buffer: LargeBuffer,
+    /// When the peer was granted it at its request; `None` for a response buffer we
+    /// advertised (its handler may take any time).
+    asked: Option<Instant>,
 }
 
 /// Large-body resources of one connection, kept under the state lock.
@@ -58,6 +62,16 @@ impl LargeState {
     /// step of tearing a connection down, before its queue pair is destroyed.
     pub(super) fn revoke_all(&mut self) {
         self.grants.clear();
+    }
+
+    /// The oldest grant the peer asked for and has held longer than `timeout`: its length
+    /// and age.
+    fn overdue(&self, now: Instant, timeout: Duration) -> Option<(usize, Duration)> {
+        self.grants
+            .values()
+            .filter_map(|g| Some((g.buffer.len(), now.saturating_duration_since(g.asked?))))
+            .filter(|&(_, age)| age > timeout)
+            .max_by_key(|&(_, age)| age)
     }
 }
 
@@ -135,10 +149,14 @@ impl Conn {
             self.res.large.put_window(window);
             return false;
         };
-        state
-            .large
-            .grants
-            .insert(descriptor.generation, Granted { window, buffer });
+        state.large.grants.insert(
+            descriptor.generation,
+            Granted {
+                window,
+                buffer,
+                asked: None,
+            },
+        );
         header.flags = header.flags.with(Flags::RESPONSE_BUFFER);
         header.remote = descriptor;
         self.run_actions(&mut state);
@@ -296,9 +314,33 @@ impl Conn {
             .grant(call_id, buffer.addr(), rkey, buffer.len() as u64)
         {
             Some(grant) => {
-                state.large.grants.insert(grant, Granted { window, buffer });
+                let granted = Granted {
+                    window,
+                    buffer,
+                    asked: Some(Instant::now()),
+                };
+                state.large.grants.insert(grant, granted);
             }
             None => self.res.large.put_window(window),
+        }
+    }
+}
+
+impl Conn {
+    /// Closes the connection if its peer has held a buffer it asked for longer than
+    /// `large_grant_timeout` without announcing the body: it is hoarding registered memory.
+    /// Called by the poller's ticks.
+    pub(super) fn expire_grants(&self) {
+        let overdue = {
+            let state = self.state.lock();
+            state.large.overdue(Instant::now(), self.grant_timeout)
+        };
+        if let Some((len, age)) = overdue {
+            self.close(Status::resource_exhausted(format!(
+                "{} held a buffer of {len} bytes it asked for {age:?} without writing the \
+                 body (large_grant_timeout {:?}); the connection is closed to free it",
+                self.peer, self.grant_timeout
+            )));
         }
     }
 }

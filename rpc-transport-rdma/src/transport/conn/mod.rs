@@ -123,6 +123,8 @@ pub(crate) struct Conn {
     /// Largest frame one SEND carries (negotiated; larger bodies go by RDMA WRITE).
     max_send_frame: usize,
     keepalive: Keepalive,
+    /// Longest the peer may hold a buffer granted at its request (`large_grant_timeout`).
+    grant_timeout: Duration,
 }
 
 impl Drop for Conn {
@@ -187,6 +189,7 @@ impl Conn {
             peer,
             stall_limit,
             keepalive: Keepalive::new(config.keepalive, config.keepalive_timeout),
+            grant_timeout: config.large_grant_timeout,
         }))
     }
 

@@ -1,0 +1,145 @@
+//! The dispatcher's bounds and ordering, with a sink that records answers.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+
+use super::{ConnectionDispatch, Dispatcher, MethodDescriptor, ReplySink, Server, ServerCall};
+use super::{ServerReply, Service};
+use crate::frame::{InboundFrame, OutgoingFrame};
+use crate::header::{FrameKind, Header};
+use crate::status::{Code, Status};
+
+static HANG: [MethodDescriptor; 1] = [MethodDescriptor::new("/test.Hang/Hang")];
+
+/// A method that never answers, counting its runs.
+#[derive(Default)]
+struct Hang {
+    runs: Arc<AtomicUsize>,
+}
+
+impl Service for Hang {
+    fn name(&self) -> &'static str {
+        "test.Hang"
+    }
+
+    fn methods(&self) -> &'static [MethodDescriptor] {
+        &HANG
+    }
+
+    fn call(&self, _: u32, _: ServerCall) -> BoxFuture<'static, Result<ServerReply, Status>> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        Box::pin(futures::future::pending())
+    }
+}
+
+/// Records the status of every answer.
+#[derive(Default)]
+struct Answers(Mutex<Vec<(u64, Code)>>);
+
+impl ReplySink for Answers {
+    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        let h = frame.header();
+        self.0.lock().push((h.call_id, h.status));
+        Ok(())
+    }
+}
+
+fn server(per_connection: usize, all: usize) -> (Arc<Dispatcher>, Arc<AtomicUsize>) {
+    let hang = Hang::default();
+    let runs = hang.runs.clone();
+    let dispatcher = Server::builder()
+        .max_calls_per_connection(per_connection)
+        .max_calls(all)
+        .worker_threads(1)
+        .add_service(hang)
+        .build()
+        .expect("server");
+    (dispatcher, runs)
+}
+
+fn connection(dispatcher: &Arc<Dispatcher>) -> (Arc<ConnectionDispatch>, Arc<Answers>) {
+    let answers = Arc::new(Answers::default());
+    (
+        ConnectionDispatch::new(dispatcher.clone(), answers.clone()),
+        answers,
+    )
+}
+
+fn frame(kind: FrameKind, call_id: u64) -> InboundFrame {
+    let mut header = Header::new(kind, call_id);
+    header.method_id = HANG[0].id;
+    InboundFrame {
+        header,
+        metadata: Bytes::new(),
+        payload: Bytes::new(),
+    }
+}
+
+fn request(conn: &Arc<ConnectionDispatch>, call_id: u64) {
+    conn.on_frame(frame(FrameKind::Request, call_id));
+}
+
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let until = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(Instant::now() < until, "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn requests_beyond_the_per_connection_limit_are_refused() {
+    let (dispatcher, runs) = server(2, 100);
+    let (conn, answers) = connection(&dispatcher);
+    for call_id in 1..=3 {
+        request(&conn, call_id);
+    }
+    assert_eq!(*answers.0.lock(), [(3, Code::ResourceExhausted)]);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    // Another connection is not affected.
+    let (other, other_answers) = connection(&dispatcher);
+    request(&other, 1);
+    assert!(other_answers.0.lock().is_empty());
+    // A cancelled call makes room.
+    conn.on_frame(frame(FrameKind::Cancel, 1));
+    wait_for("the cancelled call ends", || dispatcher.in_flight() == 2);
+    request(&conn, 4);
+    assert_eq!(answers.0.lock().len(), 1, "call 4 runs");
+    conn.close();
+    other.close();
+}
+
+#[test]
+fn requests_beyond_the_server_limit_are_refused() {
+    let (dispatcher, runs) = server(100, 3);
+    let (a, a_answers) = connection(&dispatcher);
+    let (b, b_answers) = connection(&dispatcher);
+    request(&a, 1);
+    request(&a, 2);
+    request(&b, 1);
+    request(&b, 2);
+    assert!(a_answers.0.lock().is_empty());
+    assert_eq!(*b_answers.0.lock(), [(2, Code::ResourceExhausted)]);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    a.close();
+    b.close();
+}
+
+#[test]
+fn a_cancel_that_overtakes_its_request_cancels_it() {
+    let (dispatcher, runs) = server(100, 100);
+    let (conn, answers) = connection(&dispatcher);
+    conn.on_frame(frame(FrameKind::Cancel, 9));
+    request(&conn, 9);
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler never ran");
+    assert_eq!(conn.calls_running(), 0);
+    assert!(answers.0.lock().is_empty(), "the client forgot the call");
+    request(&conn, 10);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "later calls run");
+    conn.close();
+}
