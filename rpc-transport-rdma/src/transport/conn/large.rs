@@ -12,7 +12,7 @@ use rpc_core::{Code, Flags, FrameKind, Header, Status};
 
 use super::{Conn, State};
 use crate::protocol::{Action, LocalBuffer, Received, WorkId};
-use crate::transport::large_pool::LargeBuffer;
+use crate::transport::large_pool::{LargeBuffer, PoolError};
 use crate::verbs::{
     AccessFlags, MemoryWindow, RemoteAddr, SendFlags, SendOp, SendRequest, Sge, VerbsError,
 };
@@ -291,20 +291,35 @@ impl Conn {
 
     /// Answers the peer's buffer request: lease, window, grant; or refuse.
     fn lend_buffer(&self, state: &mut State, call_id: u64, len: u64) {
+        // The refusal names the connection's budget when that is what was short; another
+        // cause (the process's limit, the device) has no size to tell the peer.
+        let budget = self.res.large.budget();
         let leased = usize::try_from(len)
-            .map_err(|_| format!("{len} bytes do not fit this machine's address space"))
-            .and_then(|len| self.res.large.lease(len).map_err(|e| e.to_string()))
+            .map_err(|_| {
+                (
+                    format!("{len} bytes do not fit this machine's address space"),
+                    0,
+                )
+            })
+            .and_then(|len| {
+                self.res.large.lease(len).map_err(|e| {
+                    let limit = if matches!(e, PoolError::Budget { .. }) {
+                        budget
+                    } else {
+                        0
+                    };
+                    (e.to_string(), limit)
+                })
+            })
             .and_then(|buffer| {
-                let window = self.res.large.window().map_err(|e| e.to_string())?;
+                let window = self.res.large.window().map_err(|e| (e.to_string(), 0))?;
                 Ok((buffer, window))
             });
         let (buffer, window) = match leased {
             Ok(leased) => leased,
-            Err(reason) => {
+            Err((reason, limit)) => {
                 tracing::warn!(peer = %self.peer, call_id, len, %reason, "refusing a large body");
-                state
-                    .proto
-                    .refuse(call_id, Code::ResourceExhausted, self.res.large.budget());
+                state.proto.refuse(call_id, Code::ResourceExhausted, limit);
                 return;
             }
         };
