@@ -132,6 +132,17 @@ pub enum ProtocolViolation {
         /// Bytes asked for.
         needed: u64,
     },
+    /// A buffer (granted, or advertised with a request) whose address range wraps past
+    /// the end of the address space: no WRITE may be computed into it.
+    #[error("peer offered a buffer of {len} bytes at {addr:#x} for call {call_id}, past the end of the address space")]
+    BufferOutOfRange {
+        /// Call named by the buffer.
+        call_id: u64,
+        /// Its address.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
     /// A second buffer request for a call that has one pending or granted.
     #[error("peer asked again for a buffer for call {call_id}")]
     DuplicateBufferRequest {

@@ -101,6 +101,7 @@ impl Large {
         if self.offers.contains_key(&call_id) {
             return Err(ProtocolViolation::DuplicateResponseBuffer { call_id });
         }
+        super::check_range(call_id, &request.remote)?;
         self.offers.insert(call_id, request.remote);
         Ok(())
     }

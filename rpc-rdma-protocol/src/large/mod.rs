@@ -306,6 +306,7 @@ impl Large {
             });
             return Ok(());
         }
+        check_range(call_id, &grant.remote)?;
         if grant.remote.len < transfer.total {
             return Err(ProtocolViolation::GrantTooSmall {
                 call_id,
@@ -434,5 +435,18 @@ impl Large {
     /// Removes the frame returned by [`Large::next_frame`] (it was committed to the ring).
     pub(crate) fn pop_frame(&mut self) {
         self.frames.pop_front();
+    }
+}
+
+/// A buffer of the peer's whose last byte has an address: every WRITE into it is computed
+/// as `addr + offset` with `offset < len`, which then cannot overflow.
+pub(crate) fn check_range(call_id: u64, remote: &RemoteBuffer) -> Result<(), ProtocolViolation> {
+    match remote.addr.checked_add(remote.len) {
+        Some(_) => Ok(()),
+        None => Err(ProtocolViolation::BufferOutOfRange {
+            call_id,
+            addr: remote.addr,
+            len: remote.len,
+        }),
     }
 }

@@ -454,3 +454,37 @@ fn callers_cannot_send_protocol_owned_frames() {
         assert_eq!(c.commit_send(r, &h), Err(SendError::ReservedKind(h.kind)));
     }
 }
+
+/// A grant or an advertised buffer whose range wraps past `u64::MAX`: the offset of a later
+/// chunk would overflow (a panic in a debug build) if the range were not checked on receipt.
+#[test]
+fn buffers_that_wrap_the_address_space_are_violations() {
+    let mut c = conn();
+    let mut notice = Header::new(FrameKind::Request, 4);
+    notice.payload_len = 5000;
+    let local = crate::LocalBuffer {
+        addr: 0x1000,
+        lkey: 1,
+    };
+    c.start_large(&notice, local).expect("start");
+    let mut grant = grant_of(4, 5000);
+    grant.remote.addr = u64::MAX - 100;
+    let expected = ProtocolViolation::BufferOutOfRange {
+        call_id: 4,
+        addr: u64::MAX - 100,
+        len: 5000,
+    };
+    expect_feed_violation(&mut c, 0, &grant, expected);
+
+    let mut c = conn();
+    let mut offer = Header::new(FrameKind::Request, 6);
+    offer.flags = rpc_core::Flags::RESPONSE_BUFFER;
+    offer.remote = grant_of(6, 1 << 20).remote;
+    offer.remote.addr = u64::MAX - (1 << 19);
+    let expected = ProtocolViolation::BufferOutOfRange {
+        call_id: 6,
+        addr: u64::MAX - (1 << 19),
+        len: 1 << 20,
+    };
+    expect_feed_violation(&mut c, 0, &offer, expected);
+}
