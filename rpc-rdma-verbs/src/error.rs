@@ -228,9 +228,13 @@ impl fmt::Display for WcError {
             WcError::BadResponse => "bad response",
             WcError::LocalAccess => "local access error",
             WcError::RemoteInvalidRequest => "remote invalid request",
-            WcError::RemoteAccess => "remote access error",
+            WcError::RemoteAccess => {
+                "remote access error (the peer refused an RDMA access: bad key or range)"
+            }
             WcError::RemoteOperation => "remote operation error",
-            WcError::RetryExceeded => "transport retry counter exceeded",
+            WcError::RetryExceeded => {
+                "transport retry counter exceeded (the peer is unreachable or dead)"
+            }
             WcError::RnrRetryExceeded => {
                 "RNR retry counter exceeded (no receive posted at the peer)"
             }

@@ -60,8 +60,14 @@ impl SendReservation {
 pub enum CloseReason {
     /// [`Connection::close`] was called.
     Local,
-    /// A work request completed with an error status.
-    CompletionError(WorkId),
+    /// A work request completed with an error status, which the driver named (the
+    /// work completion's status: a flush, retries exceeded, a remote access error, ...).
+    CompletionError {
+        /// The work request.
+        work: WorkId,
+        /// Its completion status, in words.
+        status: String,
+    },
     /// The peer or the completion stream broke the protocol.
     Violation(ProtocolViolation),
 }
@@ -70,11 +76,17 @@ impl std::fmt::Display for CloseReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CloseReason::Local => f.write_str("closed locally"),
-            CloseReason::CompletionError(WorkId::Probe) => f.write_str(
-                "keepalive probe failed: the queue pair is in the error state, or the peer \
-                 stopped answering",
+            CloseReason::CompletionError {
+                work: WorkId::Probe,
+                status,
+            } => write!(
+                f,
+                "keepalive probe failed ({status}): the queue pair is in the error state, or \
+                 the peer stopped answering"
             ),
-            CloseReason::CompletionError(work) => write!(f, "work request {work:?} failed"),
+            CloseReason::CompletionError { work, status } => {
+                write!(f, "work request {work:?} failed: {status}")
+            }
             CloseReason::Violation(violation) => write!(f, "protocol violation: {violation}"),
         }
     }
@@ -371,9 +383,14 @@ impl Connection {
     }
 
     /// A work request completed with an error status (including flushes after the QP went to
-    /// the error state). Closes the connection; frames not yet posted are dropped.
-    pub fn on_completion_error(&mut self, work: WorkId) {
-        self.close_with(CloseReason::CompletionError(work));
+    /// the error state), named by `status` for the close reason. Closes the connection; frames
+    /// not yet posted are dropped. The first reason stays: the flushes that follow a real
+    /// error do not hide it.
+    pub fn on_completion_error(&mut self, work: WorkId, status: &str) {
+        self.close_with(CloseReason::CompletionError {
+            work,
+            status: status.to_owned(),
+        });
     }
 
     /// Closes the connection locally; frames not yet posted are dropped.

@@ -32,7 +32,7 @@ impl Connection {
 
     /// The driver could not post the probe it was allowed: the queue pair refused it.
     pub fn on_probe_refused(&mut self) {
-        self.on_completion_error(crate::WorkId::Probe);
+        self.on_completion_error(crate::WorkId::Probe, "the queue pair refused to post it");
     }
 }
 
@@ -49,10 +49,22 @@ mod tests {
         assert!(pair.transmit(Side::A), "the probe goes on the wire");
         assert!(pair.a.poll_send(), "and completes");
         assert!(pair.a.probe(), "the next probe once the first completed");
-        pair.a.conn.on_completion_error(WorkId::Probe);
+        pair.a
+            .conn
+            .on_completion_error(WorkId::Probe, "transport retry counter exceeded");
+        let reason = pair.a.conn.close_reason().expect("closed");
         assert_eq!(
-            pair.a.conn.close_reason(),
-            Some(&CloseReason::CompletionError(WorkId::Probe))
+            reason,
+            &CloseReason::CompletionError {
+                work: WorkId::Probe,
+                status: "transport retry counter exceeded".into()
+            }
+        );
+        assert!(
+            reason
+                .to_string()
+                .contains("transport retry counter exceeded"),
+            "{reason}"
         );
         assert!(
             !pair.a.conn.start_probe(),

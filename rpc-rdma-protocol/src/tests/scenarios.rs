@@ -284,13 +284,20 @@ fn completion_error_closes_and_fails_queued_sends() {
         4,
         "3 queued + 1 uncommitted"
     );
-    p.a.conn.on_completion_error(WorkId::Send(0));
+    p.a.conn
+        .on_completion_error(WorkId::Send(0), "remote access error");
+    p.a.conn
+        .on_completion_error(WorkId::Send(1), "work request flushed");
     p.a.absorb();
     while p.a.exec() {}
     assert_eq!(p.a.dropped, [4, 5, 6]);
     assert_eq!(
         p.a.conn.close_reason(),
-        Some(&CloseReason::CompletionError(WorkId::Send(0)))
+        Some(&CloseReason::CompletionError {
+            work: WorkId::Send(0),
+            status: "remote access error".into()
+        }),
+        "the first error is the reason, not the flushes after it"
     );
     let w = p.a.written.pop_front().unwrap();
     assert_eq!(

@@ -97,7 +97,7 @@ impl Conn {
             if let (WorkId::Recv(buf), Some(commitment)) = (work, self.res.shared_recv()) {
                 commitment.shared.repost(buf);
             }
-            state.proto.on_completion_error(work);
+            state.proto.on_completion_error(work, &err.to_string());
             return;
         }
         let outcome = match work {
