@@ -31,6 +31,7 @@ fn limits(stall: Duration, read: Duration) -> ConnectionLimits {
         write_queue: 256 * 1024,
         stall_limit: stall,
         read_timeout: read,
+        ..ConnectionLimits::default()
     }
 }
 

@@ -16,7 +16,20 @@ pub struct ConnectionLimits {
     /// Longest a frame may take to arrive once its first byte has: a peer that trickles a
     /// frame is disconnected.
     pub read_timeout: Duration,
+    /// Idle time after which the kernel probes the peer (TCP keepalive); `None`: never. A
+    /// peer whose host died or lost its network answers no probe, and the connection is
+    /// closed after `keepalive_timeout` more, its calls failing with `UNAVAILABLE`.
+    pub keepalive: Option<Duration>,
+    /// Longest the peer may leave probes, or data we sent, unacknowledged before it is
+    /// declared dead (`TCP_USER_TIMEOUT`, and keepalive probes every third of it).
+    pub keepalive_timeout: Duration,
 }
+
+/// Idle time before a TCP connection is probed, unless [`ConnectionLimits::keepalive`] says
+/// otherwise.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
+/// Keepalive probes sent before the peer is declared dead.
+pub(crate) const KEEPALIVE_PROBES: u32 = 3;
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
@@ -24,6 +37,8 @@ impl Default for ConnectionLimits {
             write_queue: 1 << 20,
             stall_limit: Duration::from_secs(10),
             read_timeout: Duration::from_secs(30),
+            keepalive: Some(DEFAULT_KEEPALIVE),
+            keepalive_timeout: Duration::from_secs(20),
         }
     }
 }

@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::codec::{FrameDecoder, Inbound};
-use crate::config::ConnectionLimits;
+use crate::config::{ConnectionLimits, KEEPALIVE_PROBES};
 use crate::outbox::{Chunk, Outbox};
 
 /// Most bytes one read asks for: frames smaller than this arrive in one read, larger ones
@@ -89,6 +89,7 @@ impl Conn {
         limits: &ConnectionLimits,
     ) -> io::Result<Arc<Conn>> {
         stream.set_nodelay(true)?;
+        keep_alive(&stream, limits)?;
         Ok(Arc::new(Conn {
             stream,
             outbox: Outbox::new(limits.write_queue),
@@ -211,10 +212,16 @@ impl Conn {
     }
 
     fn failed(&self, e: io::Error) -> (Status, bool) {
-        (
-            Status::unavailable(format!("{} failed: {e}", self.peer)),
-            false,
-        )
+        let message = if e.kind() == io::ErrorKind::TimedOut {
+            format!(
+                "{} acknowledged neither keepalive probes nor data for {:?} ({e}): the peer \
+                 is unreachable or dead",
+                self.peer, self.limits.keepalive_timeout
+            )
+        } else {
+            format!("{} failed: {e}", self.peer)
+        };
+        (Status::unavailable(message), false)
     }
 
     async fn read_loop(self: Arc<Self>, inbox: impl Inbox, policy: ReadPolicy) {
@@ -319,5 +326,74 @@ impl Conn {
                 Err(e) => return self.failed(e),
             }
         }
+    }
+}
+
+/// Turns on the kernel's keepalive probes and bounds unacknowledged time
+/// ([`ConnectionLimits::keepalive`]): a dead peer is noticed about `keepalive +
+/// keepalive_timeout` after the connection went quiet, or `keepalive_timeout` after data we
+/// sent went unacknowledged, and the read fails with `TimedOut`.
+fn keep_alive(stream: &TcpStream, limits: &ConnectionLimits) -> io::Result<()> {
+    let Some(idle) = limits.keepalive else {
+        return Ok(());
+    };
+    let socket = socket2::SockRef::from(stream);
+    let second = Duration::from_secs(1);
+    // The kernel counts these in whole seconds.
+    let interval = (limits.keepalive_timeout / KEEPALIVE_PROBES).max(second);
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(idle.max(second))
+        .with_interval(interval)
+        .with_retries(KEEPALIVE_PROBES);
+    socket.set_tcp_keepalive(&probes)?;
+    socket.set_tcp_user_timeout(Some(limits.keepalive_timeout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The options a dead peer is noticed by are set on every connection's socket.
+    #[test]
+    fn connections_probe_idle_peers_and_bound_unacknowledged_time() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let stream = TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .expect("connect");
+            let limits = ConnectionLimits {
+                keepalive: Some(Duration::from_secs(7)),
+                keepalive_timeout: Duration::from_secs(9),
+                ..ConnectionLimits::default()
+            };
+            let conn = Conn::new(stream, "tcp://test".into(), &limits).expect("conn");
+            let socket = socket2::SockRef::from(&conn.stream);
+            assert!(socket.keepalive().expect("SO_KEEPALIVE"));
+            assert_eq!(socket.tcp_keepalive_time().unwrap(), Duration::from_secs(7));
+            assert_eq!(
+                socket.tcp_keepalive_interval().unwrap(),
+                Duration::from_secs(3)
+            );
+            assert_eq!(socket.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
+            assert_eq!(
+                socket.tcp_user_timeout().unwrap(),
+                Some(Duration::from_secs(9))
+            );
+            let off = ConnectionLimits {
+                keepalive: None,
+                ..ConnectionLimits::default()
+            };
+            let stream = TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .expect("connect");
+            let conn = Conn::new(stream, "tcp://test".into(), &off).expect("conn");
+            assert!(!socket2::SockRef::from(&conn.stream).keepalive().unwrap());
+        });
     }
 }

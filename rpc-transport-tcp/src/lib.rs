@@ -21,5 +21,5 @@ mod outbox;
 mod server;
 
 pub use client::TcpClient;
-pub use config::{ConnectionLimits, TcpConfig, TcpServerConfig};
+pub use config::{ConnectionLimits, TcpConfig, TcpServerConfig, DEFAULT_KEEPALIVE};
 pub use server::TcpServer;
