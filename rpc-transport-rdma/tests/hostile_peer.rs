@@ -37,6 +37,18 @@ fn next_event(channel: &Arc<EventChannel>, kind: CmEventKind) {
     }
 }
 
+/// An rdma_cm id with its route to `server` resolved, on a non-blocking channel.
+fn route_to(server: SocketAddr) -> (Arc<EventChannel>, CmId) {
+    let channel = EventChannel::new().expect("event channel");
+    channel.set_nonblocking(true).expect("non-blocking");
+    let id = CmId::new(&channel).expect("cm id");
+    id.resolve_addr(None, server, LIMIT).expect("resolve addr");
+    next_event(&channel, CmEventKind::AddrResolved);
+    id.resolve_route(LIMIT).expect("resolve route");
+    next_event(&channel, CmEventKind::RouteResolved);
+    (channel, id)
+}
+
 /// A raw-verbs peer that connects like an rdma-rpc client and then misbehaves.
 struct HostilePeer {
     channel: Arc<EventChannel>,
@@ -58,13 +70,7 @@ impl HostilePeer {
     /// Connects asking for `retry_count` transport retries (which the server's queue pair
     /// takes too).
     fn connect_with_retries(server: SocketAddr, retry_count: u8) -> HostilePeer {
-        let channel = EventChannel::new().expect("event channel");
-        channel.set_nonblocking(true).expect("non-blocking");
-        let id = CmId::new(&channel).expect("cm id");
-        id.resolve_addr(None, server, LIMIT).expect("resolve addr");
-        next_event(&channel, CmEventKind::AddrResolved);
-        id.resolve_route(LIMIT).expect("resolve route");
-        next_event(&channel, CmEventKind::RouteResolved);
+        let (channel, id) = route_to(server);
         let ctx = id.context().expect("device");
         let pd = ProtectionDomain::new(&ctx).expect("pd");
         let cq = CompletionQueue::new(&ctx, 64, None, 0).expect("cq");
@@ -255,11 +261,6 @@ fn a_dead_peer_is_noticed_once_the_probe_times_out() {
 }
 
 fn dead_peer_is_disconnected(peer_retry_count: u8, keepalive_timeout: Duration) {
-    init_tracing();
-    if test_support::require_device().is_none() {
-        return;
-    }
-    let dispatcher = Server::builder().build().expect("dispatcher");
     let config = RdmaConfig {
         keepalive: Some(Duration::from_millis(300)),
         keepalive_timeout,
@@ -267,12 +268,9 @@ fn dead_peer_is_disconnected(peer_retry_count: u8, keepalive_timeout: Duration) 
         ack_timeout: Some(14),
         ..RdmaConfig::default()
     };
-    let server = RdmaServer::bind(
-        &SocketAddr::new(test_support::test_addr(), 0).to_string(),
-        dispatcher,
-        config,
-    )
-    .expect("server");
+    let Some(server) = serve(config) else {
+        return;
+    };
     let peer = HostilePeer::connect_with_retries(server.local_addr(), peer_retry_count);
     let started = Instant::now();
     let (channel, _id) = peer.lose_queue_pair();
@@ -281,6 +279,15 @@ fn dead_peer_is_disconnected(peer_retry_count: u8, keepalive_timeout: Duration) 
         "dead peer (asked for {peer_retry_count} retries) disconnected by the server after {:?}",
         started.elapsed()
     );
+}
+
+/// A server with no services and `config`, once tracing is set up; `None` without a device.
+fn serve(config: RdmaConfig) -> Option<RdmaServer> {
+    init_tracing();
+    test_support::require_device()?;
+    let dispatcher = Server::builder().build().expect("dispatcher");
+    let addr = SocketAddr::new(test_support::test_addr(), 0).to_string();
+    Some(RdmaServer::bind(&addr, dispatcher, config).expect("server"))
 }
 
 /// RUST_LOG=rpc_transport_rdma=debug shows the server's side.
@@ -293,17 +300,9 @@ fn init_tracing() {
 
 /// Every kind of offence against a server configured with `server_config`.
 fn offenders_are_disconnected(server_config: RdmaConfig) {
-    init_tracing();
-    if test_support::require_device().is_none() {
+    let Some(server) = serve(server_config) else {
         return;
-    }
-    let dispatcher = Server::builder().build().expect("dispatcher");
-    let server = RdmaServer::bind(
-        &SocketAddr::new(test_support::test_addr(), 0).to_string(),
-        dispatcher,
-        server_config,
-    )
-    .expect("server");
+    };
     let addr = server.local_addr();
 
     let calls = Arc::new(CallTable::new());
@@ -392,23 +391,16 @@ fn vm_pin() -> u64 {
 #[test]
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn a_peer_cannot_make_the_server_register_memory_it_does_not_fill() {
-    init_tracing();
-    if test_support::require_device().is_none() {
-        return;
-    }
-    let dispatcher = Server::builder().build().expect("dispatcher");
-    let limit = dispatcher.config().max_message_size as u64 + rpc_core::MAX_METADATA_LEN as u64;
+    let limit =
+        rpc_core::client::DEFAULT_MAX_MESSAGE_SIZE as u64 + rpc_core::MAX_METADATA_LEN as u64;
     let grant_timeout = Duration::from_secs(1);
     let config = RdmaConfig {
         large_grant_timeout: grant_timeout,
         ..RdmaConfig::default()
     };
-    let server = RdmaServer::bind(
-        &SocketAddr::new(test_support::test_addr(), 0).to_string(),
-        dispatcher,
-        config,
-    )
-    .expect("server");
+    let Some(server) = serve(config) else {
+        return;
+    };
     let peer = HostilePeer::connect(server.local_addr());
     let pinned = vm_pin();
     for call_id in [7, 8] {
@@ -439,17 +431,9 @@ fn a_peer_cannot_make_the_server_register_memory_it_does_not_fill() {
 #[test]
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn bad_connect_parameters_are_rejected_with_a_reason() {
-    init_tracing();
-    if test_support::require_device().is_none() {
+    let Some(server) = serve(RdmaConfig::default()) else {
         return;
-    }
-    let dispatcher = Server::builder().build().expect("dispatcher");
-    let server = RdmaServer::bind(
-        &SocketAddr::new(test_support::test_addr(), 0).to_string(),
-        dispatcher,
-        RdmaConfig::default(),
-    )
-    .expect("server");
+    };
     let mut bad_version = ConnectParams::new(8, SLOT as u32);
     bad_version.min_version = 200;
     bad_version.max_version = 200;
@@ -461,14 +445,7 @@ fn bad_connect_parameters_are_rejected_with_a_reason() {
             "cannot agree on ring geometry",
         ),
     ] {
-        let channel = EventChannel::new().expect("event channel");
-        channel.set_nonblocking(true).expect("non-blocking");
-        let id = CmId::new(&channel).expect("cm id");
-        id.resolve_addr(None, server.local_addr(), LIMIT)
-            .expect("resolve addr");
-        next_event(&channel, CmEventKind::AddrResolved);
-        id.resolve_route(LIMIT).expect("resolve route");
-        next_event(&channel, CmEventKind::RouteResolved);
+        let (channel, id) = route_to(server.local_addr());
         let ctx = id.context().expect("device");
         let pd = ProtectionDomain::new(&ctx).expect("pd");
         let cq = CompletionQueue::new(&ctx, 8, None, 0).expect("cq");
