@@ -141,8 +141,12 @@ impl LargePool {
     fn register(&self, capacity: usize) -> Result<Pooled, PoolError> {
         let counted = Registered::take(capacity as u64).or_else(|_| {
             // Our own cache may be what fills the process's share: give it back first.
-            let cache = std::mem::take(&mut self.inner.lock().free);
-            self.inner.lock().cached = 0;
+            let cache = {
+                let mut inner = self.inner.lock();
+                inner.cached = 0;
+                std::mem::take(&mut inner.free)
+            };
+            // Deregistered here, outside the lock.
             drop(cache);
             Registered::take(capacity as u64).map_err(|over| PoolError::Process {
                 wanted: capacity as u64,
