@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use futures::future::{AbortHandle, Abortable};
 use futures::FutureExt;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 use crate::body::RawBody;
 use crate::error::Error;
@@ -20,6 +20,7 @@ use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{FrameKind, Header};
 use crate::metadata::MetadataMap;
 use crate::server::calls::Calls;
+use crate::server::in_flight::InFlight;
 use crate::server::router::Router;
 use crate::server::service::{ServerCall, ServerReply};
 use crate::status::{Code, Status};
@@ -123,52 +124,6 @@ impl Drop for RuntimeSlot {
                 rt.shutdown_background();
             }
         }
-    }
-}
-
-/// Counts handler runs so a graceful shutdown can wait for them. Entering and leaving cost
-/// one atomic operation each; the lock is taken only when a waiter needs waking.
-#[derive(Default)]
-struct InFlight {
-    count: AtomicUsize,
-    /// Threads inside [`Dispatcher::wait_idle`].
-    waiters: AtomicUsize,
-    lock: Mutex<()>,
-    idle: Condvar,
-}
-
-impl InFlight {
-    fn enter(&self) {
-        self.count.fetch_add(1, Ordering::SeqCst);
-    }
-
-    fn exit(&self) {
-        // SeqCst on both sides (here: count, then waiters; in `wait_idle`: waiters, then
-        // count) means a waiter either sees the count reach zero or is seen here and woken.
-        if self.count.fetch_sub(1, Ordering::SeqCst) == 1 && self.waiters.load(Ordering::SeqCst) > 0
-        {
-            let _guard = self.lock.lock();
-            self.idle.notify_all();
-        }
-    }
-
-    fn count(&self) -> usize {
-        self.count.load(Ordering::SeqCst)
-    }
-
-    /// Counts a handler run on this thread until the returned guard drops.
-    fn running(&self) -> Running<'_> {
-        self.enter();
-        Running(self)
-    }
-}
-
-/// Leaves [`InFlight`] when a handler run on the current thread ends, however it ends.
-struct Running<'a>(&'a InFlight);
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        self.0.exit();
     }
 }
 

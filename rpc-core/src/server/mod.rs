@@ -12,6 +12,7 @@
 
 mod calls;
 mod dispatch;
+mod in_flight;
 mod router;
 mod service;
 #[cfg(test)]
