@@ -124,7 +124,7 @@ impl Pair {
                         to.conn.release_recv(rx.slot).expect("release");
                     }
                 }
-                Action::Writable => {}
+                Action::Writable | Action::PostProbe => {}
                 Action::SendDropped { .. } => panic!("connection closed"),
                 other => panic!("no large bodies in this benchmark: {other:?}"),
             }

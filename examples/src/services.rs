@@ -92,9 +92,16 @@ impl tester_server::Tester for Tester {
             reply_len,
             seed,
             payload,
+            delay,
         } = request.into_inner();
         let reply_len = usize::try_from(reply_len)
             .map_err(|_| Status::invalid_argument("reply_len does not fit memory"))?;
+        if let Some(delay) = delay {
+            self.sleep(Request::new(SleepRequest {
+                duration: Some(delay),
+            }))
+            .await?;
+        }
         Ok(Response::new(BulkReply {
             matched: payload[..] == bulk_pattern(payload.len(), seed)[..],
             received: payload.len() as u64,

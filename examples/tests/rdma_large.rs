@@ -73,6 +73,7 @@ fn bulk(client: &TesterClient, request_len: usize, reply_len: usize, seed: u64) 
             reply_len: reply_len as u64,
             seed,
             payload: payload.into(),
+            delay: None,
         })
         .unwrap_or_else(|e| panic!("bulk {request_len} -> {reply_len}: {e}"))
         .into_inner();
@@ -247,6 +248,7 @@ async fn cancel_and_deadline_in_the_middle_of_a_large_transfer() {
         reply_len: len as u64,
         seed,
         payload: bulk_pattern(len, seed).into(),
+        delay: None,
     };
 
     // Deadline: the call ends DEADLINE_EXCEEDED while the body is still being written.
@@ -295,6 +297,7 @@ fn sizes_beyond_the_limits_are_refused_with_both_sizes() {
             reply_len: 0,
             seed: 1,
             payload: vec![1; 3 * MIB].into(),
+            delay: None,
         })
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
@@ -324,6 +327,7 @@ fn sizes_beyond_the_limits_are_refused_with_both_sizes() {
             reply_len: 0,
             seed: 1,
             payload: vec![1; 2 * MIB].into(),
+            delay: None,
         })
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
@@ -348,6 +352,7 @@ fn sizes_beyond_the_limits_are_refused_with_both_sizes() {
             reply_len: 2 * MIB as u64,
             seed: 1,
             payload: Vec::new().into(),
+            delay: None,
         })
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");

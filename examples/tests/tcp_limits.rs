@@ -155,6 +155,7 @@ fn a_client_that_never_reads_is_cut_off_and_delays_no_one() {
                 reply_len: 64 * 1024,
                 seed: 1,
                 payload: Vec::new().into(),
+                delay: None,
             };
             let sleep = sleep_request(Duration::from_millis(1));
             let mut sent = 0u64;
@@ -259,6 +260,7 @@ fn a_server_that_never_reads_never_blocks_the_callers_executor() {
                             reply_len: 0,
                             seed,
                             payload,
+                            delay: None,
                         })
                         .await
                 }
@@ -366,6 +368,7 @@ fn a_steady_stream_of_straddling_frames_outlives_the_read_timeout() {
         reply_len: 0,
         seed: 3,
         payload: rpc_examples::bulk_pattern(5000, 3).into(),
+        delay: None,
     };
     let wire: Vec<u8> = (1..=60u64)
         .flat_map(|call| request(call, BULK, &bulk))
@@ -438,6 +441,7 @@ fn a_blocking_call_behind_a_full_queue_keeps_its_deadline() {
             reply_len: 0,
             seed,
             payload: payload.clone(),
+            delay: None,
         };
         let fillers: Vec<_> = (0..16)
             .map(|seed| {

@@ -152,6 +152,13 @@ pub enum Action {
     },
     /// Post an RDMA WRITE, signaled, as [`WorkId::Write`] of its transfer.
     PostWrite(WriteWork),
+    /// Post a probe ([`WorkId::Probe`]: a zero-length RDMA WRITE, signaled) as the marker
+    /// of a drain after the peer disconnected (see [`Connection::on_peer_disconnected`]).
+    /// If the queue pair refuses it, call [`Connection::on_probe_refused`].
+    ///
+    /// [`Connection::on_peer_disconnected`]: crate::Connection::on_peer_disconnected
+    /// [`Connection::on_probe_refused`]: crate::Connection::on_probe_refused
+    PostProbe,
     /// The transfer's source buffer is no longer read by any work request: give it back.
     TransferDone {
         /// The transfer.

@@ -14,6 +14,7 @@ use super::large::Large;
 use super::recv_ring::RecvRing;
 use super::send_ring::{Pending, SendRing};
 
+mod disconnect;
 mod large;
 mod probe;
 mod recv;
@@ -70,6 +71,8 @@ pub enum CloseReason {
     },
     /// The peer or the completion stream broke the protocol.
     Violation(ProtocolViolation),
+    /// The peer disconnected; what arrived before was processed.
+    PeerDisconnected,
 }
 
 impl std::fmt::Display for CloseReason {
@@ -88,6 +91,7 @@ impl std::fmt::Display for CloseReason {
                 write!(f, "work request {work:?} failed: {status}")
             }
             CloseReason::Violation(violation) => write!(f, "protocol violation: {violation}"),
+            CloseReason::PeerDisconnected => f.write_str("the peer disconnected"),
         }
     }
 }
@@ -156,6 +160,14 @@ pub struct Connection {
     control_busy: bool,
     /// A keepalive probe is posted and not complete.
     probing: bool,
+    /// The peer disconnected: draining (see `disconnect.rs`).
+    draining: bool,
+    /// Send-queue work requests handed to the driver (sends, writes, binds, invalidations).
+    sq_posts: u64,
+    /// `sq_posts` when the probe in flight was posted.
+    probe_fence: u64,
+    /// `sq_posts` as of the last probe that completed: all of those are complete too.
+    fenced: u64,
     want_writable: bool,
     actions: VecDeque<Action>,
     closed: Option<CloseReason>,
@@ -193,6 +205,10 @@ impl Connection {
             large: Large::new(geometry.large),
             control_busy: false,
             probing: false,
+            draining: false,
+            sq_posts: 0,
+            probe_fence: 0,
+            fenced: 0,
             want_writable: false,
             actions: VecDeque::with_capacity(capacity),
             closed: None,
@@ -215,9 +231,21 @@ impl Connection {
         self.closed.as_ref()
     }
 
-    /// The next action for the driver, in order.
+    /// The next action for the driver, in order. The driver executes each before it takes
+    /// the next, and before it posts a probe: the probe's place in the send queue is what
+    /// [`Connection::is_drained`] relies on.
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.actions.pop_front()
+        let action = self.actions.pop_front()?;
+        if matches!(
+            action,
+            Action::PostSend(_)
+                | Action::PostWrite(_)
+                | Action::BindWindow { .. }
+                | Action::Invalidate { .. }
+        ) {
+            self.sq_posts += 1;
+        }
+        Some(action)
     }
 
     /// Counters and gauges.
@@ -387,6 +415,10 @@ impl Connection {
     /// not yet posted are dropped. The first reason stays: the flushes that follow a real
     /// error do not hide it.
     pub fn on_completion_error(&mut self, work: WorkId, status: &str) {
+        if self.draining && !self.is_closed() {
+            self.on_drain_error(work);
+            return;
+        }
         self.close_with(CloseReason::CompletionError {
             work,
             status: status.to_owned(),

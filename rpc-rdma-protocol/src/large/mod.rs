@@ -199,6 +199,18 @@ impl Large {
             && self.frames.is_empty()
     }
 
+    /// An rkey invalidation is outstanding (a body to hand up, or a buffer to give back).
+    pub(crate) fn invalidating(&self) -> bool {
+        self.grants
+            .values()
+            .any(|g| matches!(g.state, GrantState::Arrived(_) | GrantState::Revoking))
+    }
+
+    /// This side has no body to write and no header-only frame to send.
+    pub(crate) fn sending_idle(&self) -> bool {
+        self.transfers.is_empty() && self.frames.is_empty()
+    }
+
     /// Gauges and counters for [`super::Stats`].
     pub(crate) fn counts(&self) -> LargeCounts {
         LargeCounts {

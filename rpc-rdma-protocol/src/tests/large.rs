@@ -29,7 +29,7 @@ pub(super) fn large(max_grants: u32, max_message: u64) -> LargeConfig {
     }
 }
 
-pub(super) fn pair() -> Pair {
+pub(crate) fn pair() -> Pair {
     Pair::symmetric(cfg(large(16, 1 << 20)))
 }
 
@@ -40,7 +40,7 @@ fn step(p: &mut Pair) -> bool {
 
 /// Runs the fabric one operation at a time (driver actions first, then one work request
 /// per direction, then completions) until `done` holds.
-pub(super) fn run_until(p: &mut Pair, done: impl Fn(&Pair) -> bool) {
+pub(crate) fn run_until(p: &mut Pair, done: impl Fn(&Pair) -> bool) {
     for _ in 0..100_000 {
         if done(p) {
             return;

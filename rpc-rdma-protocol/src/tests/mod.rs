@@ -4,7 +4,7 @@
 mod advertise;
 pub(crate) mod fabric;
 mod hostile;
-mod large;
+pub(crate) mod large;
 mod lending;
 mod random;
 mod scenarios;

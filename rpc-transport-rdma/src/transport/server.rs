@@ -126,10 +126,11 @@ impl RdmaServer {
         if !self.shared.dispatcher.wait_idle(grace) {
             tracing::warn!("shutdown grace period over with handlers still running");
         }
-        // Let answers queued for credits go out before the queue pairs are torn down.
+        // Let answers go out (queued for credits, waiting for a buffer, or posted and not
+        // yet acknowledged) before a disconnect flushes them.
         let until = started + grace.max(DRAIN_SENDS);
         for s in &served {
-            while !s.conn.sends_drained() && Instant::now() < until && !s.conn.is_closed() {
+            while !s.conn.drained() && Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(1));
             }
         }
@@ -177,10 +178,9 @@ fn on_event(listener: &CmId, mut event: CmEvent, shared: &Arc<Shared>) {
                 tracing::warn!(%peer, %status, "refused a connection");
             }
         }
-        CmEventKind::Established => {}
         kind => {
-            // Anything else about a connection (disconnected, rejected, unreachable, device
-            // gone, ...) ends it.
+            // About a connection: a disconnect ends it once what arrived before is
+            // processed; anything else (rejected, unreachable, device gone, ...) at once.
             let conn = shared
                 .connections
                 .lock()
@@ -188,10 +188,7 @@ fn on_event(listener: &CmId, mut event: CmEvent, shared: &Arc<Shared>) {
                 .find(|s| event.is_for(s.conn.id()))
                 .map(|s| s.conn.clone());
             if let Some(conn) = conn {
-                conn.close(Status::unavailable(format!(
-                    "{} disconnected ({kind})",
-                    conn.peer()
-                )));
+                conn.on_cm_event(kind);
             }
         }
     }

@@ -148,6 +148,31 @@ impl Endpoint {
         self.large.mem.remove(&addr);
     }
 
+    /// The grant whose invalidation is in the send queue, if any.
+    pub(crate) fn invalidating_grant(&self) -> Option<u32> {
+        self.sq.iter().find_map(|&(id, _)| match id {
+            WorkId::Invalidate(grant) => Some(grant),
+            _ => None,
+        })
+    }
+
+    /// Large bodies handed up.
+    pub(crate) fn large_delivered(&self) -> usize {
+        self.large.delivered.len()
+    }
+
+    /// The queue pair went to the error state: posted work requests will complete only as
+    /// the test says (flushed), nothing is in flight on the wire, and no window can be
+    /// written through any more.
+    pub(crate) fn qp_error(&mut self) {
+        self.sq.clear();
+        self.wire.clear();
+        self.send_cq.clear();
+        for window in self.large.windows.values_mut() {
+            window.valid = false;
+        }
+    }
+
     /// Executes an action of the large-body path.
     pub(super) fn exec_large(&mut self, action: Action) {
         match action {

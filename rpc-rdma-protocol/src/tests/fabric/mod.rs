@@ -173,9 +173,14 @@ impl Endpoint {
         if !self.conn.start_probe() {
             return false;
         }
+        self.push_probe();
+        true
+    }
+
+    /// Posts the probe the protocol let go (`start_probe` or `start_drain`).
+    pub(crate) fn push_probe(&mut self) {
         self.push_sq(WorkId::Probe, true);
         self.wire.push_back(Wire::Probe);
-        true
     }
 
     /// Sends a Cancel for `call_id` (a plain frame through the ring).
@@ -326,6 +331,7 @@ impl Endpoint {
                 self.writable_events += 1;
             }
             Action::SendDropped { call_id, .. } => self.dropped.push(call_id),
+            Action::PostProbe => self.push_probe(),
         }
         true
     }

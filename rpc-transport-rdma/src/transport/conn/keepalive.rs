@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use rpc_core::Status;
 
-use super::Conn;
+use super::{Conn, State};
 use crate::protocol::WorkId;
 #[cfg(doc)]
 use crate::transport::config::RdmaConfig;
@@ -35,7 +35,7 @@ pub(super) struct Keepalive {
     /// tick.
     idle_ms: AtomicU64,
     /// A probe is posted and has not completed.
-    probing: AtomicBool,
+    pub(super) probing: AtomicBool,
 }
 
 /// What a tick finds.
@@ -70,6 +70,11 @@ impl Keepalive {
         let activity = self.activity.load(Ordering::Relaxed);
         self.activity
             .store(activity.wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// Longest a probe may go unanswered.
+    pub(super) fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
     }
 
     /// The probe completed.
@@ -114,6 +119,9 @@ impl Conn {
             return;
         }
         self.expire_grants();
+        if self.expire_disconnect() {
+            return;
+        }
         match self.keepalive.tick(elapsed) {
             Tick::Nothing => {}
             Tick::Dead => self.close(Status::unavailable(format!(
@@ -132,15 +140,21 @@ impl Conn {
             if !state.proto.start_probe() {
                 return;
             }
-            self.keepalive.probing.store(true, Ordering::Relaxed);
             tracing::trace!(peer = %self.peer, "keepalive probe");
-            if let Err(e) = self.res.qp.post_probe(self.res.wr_id(WorkId::Probe)) {
-                tracing::warn!(peer = %self.peer, %e, "the queue pair refused a keepalive probe");
-                state.proto.on_probe_refused();
-                self.run_actions(&mut state);
-            }
+            self.post_probe(&mut state);
         }
         self.after_state();
+    }
+
+    /// Posts the probe the protocol let go (a keepalive, or a fence for teardown); a probe
+    /// the queue pair refuses closes the connection.
+    pub(super) fn post_probe(&self, state: &mut State) {
+        self.keepalive.probing.store(true, Ordering::Relaxed);
+        if let Err(e) = self.res.qp.post_probe(self.res.wr_id(WorkId::Probe)) {
+            tracing::warn!(peer = %self.peer, %e, "the queue pair refused a probe");
+            state.proto.on_probe_refused();
+            self.run_actions(state);
+        }
     }
 }
 

@@ -283,6 +283,7 @@ impl Conn {
             Action::PostRecv { .. }
             | Action::PostSend(_)
             | Action::Writable
+            | Action::PostProbe
             | Action::SendDropped { .. } => {
                 unreachable!("ring actions are executed by run_actions")
             }

@@ -20,7 +20,7 @@ use rpc_core::frame::InboundFrame;
 use rpc_core::{FrameKind, Header, Status};
 use smallvec::SmallVec;
 
-use crate::protocol::{self, Action, SendError};
+use crate::protocol::{self, Action, SendError, WorkId};
 use crate::transport::config::RdmaConfig;
 use crate::transport::engine::Engine;
 use crate::transport::resources::Resources;
@@ -30,10 +30,12 @@ mod keepalive;
 mod large;
 mod recv;
 mod send;
+mod teardown;
 
 use keepalive::Keepalive;
 pub(crate) use large::Arrival;
 use large::LargeState;
+use teardown::Disconnected;
 
 /// Frames taken from one poll of the completion queue.
 pub(crate) type Batch = SmallVec<[Arrival; 4]>;
@@ -75,6 +77,8 @@ struct State {
     large: LargeState,
     /// With a shared receive queue: the buffer each held receive slot landed in.
     shared_bufs: Vec<u32>,
+    /// The peer disconnected; the connection closes once its completions are drained.
+    disconnected: Option<Disconnected>,
 }
 
 /// Teardown: `Drop` first revokes open grants (windows are deallocated, so nothing the peer
@@ -168,6 +172,7 @@ impl Conn {
                 dropped: Vec::new(),
                 large: LargeState::default(),
                 shared_bufs,
+                disconnected: None,
             }),
             me: me.clone(),
             writable_epoch: AtomicU64::new(0),
@@ -219,11 +224,6 @@ impl Conn {
 
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
-    }
-
-    /// Every committed frame has been posted (nothing waits for credits).
-    pub(crate) fn sends_drained(&self) -> bool {
-        self.state.lock().proto.stats().send_unposted == 0
     }
 
     /// Largest frame this connection can send in one slot.
@@ -292,6 +292,15 @@ impl Conn {
                     state.dropped.push((call_id, kind));
                     Ok(())
                 }
+                Action::PostProbe => {
+                    self.keepalive.probing.store(true, Ordering::Relaxed);
+                    let posted = self.res.qp.post_probe(self.res.wr_id(WorkId::Probe));
+                    if let Err(e) = &posted {
+                        tracing::debug!(peer = %self.peer, %e, "the queue pair refused a probe");
+                        state.proto.on_probe_refused();
+                    }
+                    Ok(())
+                }
                 other => self.run_large_action(state, other),
             };
             if let Err(e) = posted {
@@ -304,8 +313,6 @@ impl Conn {
         }
     }
 
-    /// Work that must happen without the state lock: waking async senders, reporting
-    /// dropped frames, tearing down a connection the protocol closed.
     fn wake_writers(&self) {
         self.writable_fired.store(true, Ordering::Release);
         self.writable_epoch.fetch_add(1, Ordering::AcqRel);
@@ -314,22 +321,10 @@ impl Conn {
         self.writable.notify_all();
     }
 
+    /// Work that must happen without the state lock: waking async senders, reporting
+    /// dropped frames, tearing down a connection the protocol closed.
     fn after_state(&self) {
-        // Plain loads first: these run on every send, completion batch and slot release,
-        // and the flags are nearly always clear; a swap would be a locked instruction each.
-        // A loop: another `Writable` may come while this one is handled.
-        while self.writable_fired.load(Ordering::Acquire)
-            && self.writable_fired.swap(false, Ordering::AcqRel)
-        {
-            *self.stalled_since.lock() = None;
-            self.flush_controls();
-            if self.has_wakers.load(Ordering::Acquire)
-                && self.has_wakers.swap(false, Ordering::AcqRel)
-            {
-                let wakers = std::mem::take(&mut *self.write_wakers.lock());
-                wakers.into_iter().for_each(Waker::wake);
-            }
-        }
+        self.wake_async_writers();
         if !(self.attention.load(Ordering::Acquire) && self.attention.swap(false, Ordering::AcqRel))
         {
             return;
@@ -346,14 +341,39 @@ impl Conn {
         self.report_dropped_and_close();
     }
 
+    /// After a `Writable`: flushes queued controls and wakes the async senders.
+    fn wake_async_writers(&self) {
+        // Plain loads first: these run on every send, completion batch and slot release,
+        // and the flags are nearly always clear; a swap would be a locked instruction each.
+        // A loop: another `Writable` may come while this one is handled.
+        while self.writable_fired.load(Ordering::Acquire)
+            && self.writable_fired.swap(false, Ordering::AcqRel)
+        {
+            *self.stalled_since.lock() = None;
+            self.flush_controls();
+            if self.has_wakers.load(Ordering::Acquire)
+                && self.has_wakers.swap(false, Ordering::AcqRel)
+            {
+                let wakers = std::mem::take(&mut *self.write_wakers.lock());
+                wakers.into_iter().for_each(Waker::wake);
+            }
+        }
+    }
+
     /// Reports frames the protocol dropped and, if it closed the connection, closes it.
     /// Calls back into the upper layer: never from under its locks.
     pub(crate) fn report_dropped_and_close(&self) {
-        let (dropped, failed, reason) = {
+        let (dropped, failed, reason, disconnected) = {
             let mut state = self.state.lock();
             let reason = state.proto.close_reason().map(ToString::to_string);
             let failed = state.large.take_failures();
-            (std::mem::take(&mut state.dropped), failed, reason)
+            let disconnected = state.disconnected.as_ref().map(|d| d.status.clone());
+            (
+                std::mem::take(&mut state.dropped),
+                failed,
+                reason,
+                disconnected,
+            )
         };
         if !dropped.is_empty() || !failed.is_empty() {
             if let Some(sink) = self.sink() {
@@ -365,11 +385,14 @@ impl Conn {
                 }
             }
         }
-        if let Some(reason) = reason {
-            self.close(Status::unavailable(format!(
+        match (reason, disconnected) {
+            // Drained after the peer's disconnect: that is why it closed.
+            (Some(_), Some(status)) => self.close(status),
+            (Some(reason), None) => self.close(Status::unavailable(format!(
                 "connection to {} failed: {reason}",
                 self.peer
-            )));
+            ))),
+            (None, _) => {}
         }
     }
 
@@ -419,22 +442,24 @@ impl Conn {
         }
     }
 
-    /// Reads the connection's rdma_cm events (clients): a disconnect closes it.
+    /// Reads the connection's rdma_cm events (clients): a disconnect closes it once what
+    /// arrived before is processed.
     pub(crate) fn check_cm(&self) {
         let Some(cm) = self.id.channel() else { return };
         while let Ok(Some(event)) = cm.try_get_event() {
-            match event.kind() {
-                CmEventKind::Disconnected
-                | CmEventKind::DeviceRemoval
-                | CmEventKind::TimewaitExit => {
-                    self.close(Status::unavailable(format!(
-                        "{} disconnected ({})",
-                        self.peer,
-                        event.kind()
-                    )));
-                }
-                kind => tracing::debug!(%kind, "rdma_cm event on a connected id"),
-            }
+            self.on_cm_event(event.kind());
+        }
+    }
+
+    /// An rdma_cm event about this connected id (a server's listener reads them for its
+    /// connections).
+    pub(crate) fn on_cm_event(&self, kind: CmEventKind) {
+        let status = || Status::unavailable(format!("{} disconnected ({kind})", self.peer));
+        match kind {
+            CmEventKind::Established => {}
+            CmEventKind::Disconnected => self.peer_disconnected(status()),
+            // Anything else (device gone, time-wait over, unreachable, ...) ends it now.
+            _ => self.close(status()),
         }
     }
 }

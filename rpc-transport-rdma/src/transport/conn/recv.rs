@@ -70,18 +70,18 @@ impl Conn {
 
     /// Hands frames [`Conn::process`] produced to the upper layer, and does what the
     /// protocol left for outside its lock.
+    /// Frames go up before a close the same batch brought (a flushed receive after them,
+    /// say) runs: they arrived before it.
     pub(crate) fn hand_up(self: &Arc<Self>, received: &mut Batch) {
-        self.after_state();
-        if received.is_empty() {
-            return;
-        }
+        self.wake_async_writers();
         if DELIVERING.get() == self.address() {
             // A handler on this thread is waiting for send credits: hand these frames to
             // the delivery loop it runs in rather than nesting handlers.
             self.deferred.lock().extend(received.drain(..));
-        } else {
+        } else if !received.is_empty() {
             self.deliver(received);
         }
+        self.after_state();
     }
 
     fn on_completion(&self, state: &mut State, wc: &WorkCompletion, received: &mut Batch) {
