@@ -53,9 +53,20 @@ impl Drop for SleepGuard<'_> {
 }
 
 impl tester_server::Tester for Tester {
-    /// Echoes the message and returns the request's metadata as the response's.
+    /// Echoes the message and returns the request's metadata as the response's, with the
+    /// peer's address (`peer-addr`) and authenticated identity (`peer-identity`) added.
     async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
-        let metadata = request.metadata().clone();
+        let mut metadata = request.metadata().clone();
+        if let Some(peer) = request.peer() {
+            let added =
+                metadata
+                    .insert("peer-addr", &peer.addr)
+                    .and_then(|()| match &peer.identity {
+                        Some(identity) => metadata.insert("peer-identity", identity),
+                        None => Ok(()),
+                    });
+            added.map_err(|e| Status::internal(format!("metadata: {e}")))?;
+        }
         let mut response = EchoService.echo_inner(request)?;
         *response.metadata_mut() = metadata;
         Ok(response)

@@ -10,6 +10,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(params) = ConnectParams::decode(data) else {
         return;
     };
+    let _ = ConnectParams::auth_data(data, 32);
     let small = Config {
         send_slots: 4,
         send_slot_size: 256,

@@ -51,6 +51,7 @@ pub struct ClientBuilder {
     connect_timeout: Option<Duration>,
     rdma: RdmaConfig,
     tcp: ConnectionLimits,
+    credentials: Option<auth::Credentials>,
 }
 
 /// A [`ClientBuilder`] with default settings.
@@ -93,6 +94,13 @@ impl ClientBuilder {
         self
     }
 
+    /// Authenticates with `credentials` when connecting, on either transport; the server
+    /// must prove it holds the same secret (see [`auth`]).
+    pub fn credentials(mut self, credentials: auth::Credentials) -> Self {
+        self.credentials = Some(credentials);
+        self
+    }
+
     /// Output queue bound, stall limit and read timeout of `tcp://` connections.
     pub fn tcp_limits(mut self, limits: ConnectionLimits) -> Self {
         self.tcp = limits;
@@ -122,6 +130,7 @@ impl ClientBuilder {
                 let mut config = rpc_transport_tcp::TcpConfig {
                     max_message_size: self.channel.max_message_size,
                     limits: self.tcp.clone(),
+                    credentials: self.credentials.clone(),
                     ..Default::default()
                 };
                 if let Some(t) = self.connect_timeout {
@@ -135,6 +144,9 @@ impl ClientBuilder {
             }
             TransportKind::Rdma => {
                 let mut config = self.rdma.clone();
+                if self.credentials.is_some() {
+                    config.credentials = self.credentials.clone();
+                }
                 config.limit_bodies(self.channel.max_message_size);
                 if let Some(t) = self.connect_timeout {
                     config.connect_timeout = t;

@@ -83,6 +83,7 @@ impl ClientTransport for Loopback {
                 .map_err(|e| Status::internal(e.to_string()))?,
             payload: bytes.slice(metadata_end..),
             timeout: None,
+            peer: None,
         };
         let reply = self.service.call(header.method_id, call);
         let calls = Arc::clone(&self.calls);
@@ -219,6 +220,7 @@ fn server_rejects_unknown_method_ids() {
         metadata: MetadataMap::new(),
         payload: Bytes::new(),
         timeout: None,
+        peer: None,
     };
     let status = futures::executor::block_on(server.call(0xdead_beef, call)).unwrap_err();
     assert_eq!(status.code(), Code::Unimplemented);
@@ -236,6 +238,7 @@ fn server_decodes_requests_and_encodes_replies() {
         metadata: MetadataMap::new(),
         payload: Bytes::from(request("direct").encode_to_vec()),
         timeout: None,
+        peer: None,
     };
     let reply = futures::executor::block_on(server.call(echo_server::ECHO.id, call)).unwrap();
     let mut buf = vec![0; reply.body.encoded_len()];
@@ -246,6 +249,7 @@ fn server_decodes_requests_and_encodes_replies() {
         metadata: MetadataMap::new(),
         payload: Bytes::from_static(&[0xff, 0xff]),
         timeout: None,
+        peer: None,
     };
     let status =
         futures::executor::block_on(server.call(echo_server::ECHO.id, garbage)).unwrap_err();

@@ -9,6 +9,7 @@
 //!   its blocking form.
 //! * [`server`]: services, routing by method id, dispatch with deadlines and cancellation.
 
+pub mod auth;
 pub mod body;
 pub mod call_table;
 pub mod client;

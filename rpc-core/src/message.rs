@@ -1,7 +1,9 @@
 //! Typed request and response wrappers, as seen by generated stubs and handlers.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::auth::Peer;
 use crate::metadata::MetadataMap;
 
 /// A request message with its metadata and time budget.
@@ -19,6 +21,7 @@ pub struct Request<T> {
     metadata: MetadataMap,
     message: T,
     timeout: Option<Duration>,
+    pub(crate) peer: Option<Arc<Peer>>,
 }
 
 impl<T> Request<T> {
@@ -28,6 +31,7 @@ impl<T> Request<T> {
             metadata: MetadataMap::new(),
             message,
             timeout: None,
+            peer: None,
         }
     }
 
@@ -37,6 +41,7 @@ impl<T> Request<T> {
             metadata,
             message,
             timeout,
+            peer: None,
         }
     }
 
@@ -74,6 +79,17 @@ impl<T> Request<T> {
     /// The time budget: on the client the one set, on the server what remained on arrival.
     pub fn timeout(&self) -> Option<Duration> {
         self.timeout
+    }
+
+    /// On the server: the connection's peer, its address and the identity it
+    /// authenticated as ([`crate::auth`]). `None` on the client.
+    pub fn peer(&self) -> Option<&Peer> {
+        self.peer.as_deref()
+    }
+
+    /// On the server: the peer's address, as a URL (`rdma://10.0.0.2:40312`).
+    pub fn remote_addr(&self) -> Option<&str> {
+        self.peer().map(|p| p.addr.as_str())
     }
 }
 

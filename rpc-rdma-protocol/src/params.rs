@@ -14,17 +14,23 @@
 //! | 0      | 4    | magic          | [`CM_MAGIC`] (`"RRCM"`)                             |
 //! | 4      | 1    | min_version    | lowest transport protocol version spoken            |
 //! | 5      | 1    | max_version    | highest transport protocol version spoken           |
-//! | 6      | 2    | flags          | none defined; unknown bits are rejected             |
+//! | 6      | 2    | flags          | [`FLAG_AUTH`]; unknown bits are rejected            |
 //! | 8      | 4    | recv_slots     | most credits the sender will ever grant (ceiling)   |
 //! | 12     | 4    | recv_slot_size | bytes per receive slot = largest frame accepted     |
 //! | 16     | 4    | recv_window    | receives posted before connecting/accepting: the    |
 //! |        |      |                | peer's initial credits (`3..=recv_slots`)           |
 //!
-//! Bytes after the first [`CONNECT_PARAMS_LEN`] are ignored: rdma_cm pads private data with
-//! zeros, and a later version appends its fields there.
+//! With [`FLAG_AUTH`], authentication bytes follow the parameters: the client's hello
+//! (`rpc_core::auth::HELLO_LEN` bytes, so the connect private data is 52 of its 56 bytes), or
+//! the server's proof in its accept (`rpc_core::auth::PROOF_LEN`). Other bytes after the
+//! parameters are ignored: rdma_cm pads private data with zeros, and a later version
+//! appends its fields there.
 
 use super::credits::UNLENT_SLOTS;
 use super::error::ParamsError;
+
+/// Flag: authentication bytes follow the parameters (see the module documentation).
+pub const FLAG_AUTH: u16 = 1;
 
 /// First four bytes of the private data: `"RRCM"`.
 pub const CM_MAGIC: u32 = u32::from_le_bytes(*b"RRCM");
@@ -114,6 +120,32 @@ impl ConnectParams {
         out
     }
 
+    /// The parameters followed by `auth` (a client's hello, a server's proof), flagged.
+    pub fn encode_with_auth(&self, auth: &[u8]) -> Vec<u8> {
+        let mut out = self.encode().to_vec();
+        out[6..8].copy_from_slice(&FLAG_AUTH.to_le_bytes());
+        out.extend_from_slice(auth);
+        out
+    }
+
+    /// The `len` authentication bytes after the parameters in `src`, if it is flagged as
+    /// carrying them (`src` decoded as parameters already).
+    pub fn auth_data(src: &[u8], len: usize) -> Result<Option<&[u8]>, ParamsError> {
+        let flags = src
+            .get(6..8)
+            .map_or(0, |f| u16::from_le_bytes([f[0], f[1]]));
+        if flags & FLAG_AUTH == 0 {
+            return Ok(None);
+        }
+        let need = CONNECT_PARAMS_LEN + len;
+        src.get(CONNECT_PARAMS_LEN..need)
+            .map(Some)
+            .ok_or(ParamsError::Truncated {
+                len: src.len(),
+                need,
+            })
+    }
+
     /// Decodes and validates private data received from the peer. Trailing bytes (rdma_cm
     /// padding, fields of later versions) are ignored.
     pub fn decode(src: &[u8]) -> Result<Self, ParamsError> {
@@ -131,7 +163,7 @@ impl ConnectParams {
             return Err(ParamsError::BadMagic(magic));
         }
         let flags = u16::from_le_bytes([src[6], src[7]]);
-        if flags != 0 {
+        if flags & !FLAG_AUTH != 0 {
             return Err(ParamsError::UnknownFlags(flags));
         }
         let params = ConnectParams {
@@ -234,6 +266,29 @@ pub(crate) fn validate_ring(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn authentication_bytes_follow_flagged_parameters() {
+        let p = ConnectParams::new(64, 4096);
+        let hello = [7u8; 32];
+        let data = p.encode_with_auth(&hello);
+        assert!(
+            data.len() <= MAX_CONNECT_PRIVATE_DATA,
+            "{} bytes",
+            data.len()
+        );
+        assert_eq!(ConnectParams::decode(&data), Ok(p));
+        assert_eq!(ConnectParams::auth_data(&data, 32), Ok(Some(&hello[..])));
+        assert_eq!(
+            ConnectParams::auth_data(&p.encode(), 32),
+            Ok(None),
+            "not flagged"
+        );
+        assert_eq!(
+            ConnectParams::auth_data(&data[..40], 32),
+            Err(ParamsError::Truncated { len: 40, need: 52 })
+        );
+    }
 
     #[test]
     fn round_trips_and_fits_private_data() {

@@ -475,8 +475,10 @@ fn bad_connect_parameters_are_rejected_with_a_reason() {
             std::thread::sleep(Duration::from_millis(5));
         };
         assert_eq!(event.kind(), CmEventKind::Rejected);
-        let reason = decode_reject(event.private_data()).expect("the reject names a reason");
-        eprintln!("{what}: rejected: {reason}");
+        let (code, reason) =
+            decode_reject(event.private_data()).expect("the reject names a reason");
+        eprintln!("{what}: rejected ({code:?}): {reason}");
+        assert_eq!(code, Code::InvalidArgument);
         assert!(reason.contains(expected), "{reason}");
     }
 }

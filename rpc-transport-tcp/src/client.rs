@@ -11,6 +11,7 @@ use rpc_core::server::ReplySink;
 use rpc_core::{CallTable, ClientTransport, Code, FrameKind, Header, Status};
 
 use crate::conn::{Conn, Inbox, ReadPolicy};
+use crate::handshake;
 use crate::outbox::{Class, Pushed};
 
 pub use crate::config::TcpConfig;
@@ -49,8 +50,11 @@ impl TcpClient {
         config: &TcpConfig,
     ) -> Result<Arc<TcpClient>, Status> {
         let peer = format!("tcp://{addr}");
-        let stream = connect_any(addr, config.connect_timeout)
+        let mut stream = connect_any(addr, config.connect_timeout)
             .map_err(|e| Status::unavailable(format!("cannot connect to {peer}: {e}")))?;
+        if let Some(credentials) = &config.credentials {
+            handshake::client(&mut stream, credentials, &peer, config.connect_timeout)?;
+        }
         let runtime = client_runtime()?;
         let conn = {
             let _entered = runtime.enter();

@@ -52,11 +52,15 @@ pub struct TcpConfig {
     pub max_message_size: usize,
     /// Queue, stall and read bounds of the connection.
     pub limits: ConnectionLimits,
+    /// What to authenticate with (`rpc_core::auth`); the server must prove it holds the
+    /// same secret. `None`: connect without credentials.
+    pub credentials: Option<rpc_core::auth::Credentials>,
 }
 
 impl Default for TcpConfig {
     fn default() -> Self {
         TcpConfig {
+            credentials: None,
             connect_timeout: Duration::from_secs(5),
             max_message_size: rpc_core::client::DEFAULT_MAX_MESSAGE_SIZE,
             limits: ConnectionLimits::default(),
@@ -78,11 +82,15 @@ pub struct TcpServerConfig {
     pub io_threads: usize,
     /// Queue, stall and read bounds of each connection.
     pub limits: ConnectionLimits,
+    /// With authentication (`ServerConfig::auth`): longest a new connection may take to
+    /// send its credentials; it is refused `UNAUTHENTICATED` after.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for TcpServerConfig {
     fn default() -> Self {
         TcpServerConfig {
+            handshake_timeout: Duration::from_secs(5),
             max_connections: 10_000,
             idle_timeout: Duration::from_secs(3600),
             io_threads: 1,

@@ -17,6 +17,7 @@ mod client;
 pub mod codec;
 mod config;
 mod conn;
+pub mod handshake;
 mod outbox;
 mod server;
 

@@ -3,21 +3,24 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use parking_lot::{Condvar, Mutex};
+use rpc_core::auth::{Checker, Peer};
 use rpc_core::body::RawBody;
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::{ConnectionDispatch, Dispatcher};
 use rpc_core::{FrameKind, Header, MetadataMap, Status};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
 use crate::codec::encode;
 use crate::config::TcpServerConfig;
 use crate::conn::{Conn, Inbox, ReadPolicy};
+use crate::handshake;
 
 /// Pause after a failed `accept` (out of file descriptors, say) before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
@@ -31,6 +34,10 @@ struct Shared {
     connections: Mutex<HashMap<u64, Connection>>,
     /// Signalled when a connection leaves `connections`.
     gone: Condvar,
+    /// Authenticates new connections, if the server requires it.
+    auth: Option<Checker>,
+    /// Connections accepted and authenticating (they count against `max_connections`).
+    handshaking: AtomicUsize,
 }
 
 struct Connection {
@@ -73,7 +80,10 @@ impl TcpServer {
             let _entered = runtime.enter();
             TcpListener::from_std(listener)?
         };
+        let auth = dispatcher.config().auth.clone().map(Checker::new);
         let shared = Arc::new(Shared {
+            auth,
+            handshaking: AtomicUsize::new(0),
             dispatcher,
             config,
             local_addr: listener.local_addr()?,
@@ -154,7 +164,15 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 if shared.draining.load(Ordering::SeqCst) {
                     return;
                 }
-                if let Err(e) = start_connection(stream, peer, &shared) {
+                if shared.auth.is_some() {
+                    tokio::spawn(authenticate(stream, peer, shared.clone()));
+                    continue;
+                }
+                let who = Peer {
+                    addr: format!("tcp://{peer}"),
+                    identity: None,
+                };
+                if let Err(e) = start_connection(stream, who, &shared) {
                     tracing::warn!(%peer, %e, "could not start a connection");
                 }
             }
@@ -166,22 +184,88 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
+/// Counts a connection that is authenticating while it lives.
+struct Handshaking<'a>(&'a AtomicUsize);
+
+impl Drop for Handshaking<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Authenticates a new connection (see [`handshake`]), then serves it; a peer refused is
+/// told why and closed.
+async fn authenticate(mut stream: tokio::net::TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    let Some(checker) = shared.auth.as_ref() else {
+        return;
+    };
+    shared.handshaking.fetch_add(1, Ordering::AcqRel);
+    let counted = Handshaking(&shared.handshaking);
+    if at_limit(&stream, peer, &shared, 1) {
+        return;
+    }
+    let addr = format!("tcp://{peer}");
+    let timeout = shared.config.handshake_timeout;
+    let answered = match handshake::server(&mut stream, checker, &addr, timeout).await {
+        Ok((who, answer)) => {
+            let write = tokio::time::timeout(timeout, stream.write_all(&answer)).await;
+            match write {
+                Ok(Ok(())) => Ok(who),
+                Ok(Err(e)) => Err(Status::unavailable(format!("{addr}: {e}"))),
+                Err(_) => Err(Status::unavailable(format!("{addr} does not read"))),
+            }
+        }
+        Err(status) => Err(status),
+    };
+    drop(counted);
+    match answered {
+        Ok(who) => {
+            if let Err(e) = start_connection(stream, who, &shared) {
+                tracing::warn!(%peer, %e, "could not start a connection");
+            }
+        }
+        Err(status) => {
+            tracing::warn!(%peer, %status, "connection refused");
+            refuse(&stream, &status);
+        }
+    }
+}
+
+/// Refuses the connection if the server is at its limit (`pending` of the handshaking ones
+/// are this one).
+fn at_limit(
+    stream: &tokio::net::TcpStream,
+    peer: SocketAddr,
+    shared: &Shared,
+    pending: usize,
+) -> bool {
+    let max = shared.config.max_connections;
+    let handshaking = shared
+        .handshaking
+        .load(Ordering::Acquire)
+        .saturating_sub(pending);
+    if shared.connections.lock().len() + handshaking < max {
+        return false;
+    }
+    refuse(
+        stream,
+        &Status::resource_exhausted(format!("the server is at its limit of {max} connections")),
+    );
+    tracing::warn!(%peer, max, "connection refused: at the connection limit");
+    true
+}
+
 fn start_connection(
     stream: tokio::net::TcpStream,
-    peer: SocketAddr,
+    who: Peer,
     shared: &Arc<Shared>,
 ) -> io::Result<()> {
-    let max = shared.config.max_connections;
-    if shared.connections.lock().len() >= max {
-        refuse(
-            &stream,
-            &Status::resource_exhausted(format!("the server is at its limit of {max} connections")),
-        );
-        tracing::warn!(%peer, max, "connection refused: at the connection limit");
+    let peer = stream.peer_addr()?;
+    if at_limit(&stream, peer, shared, 0) {
         return Ok(());
     }
-    let conn = Conn::new(stream, format!("tcp://{peer}"), &shared.config.limits)?;
-    let dispatch = ConnectionDispatch::new(shared.dispatcher.clone(), conn.clone());
+    let conn = Conn::new(stream, who.addr.clone(), &shared.config.limits)?;
+    let dispatch = ConnectionDispatch::new(shared.dispatcher.clone(), conn.clone(), who);
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     shared.connections.lock().insert(
         id,

@@ -14,6 +14,7 @@ use futures::future::{AbortHandle, Abortable};
 use futures::FutureExt;
 use parking_lot::Mutex;
 
+use crate::auth::{AuthConfig, Peer};
 use crate::body::RawBody;
 use crate::error::Error;
 use crate::frame::{InboundFrame, OutgoingFrame};
@@ -46,6 +47,8 @@ pub struct ServerConfig {
     /// Calls all connections of the server may have in progress at once; requests beyond it
     /// are answered `RESOURCE_EXHAUSTED` without running.
     pub max_calls: usize,
+    /// Who may connect ([`crate::auth`]); `None`: anyone who reaches the port.
+    pub auth: Option<AuthConfig>,
 }
 
 /// Calls one connection may have in progress, unless [`ServerConfig::max_calls_per_connection`]
@@ -62,6 +65,7 @@ impl Default for ServerConfig {
             worker_threads: 2,
             max_calls_per_connection: DEFAULT_MAX_CALLS_PER_CONNECTION,
             max_calls: DEFAULT_MAX_CALLS,
+            auth: None,
         }
     }
 }
@@ -212,6 +216,8 @@ impl Dispatcher {
 /// The server side of one connection: runs its requests and cancels them.
 pub struct ConnectionDispatch {
     dispatcher: Arc<Dispatcher>,
+    /// Who is on the other end, for handlers ([`crate::Request::peer`]).
+    peer: Arc<Peer>,
     sink: Arc<dyn ReplySink>,
     running: Mutex<Calls>,
     /// Spawned handler runs and answers of this connection not finished yet.
@@ -231,10 +237,11 @@ impl std::fmt::Debug for ConnectionDispatch {
 }
 
 impl ConnectionDispatch {
-    /// Dispatch for a new connection whose responses go to `sink`.
-    pub fn new(dispatcher: Arc<Dispatcher>, sink: Arc<dyn ReplySink>) -> Arc<Self> {
+    /// Dispatch for a new connection with `peer`, whose responses go to `sink`.
+    pub fn new(dispatcher: Arc<Dispatcher>, sink: Arc<dyn ReplySink>, peer: Peer) -> Arc<Self> {
         Arc::new(ConnectionDispatch {
             dispatcher,
+            peer: Arc::new(peer),
             sink,
             running: Mutex::new(Calls::default()),
             in_progress: AtomicUsize::new(0),
@@ -371,6 +378,7 @@ impl ConnectionDispatch {
             metadata,
             payload: frame.payload,
             timeout,
+            peer: Some(self.peer.clone()),
         };
         let mut handler = route.service.call(header.method_id, call);
         let path = route.path;

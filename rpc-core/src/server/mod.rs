@@ -92,6 +92,13 @@ impl ServerBuilder {
         self
     }
 
+    /// Who may connect: peers are authenticated when they connect, before the server
+    /// builds anything for them, and handlers see who they are ([`crate::Request::peer`]).
+    pub fn auth(mut self, auth: crate::auth::AuthConfig) -> Self {
+        self.config.auth = Some(auth);
+        self
+    }
+
     /// Calls all connections may have in progress; requests beyond are answered
     /// `RESOURCE_EXHAUSTED` (default [`DEFAULT_MAX_CALLS`]).
     pub fn max_calls(mut self, calls: usize) -> Self {

@@ -1,11 +1,13 @@
 //! What generated servers implement, and the type-erased call they receive.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use prost::Message;
 
+use crate::auth::Peer;
 use crate::body::EncodeBody;
 use crate::message::{Request, Response};
 use crate::metadata::MetadataMap;
@@ -39,6 +41,8 @@ pub struct ServerCall {
     pub payload: Bytes,
     /// The caller's remaining time budget on arrival.
     pub timeout: Option<Duration>,
+    /// Who sent it (`None` outside a server, in tests).
+    pub peer: Option<Arc<Peer>>,
 }
 
 impl ServerCall {
@@ -46,7 +50,9 @@ impl ServerCall {
     pub fn decode<M: Message + Default>(self) -> Result<Request<M>, Status> {
         let message = M::decode(self.payload)
             .map_err(|e| Status::internal(format!("failed to decode the request message: {e}")))?;
-        Ok(Request::from_parts(self.metadata, message, self.timeout))
+        let mut request = Request::from_parts(self.metadata, message, self.timeout);
+        request.peer = self.peer;
+        Ok(request)
     }
 }
 

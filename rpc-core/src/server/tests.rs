@@ -65,7 +65,14 @@ fn server(per_connection: usize, all: usize) -> (Arc<Dispatcher>, Arc<AtomicUsiz
 fn connection(dispatcher: &Arc<Dispatcher>) -> (Arc<ConnectionDispatch>, Arc<Answers>) {
     let answers = Arc::new(Answers::default());
     (
-        ConnectionDispatch::new(dispatcher.clone(), answers.clone()),
+        ConnectionDispatch::new(
+            dispatcher.clone(),
+            answers.clone(),
+            crate::auth::Peer {
+                addr: "test://peer".into(),
+                identity: None,
+            },
+        ),
         answers,
     )
 }

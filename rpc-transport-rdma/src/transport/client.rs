@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use rpc_core::auth::{Credentials, HELLO_LEN, PROOF_LEN};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::{CallTable, ClientTransport, Drive, FrameKind, Status, HEADER_LEN};
 
-use crate::protocol::Stats;
+use crate::protocol::{ConnectParams, Stats};
 use crate::transport::budget::ConnectionSlot;
 use crate::transport::config::{PollMode, RdmaConfig};
 use crate::transport::conn::{Conn, FrameSink};
@@ -85,6 +86,27 @@ pub(crate) fn resolve(addr: &str) -> Result<SocketAddr, Status> {
         .ok_or_else(|| Status::invalid_argument(format!("{addr} resolved to no address")))
 }
 
+/// The server must answer our hello with proof that it holds the same secret.
+fn check_server_proof(
+    credentials: &Credentials,
+    hello: &[u8; HELLO_LEN],
+    private_data: &[u8],
+    what: &str,
+) -> Result<(), Status> {
+    let proof = ConnectParams::auth_data(private_data, PROOF_LEN)
+        .ok()
+        .flatten()
+        .ok_or_else(|| {
+            Status::unauthenticated(format!(
+                "{what}: the server did not authenticate itself (it requires no credentials, \
+                 or is not the server that holds them)"
+            ))
+        })?;
+    credentials
+        .check_proof(hello, proof)
+        .map_err(|status| Status::unauthenticated(format!("{what}: {}", status.message())))
+}
+
 impl RdmaClient {
     /// Connects to `addr` (`host:port` of an RDMA device's IP address) and completes `calls`.
     pub fn connect(
@@ -112,7 +134,12 @@ impl RdmaClient {
         let res = Resources::create(&id, config, Role::Client, slot)?;
         let slot_body = u64::from(res.protocol.recv_slot_size).saturating_sub(HEADER_LEN as u64);
         let response_sizes = Arc::new(ResponseSizes::new(slot_body));
-        let params = res.protocol.connect_params().encode();
+        let ours = res.protocol.connect_params();
+        let hello = config.credentials.as_ref().map(Credentials::hello);
+        let params = match &hello {
+            Some(hello) => ours.encode_with_auth(hello),
+            None => ours.encode().to_vec(),
+        };
         id.connect(&ConnParam {
             private_data: &params,
             retry_count: config.retry_count,
@@ -121,6 +148,9 @@ impl RdmaClient {
         })
         .map_err(|e| verbs_status(&what, e))?;
         let established = expect_event(&channel, CmEventKind::Established, deadline, &what)?;
+        if let (Some(credentials), Some(hello)) = (&config.credentials, &hello) {
+            check_server_proof(credentials, hello, established.private_data(), &what)?;
+        }
         let conn = Conn::new(res, id, established.private_data(), peer.clone(), config)?;
         conn.set_sink(Arc::new(ClientFrames {
             calls,

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use rpc_core::auth::Credentials;
+
 use crate::transport::engine::Role;
 
 /// How a connection's completions are processed.
@@ -130,6 +132,9 @@ pub struct RdmaConfig {
     pub ack_timeout: Option<u8>,
     /// How long address and route resolution and the connection handshake may take.
     pub connect_timeout: Duration,
+    /// Clients: what to authenticate with ([`rpc_core::auth`]); the server must prove it
+    /// holds the same secret. `None`: connect without credentials.
+    pub credentials: Option<Credentials>,
     /// Inline data the queue pairs are asked to support; the device may grant less.
     pub max_inline: u32,
     /// Longest a sender waits for a free slot or credit. A peer that holds every receive
@@ -218,6 +223,7 @@ impl Default for RdmaConfig {
             retry_count: 6,
             ack_timeout: None,
             connect_timeout: Duration::from_secs(5),
+            credentials: None,
             max_inline: 256,
             stall_limit: Duration::from_secs(10),
             large_chunk: 256 * 1024,

@@ -61,7 +61,12 @@ pub(crate) fn expect_event(
     }
     let reason = match event.kind() {
         CmEventKind::Rejected => match crate::protocol::decode_reject(event.private_data()) {
-            Some(reason) => format!("the server rejected the connection: {reason}"),
+            Some((code, reason)) => {
+                return Err(Status::new(
+                    code,
+                    format!("{what}: the server rejected the connection: {reason}"),
+                ))
+            }
             None => "connection refused (no rdma-rpc server listening there, or it rejected \
                      the connection)"
                 .to_owned(),

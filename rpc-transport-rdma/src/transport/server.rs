@@ -8,6 +8,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use rpc_core::auth::{Checker, Peer, HELLO_LEN, PROOF_LEN};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::{ConnectionDispatch, Dispatcher, ReplySink};
 use rpc_core::{FrameKind, Status};
@@ -37,6 +38,8 @@ struct Shared {
     /// Wakes the listener for `stop`: it sleeps on its channel, not on a timer.
     wake: Kick,
     connections: Mutex<Vec<Served>>,
+    /// Authenticates connect requests, if the server requires it.
+    auth: Option<Checker>,
 }
 
 /// A connection and the dispatch of its calls.
@@ -81,7 +84,9 @@ impl RdmaServer {
         let local_addr = id.local_addr().unwrap_or(local);
         let mut config = config;
         config.limit_bodies(dispatcher.config().max_message_size);
+        let auth = dispatcher.config().auth.clone().map(Checker::new);
         let shared = Arc::new(Shared {
+            auth,
             dispatcher,
             config,
             channel,
@@ -196,7 +201,7 @@ fn on_event(listener: &CmId, mut event: CmEvent, shared: &Arc<Shared>) {
 
 /// Rejects a connect request with `status`'s message as the reason the client will see.
 fn reject(id: CmId, status: Status) -> Result<(), Status> {
-    let reason = encode_reject(status.message());
+    let reason = encode_reject(status.code(), status.message());
     if let Err(e) = id.reject(&reason) {
         // Dropping the id rejects it without a reason.
         tracing::debug!(%e, "rdma_reject failed");
@@ -204,9 +209,17 @@ fn reject(id: CmId, status: Status) -> Result<(), Status> {
     Err(status)
 }
 
+/// A connect request the server admitted.
+struct Admitted {
+    slot: ConnectionSlot,
+    peer: Peer,
+    /// The answer to the client's hello.
+    proof: Option<[u8; PROOF_LEN]>,
+}
+
 /// Checks a connect request before anything is built for it: a place among the process's
-/// connections, and parameters this server can agree to.
-fn admit(private_data: &[u8], peer: &str, shared: &Shared) -> Result<ConnectionSlot, Status> {
+/// connections, parameters this server can agree to, and the peer's credentials.
+fn admit(private_data: &[u8], peer: &str, shared: &Shared) -> Result<Admitted, Status> {
     let config = &shared.config;
     let slot = ConnectionSlot::take(peer)?;
     let params = ConnectParams::decode(private_data).map_err(|e| {
@@ -219,24 +232,45 @@ fn admit(private_data: &[u8], peer: &str, shared: &Shared) -> Result<ConnectionS
     Geometry::negotiate(&ours, &params).map_err(|e| {
         Status::invalid_argument(format!("cannot agree on ring geometry with {peer}: {e}"))
     })?;
-    Ok(slot)
+    let hello = ConnectParams::auth_data(private_data, HELLO_LEN)
+        .map_err(|e| Status::invalid_argument(format!("{peer} sent unusable credentials: {e}")))?;
+    let (peer, proof) = match &shared.auth {
+        Some(checker) => checker.check(peer, hello)?,
+        None => (
+            Peer {
+                addr: peer.to_owned(),
+                identity: None,
+            },
+            None,
+        ),
+    };
+    Ok(Admitted { slot, peer, proof })
 }
 
 fn accept(id: CmId, private_data: &[u8], peer: String, shared: &Shared) -> Result<(), Status> {
     let config = &shared.config;
-    let slot = match admit(private_data, &peer, shared) {
-        Ok(slot) => slot,
+    let Admitted {
+        slot,
+        peer: who,
+        proof,
+    } = match admit(private_data, &peer, shared) {
+        Ok(admitted) => admitted,
         Err(status) => return reject(id, status),
     };
     let res = match Resources::create(&id, config, Role::Server, slot) {
         Ok(res) => res,
         Err(status) => return reject(id, status),
     };
-    let params = res.protocol.connect_params().encode();
+    let ours = res.protocol.connect_params();
+    let params = match proof {
+        Some(proof) => ours.encode_with_auth(&proof),
+        None => ours.encode().to_vec(),
+    };
     let conn = Conn::new(res, id, private_data, peer, config)?;
     let dispatch = ConnectionDispatch::new(
         shared.dispatcher.clone(),
         Arc::new(RdmaReplySink(conn.clone())),
+        who,
     );
     conn.set_sink(Arc::new(ServerFrames(dispatch.clone())));
     let started = conn
