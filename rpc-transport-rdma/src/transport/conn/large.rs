@@ -31,6 +31,9 @@ struct Granted {
     /// When the peer was granted it at its request; `None` for a response buffer we
     /// advertised (its handler may take any time).
     asked: Option<Instant>,
+    /// Its invalidation failed (flushed, the queue pair in the error state): the window is
+    /// still bound, holding on to the queue pair, and is deallocated instead of reused.
+    still_bound: bool,
 }
 
 /// Large-body resources of one connection, kept under the state lock.
@@ -56,6 +59,13 @@ impl LargeState {
 
     pub(super) fn take_arrived(&mut self) -> Vec<(Header, LargeBuffer)> {
         std::mem::take(&mut self.arrived)
+    }
+
+    /// The invalidation of `grant`'s window failed.
+    pub(super) fn invalidation_failed(&mut self, grant: u32) {
+        if let Some(g) = self.grants.get_mut(&grant) {
+            g.still_bound = true;
+        }
     }
 
     /// Revokes every open grant (deallocating its window) and frees its buffer: the first
@@ -155,6 +165,7 @@ impl Conn {
                 window,
                 buffer,
                 asked: None,
+                still_bound: false,
             },
         );
         header.flags = header.flags.with(Flags::RESPONSE_BUFFER);
@@ -269,14 +280,14 @@ impl Conn {
             }
             Action::DeliverLarge { grant, header } => {
                 if let Some(g) = state.large.grants.remove(&grant) {
-                    self.res.large.put_window(g.window);
+                    self.recycle_window(g.window, g.still_bound);
                     state.large.arrived.push((header, g.buffer));
                 }
                 Ok(())
             }
             Action::ReleaseGrant { grant } => {
                 if let Some(g) = state.large.grants.remove(&grant) {
-                    self.res.large.put_window(g.window);
+                    self.recycle_window(g.window, g.still_bound);
                 }
                 Ok(())
             }
@@ -287,6 +298,14 @@ impl Conn {
             | Action::SendDropped { .. } => {
                 unreachable!("ring actions are executed by run_actions")
             }
+        }
+    }
+
+    /// A window whose grant ended goes back to the pool, unless it is still bound (its
+    /// invalidation was flushed): deallocated then, which also lets go of the queue pair.
+    fn recycle_window(&self, window: MemoryWindow, still_bound: bool) {
+        if !still_bound {
+            self.res.large.put_window(window);
         }
     }
 
@@ -334,6 +353,7 @@ impl Conn {
                     window,
                     buffer,
                     asked: Some(Instant::now()),
+                    still_bound: false,
                 };
                 state.large.grants.insert(grant, granted);
             }

@@ -10,6 +10,7 @@
 //! side (polling, delivery, receive-slot release, run-to-completion spinning).
 
 use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::Waker;
@@ -23,6 +24,7 @@ use smallvec::SmallVec;
 use crate::protocol::{self, Action, SendError, WorkId};
 use crate::transport::config::RdmaConfig;
 use crate::transport::engine::Engine;
+use crate::transport::reaper;
 use crate::transport::resources::Resources;
 use crate::verbs::{CmEventKind, CmId, SendFlags, SendOp, SendRequest, Sge};
 
@@ -82,14 +84,15 @@ struct State {
 }
 
 /// Teardown: `Drop` first revokes open grants (windows are deallocated, so nothing the peer
-/// does can reach their buffers), then the fields drop in order: the QP (no work request
-/// runs any more), the rings, the cm_id, and last the engine with the source buffers of
-/// outgoing WRITEs.
+/// does can reach their buffers), then hands the verbs objects to the reaper thread (their
+/// destruction can block in the kernel), which drops them in order: the QP (no work request
+/// runs any more), the rings and the engine's attachment, the cm_id, and last the state with
+/// the source buffers of outgoing WRITEs.
 pub(crate) struct Conn {
-    // Field order matters for teardown: the verbs objects go before the cm_id they belong to.
-    res: Resources,
-    id: CmId,
-    state: Mutex<State>,
+    // Dropped by `Drop`, on the reaper thread, in this order.
+    res: ManuallyDrop<Resources>,
+    id: ManuallyDrop<CmId>,
+    state: ManuallyDrop<Mutex<State>>,
     /// This connection, for the engine's lists of work.
     me: Weak<Conn>,
     /// Bumped on every `Writable`; senders waiting for slots watch it.
@@ -136,9 +139,22 @@ impl Drop for Conn {
         let state = self.state.get_mut();
         state.large.revoke_all();
         if let Some(commitment) = self.res.shared_recv() {
-            // Given back once the QP is destroyed (the next field to drop).
+            // Given back once the QP is destroyed.
             commitment.set(state.proto.recv_posted());
         }
+        // SAFETY: each is taken once, here, and `self` is not used after.
+        let (res, id, state) = unsafe {
+            (
+                ManuallyDrop::take(&mut self.res),
+                ManuallyDrop::take(&mut self.id),
+                ManuallyDrop::take(&mut self.state),
+            )
+        };
+        reaper::reap(move || {
+            drop(res);
+            drop(id);
+            drop(state);
+        });
     }
 }
 
@@ -165,15 +181,15 @@ impl Conn {
         };
         Ok(Arc::new_cyclic(|me| Conn {
             max_send_frame,
-            res,
-            id,
-            state: Mutex::new(State {
+            res: ManuallyDrop::new(res),
+            id: ManuallyDrop::new(id),
+            state: ManuallyDrop::new(Mutex::new(State {
                 proto: protocol::Connection::new(geometry),
                 dropped: Vec::new(),
                 large: LargeState::default(),
                 shared_bufs,
                 disconnected: None,
-            }),
+            })),
             me: me.clone(),
             writable_epoch: AtomicU64::new(0),
             writable_lock: Mutex::new(()),

@@ -97,6 +97,9 @@ impl Conn {
             if let (WorkId::Recv(buf), Some(commitment)) = (work, self.res.shared_recv()) {
                 commitment.shared.repost(buf);
             }
+            if let WorkId::Invalidate(grant) = work {
+                state.large.invalidation_failed(grant);
+            }
             state.proto.on_completion_error(work, &err.to_string());
             return;
         }
