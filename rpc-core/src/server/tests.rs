@@ -150,3 +150,102 @@ fn a_cancel_that_overtakes_its_request_cancels_it() {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "later calls run");
     conn.close();
 }
+
+static QUICK: [MethodDescriptor; 1] = [MethodDescriptor::new("/test.Quick/Quick")];
+
+/// A method that answers at once.
+struct Quick;
+
+impl Service for Quick {
+    fn name(&self) -> &'static str {
+        "test.Quick"
+    }
+
+    fn methods(&self) -> &'static [MethodDescriptor] {
+        &QUICK
+    }
+
+    fn call(&self, _: u32, _: ServerCall) -> BoxFuture<'static, Result<ServerReply, Status>> {
+        Box::pin(async {
+            Ok(ServerReply {
+                metadata: crate::MetadataMap::new(),
+                body: Box::new(crate::body::EmptyBody),
+            })
+        })
+    }
+}
+
+/// A peer that withholds credits: no room until `open`, and the blocking send must never
+/// be used for replies.
+#[derive(Default)]
+struct NoRoom {
+    open: std::sync::atomic::AtomicBool,
+    wakers: Mutex<Vec<std::task::Waker>>,
+    answered: AtomicUsize,
+}
+
+impl ReplySink for NoRoom {
+    fn send(&self, _: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        panic!("a reply parked a thread on the blocking send");
+    }
+
+    fn poll_send(
+        &self,
+        cx: &mut std::task::Context<'_>,
+        _: &mut OutgoingFrame<'_>,
+    ) -> std::task::Poll<Result<(), Status>> {
+        if self.open.load(Ordering::SeqCst) {
+            self.answered.fetch_add(1, Ordering::SeqCst);
+            return std::task::Poll::Ready(Ok(()));
+        }
+        self.wakers.lock().push(cx.waker().clone());
+        std::task::Poll::Pending
+    }
+}
+
+/// Replies to a peer that gives no credits wait as tasks, not on a thread: the one worker
+/// and the receiving thread stay free, and the replies go once room comes.
+#[test]
+fn replies_waiting_for_credits_park_no_thread() {
+    let dispatcher = Server::builder()
+        .worker_threads(1)
+        .add_service(Quick)
+        .build()
+        .expect("server");
+    let sink = Arc::new(NoRoom::default());
+    let conn = ConnectionDispatch::new(
+        dispatcher.clone(),
+        sink.clone(),
+        crate::auth::Peer {
+            addr: "test://peer".into(),
+            identity: None,
+        },
+    );
+    let started = Instant::now();
+    for call_id in 1..=100 {
+        let mut header = Header::new(FrameKind::Request, call_id);
+        header.method_id = QUICK[0].id;
+        conn.on_frame(InboundFrame {
+            header,
+            metadata: Bytes::new(),
+            payload: Bytes::new(),
+        });
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "receiving 100 requests took {:?}",
+        started.elapsed()
+    );
+    wait_for("100 answers wait for room", || {
+        dispatcher.in_flight() == 100
+    });
+    assert_eq!(sink.answered.load(Ordering::SeqCst), 0);
+    sink.open.store(true, Ordering::SeqCst);
+    let wakers = std::mem::take(&mut *sink.wakers.lock());
+    wakers.into_iter().for_each(std::task::Waker::wake);
+    wait_for("every answer went", || {
+        sink.answered.load(Ordering::SeqCst) == 100
+    });
+    wait_for("nothing in flight", || dispatcher.in_flight() == 0);
+    conn.close();
+}
