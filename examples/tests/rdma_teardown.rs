@@ -34,6 +34,11 @@ fn delay(d: Duration) -> Option<prost_types::Duration> {
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 async fn shutdown_under_load_answers_every_accepted_call_by_send_and_by_write() {
     require_device().expect("an RDMA device");
+    // Warnings (a failed work request, a protocol violation) say why a call was lost.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("warn")
+        .with_test_writer()
+        .try_init();
     const CALLS: u64 = 32;
     const LARGE: usize = 1024 * 1024;
     let tester = Tester::default();

@@ -91,6 +91,30 @@ mod tests {
         assert_eq!(p.b.delivered.len(), 2);
     }
 
+    /// The invalidation's flush and the marker's come in one batch: the close the marker
+    /// brings must not discard the hand-up the invalidation decided.
+    #[test]
+    fn a_body_invalidated_in_the_closing_batch_is_still_handed_up() {
+        let mut p = pair();
+        p.a.send_large(3 * 4096).unwrap();
+        run_until(&mut p, |p| p.b.invalidating_grant().is_some());
+        let grant = p.b.invalidating_grant().expect("the body's grant");
+        p.b.conn.on_peer_disconnected();
+        p.b.absorb();
+        assert!(p.b.exec(), "the marker is posted");
+        p.b.qp_error();
+        p.b.conn
+            .on_completion_error(WorkId::Invalidate(grant), "flushed");
+        p.b.conn.on_completion_error(WorkId::Probe, "flushed");
+        assert_eq!(
+            p.b.conn.close_reason(),
+            Some(&CloseReason::PeerDisconnected)
+        );
+        p.b.absorb();
+        while p.b.exec() {}
+        assert_eq!(p.b.large_delivered(), 1, "the body was handed up");
+    }
+
     #[test]
     fn a_large_body_found_after_the_disconnect_is_handed_up() {
         let mut p = pair();

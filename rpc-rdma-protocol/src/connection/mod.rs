@@ -442,7 +442,9 @@ impl Connection {
         }
         tracing::debug!(?reason, "rdma connection closed");
         self.closed = Some(reason);
-        // Actions not yet executed: SENDs never reach the wire, RECVs and wake-ups are moot.
+        // Actions not yet executed: SENDs never reach the wire, RECVs and wake-ups are moot;
+        // a body whose window is gone is still handed up (it arrived: what a drain after the
+        // peer's disconnect is for), and a buffer whose window is gone still given back.
         self.actions.retain_mut(|action| match *action {
             Action::PostSend(SendWork {
                 target: SendTarget::Ring(slot),
@@ -457,7 +459,9 @@ impl Connection {
                 };
                 true
             }
-            Action::SendDropped { .. } => true,
+            Action::SendDropped { .. }
+            | Action::DeliverLarge { .. }
+            | Action::ReleaseGrant { .. } => true,
             _ => false,
         });
         let actions = &mut self.actions;

@@ -81,6 +81,12 @@ struct State {
     shared_bufs: Vec<u32>,
     /// The peer disconnected; the connection closes once its completions are drained.
     disconnected: Option<Disconnected>,
+    /// Batches of frames taken from the CQ and not yet handed up (by other threads, after
+    /// they dropped the locks).
+    handing_up: u32,
+    /// A close waits for those batches: the last one to be handed up runs it, so frames
+    /// that arrived before the close reach the upper layer before it hears of the close.
+    close_deferred: bool,
 }
 
 /// Teardown: `Drop` first revokes open grants (windows are deallocated, so nothing the peer
@@ -189,6 +195,8 @@ impl Conn {
                 large: LargeState::default(),
                 shared_bufs,
                 disconnected: None,
+                handing_up: 0,
+                close_deferred: false,
             })),
             me: me.clone(),
             writable_epoch: AtomicU64::new(0),
@@ -381,6 +389,10 @@ impl Conn {
     pub(crate) fn report_dropped_and_close(&self) {
         let (dropped, failed, reason, disconnected) = {
             let mut state = self.state.lock();
+            if state.handing_up > 0 && state.proto.is_closed() {
+                state.close_deferred = true;
+                return;
+            }
             let reason = state.proto.close_reason().map(ToString::to_string);
             let failed = state.large.take_failures();
             let disconnected = state.disconnected.as_ref().map(|d| d.status.clone());

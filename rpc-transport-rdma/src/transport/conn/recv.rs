@@ -65,6 +65,10 @@ impl Conn {
                 .into_iter()
                 .map(|(header, buffer)| Arrival::Placed(header, buffer)),
         );
+        if !received.is_empty() {
+            // Handed up by `hand_up`, which counts it back.
+            state.handing_up += 1;
+        }
         received
     }
 
@@ -74,6 +78,7 @@ impl Conn {
     /// say) runs: they arrived before it.
     pub(crate) fn hand_up(self: &Arc<Self>, received: &mut Batch) {
         self.wake_async_writers();
+        let _counted = (!received.is_empty()).then(|| HandingUp(self));
         if DELIVERING.get() == self.address() {
             // A handler on this thread is waiting for send credits: hand these frames to
             // the delivery loop it runs in rather than nesting handlers.
@@ -347,6 +352,23 @@ impl Conn {
         attachment
             .engine
             .spin(&attachment.cq, budget, || self.is_closed())
+    }
+}
+
+/// A batch [`Conn::process`] counted as being handed up; the last one runs a close that
+/// waited for it (even if a handler panics on the way).
+struct HandingUp<'a>(&'a Arc<Conn>);
+
+impl Drop for HandingUp<'_> {
+    fn drop(&mut self) {
+        let close = {
+            let mut state = self.0.state.lock();
+            state.handing_up -= 1;
+            state.handing_up == 0 && std::mem::take(&mut state.close_deferred)
+        };
+        if close {
+            self.0.report_dropped_and_close();
+        }
     }
 }
 
