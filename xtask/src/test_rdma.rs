@@ -107,10 +107,18 @@ fn package_name(id: &str) -> String {
     }
 }
 
-/// One step per test binary, run from its package directory like `cargo test` does.
+/// Test binaries that leave the device unusable for a while, so nothing may run after them
+/// in the boot: `chaos_link` sets the link down under 64 connections, and soft-RoCE's
+/// connection manager does not take new connections for minutes after.
+pub const RUNS_LAST: &[&str] = &["chaos_link"];
+
+/// One step per test binary, run from its package directory like `cargo test` does; those
+/// of [`RUNS_LAST`] at the end.
 pub fn plan(binaries: &[TestBinary], test_args: &[String], cwd: &Path) -> GuestPlan {
     let mut plan = GuestPlan::new(cwd);
-    for binary in binaries {
+    let mut ordered: Vec<&TestBinary> = binaries.iter().collect();
+    ordered.sort_by_key(|b| RUNS_LAST.contains(&b.target.as_str()));
+    for binary in ordered {
         // The tests that need a device are `#[ignore]`d for plain `cargo test` on hosts
         // without one; here they run.
         let mut argv = vec![
@@ -142,6 +150,27 @@ mod tests {
         assert_eq!(found[0].package, "rpc-transport-rdma");
         assert_eq!(found[0].target, "rc_pingpong");
         assert_eq!(found[0].package_dir, PathBuf::from("/w/rpc-transport-rdma"));
+    }
+
+    #[test]
+    fn binaries_that_disturb_the_device_run_last() {
+        let binary = |target: &str| TestBinary {
+            package: "rpc-examples".into(),
+            target: target.into(),
+            executable: PathBuf::from(format!("/t/{target}")),
+            package_dir: PathBuf::from("/w/examples"),
+        };
+        let binaries = [binary("chaos_link"), binary("auth"), binary("chaos")];
+        let plan = plan(&binaries, &[], Path::new("/w"));
+        let labels: Vec<&str> = plan.steps.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "auth (rpc-examples)",
+                "chaos (rpc-examples)",
+                "chaos_link (rpc-examples)"
+            ]
+        );
     }
 
     #[test]

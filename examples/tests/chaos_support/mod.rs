@@ -1,0 +1,227 @@
+//! What the chaos tests share: 64 calling connections, outcomes, and the device's
+//! resources against their baseline.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use rdma_rpc::prelude::*;
+use rdma_rpc::RdmaConfig;
+use rpc_examples::echo::echo_client::EchoClient;
+use rpc_examples::echo::echo_server::EchoServer;
+use rpc_examples::echo::EchoRequest;
+use rpc_examples::EchoService;
+
+use super::common;
+
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// One chaos at a time: they share the device and its link.
+pub static SERIAL: Mutex<()> = Mutex::new(());
+
+pub const CONNECTIONS: usize = 64;
+/// Deadline of every call.
+pub const DEADLINE: Duration = Duration::from_secs(2);
+pub const KEEPALIVE: Duration = Duration::from_millis(500);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest any call may take: its deadline, or the keepalive's detection, plus slack for
+/// the emulation.
+pub const BOUND: Duration = Duration::from_secs(4);
+
+pub fn rdma() -> RdmaConfig {
+    RdmaConfig {
+        keepalive: Some(KEEPALIVE),
+        keepalive_timeout: KEEPALIVE_TIMEOUT,
+        ..RdmaConfig::default()
+    }
+}
+
+/// The device's resource counts, as `rdma resource` shows them (`pd`, `cq`, `qp`, `mr`,
+/// ...), summed over devices.
+pub fn device_resources() -> BTreeMap<String, u64> {
+    let out = Command::new("rdma")
+        .args(["resource", "show"])
+        .output()
+        .expect("the rdma tool (iproute2) runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut counts = BTreeMap::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        for pair in words.windows(2) {
+            if let Ok(n) = pair[1].parse::<u64>() {
+                *counts.entry(pair[0].to_owned()).or_default() += n;
+            }
+        }
+    }
+    assert!(counts.contains_key("qp"), "rdma resource show: {text}");
+    counts
+}
+
+/// This process's pinned memory, in KiB.
+pub fn pinned_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmPin:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmPin in /proc/self/status")
+}
+
+#[derive(Debug, PartialEq, Eq, Clone)]
+pub struct Usage {
+    device: BTreeMap<String, u64>,
+    pinned_kib: u64,
+}
+
+pub fn usage() -> Usage {
+    Usage {
+        device: device_resources(),
+        pinned_kib: pinned_kib(),
+    }
+}
+
+/// The resources before a chaos. The process first makes one connection and call and
+/// closes them, so that what librdmacm opens once per process (the device's context, `ctx`)
+/// is in the baseline.
+pub fn baseline() -> Usage {
+    let server = common::start_rdma(
+        Server::builder().add_service(EchoServer::new(EchoService)),
+        rdma(),
+    );
+    let channel = rdma_rpc::connect_blocking(server.local_url()).expect("connects");
+    EchoClient::new(channel.clone())
+        .echo_blocking(EchoRequest::default())
+        .expect("a call");
+    drop(channel);
+    server.shutdown(Duration::ZERO);
+    let settled = Instant::now() + Duration::from_secs(5);
+    let mut before = usage();
+    loop {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = usage();
+        if now == before || Instant::now() > settled {
+            return now;
+        }
+        before = now;
+    }
+}
+
+/// Waits until `outcomes` counts `calls` answered, and prints the resources in use then.
+pub fn under_load(outcomes: &Outcomes, calls: u64, what: &str) {
+    while outcomes.ok.load(Ordering::Relaxed) < calls {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("{what}: in use   {:?}", usage());
+}
+
+/// Waits (up to 10 s) for the resources to come back to `baseline`, and prints both.
+pub fn back_to(baseline: &Usage, what: &str) {
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut now = usage();
+    while now != *baseline && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        now = usage();
+    }
+    eprintln!("{what}: baseline {baseline:?}");
+    eprintln!("{what}: after    {now:?}");
+    assert_eq!(
+        now, *baseline,
+        "{what}: resources not back to their baseline"
+    );
+}
+
+/// How the calls of a chaos ended.
+#[derive(Default)]
+pub struct Outcomes {
+    pub ok: AtomicU64,
+    pub failed: Mutex<BTreeMap<String, u64>>,
+    /// The first failure, as the caller saw it.
+    sample: Mutex<Option<Status>>,
+    longest: Mutex<Duration>,
+}
+
+impl Outcomes {
+    pub fn record(&self, result: &Result<(), Status>, took: Duration) {
+        let mut longest = lock(&self.longest);
+        *longest = (*longest).max(took);
+        match result {
+            Ok(()) => {
+                self.ok.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(status) => {
+                assert!(
+                    matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded),
+                    "an unclear status: {status}"
+                );
+                assert!(!status.message().is_empty(), "{status:?}");
+                *lock(&self.failed)
+                    .entry(status.code().to_string())
+                    .or_default() += 1;
+                lock(&self.sample).get_or_insert_with(|| status.clone());
+            }
+        }
+    }
+
+    pub fn report(&self, what: &str) {
+        let longest = *lock(&self.longest);
+        eprintln!(
+            "{what}: {} calls ok, failed {:?}, longest call {longest:?}",
+            self.ok.load(Ordering::Relaxed),
+            lock(&self.failed)
+        );
+        if let Some(status) = &*lock(&self.sample) {
+            eprintln!("{what}: e.g. {status}");
+        }
+        assert!(longest <= BOUND, "{what}: a call took {longest:?}");
+    }
+}
+
+/// `CONNECTIONS` channels to `url`, each calling until `stop` says so or its connection
+/// fails; every call's end goes to `outcomes`.
+pub async fn callers(url: &str, stop: Arc<AtomicU64>, outcomes: Arc<Outcomes>) {
+    let channels: Vec<Channel> = join_all((0..CONNECTIONS).map(|_| {
+        rdma_rpc::client()
+            .rdma_config(rdma())
+            .timeout(DEADLINE)
+            .connect(url)
+    }))
+    .await
+    .into_iter()
+    .map(|c| c.expect("connects"))
+    .collect();
+    let calls = channels.into_iter().enumerate().map(|(i, channel)| {
+        let stop = stop.clone();
+        let outcomes = outcomes.clone();
+        async move {
+            let client = EchoClient::new(channel);
+            let mut seq = 0u64;
+            while stop.load(Ordering::Acquire) == 0 {
+                seq += 1;
+                let started = Instant::now();
+                let request = EchoRequest {
+                    payload: vec![i as u8; 64 + (seq as usize * 97) % 4000].into(),
+                    seq,
+                };
+                let result = client.echo(request).await.map(drop);
+                outcomes.record(&result, started.elapsed());
+                if result.is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    join_all(calls).await;
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
