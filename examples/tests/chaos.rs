@@ -66,7 +66,9 @@ fn a_server_killed_under_64_connections() {
     rt.block_on(calling).unwrap();
     let ended = killed.elapsed();
     outcomes.report("server killed");
-    eprintln!("server killed: every call ended {ended:?} after the kill");
+    say(format!(
+        "server killed: every call ended {ended:?} after the kill"
+    ));
     assert!(ended <= BOUND, "{ended:?}");
     assert_eq!(
         lock(&outcomes.failed).values().sum::<u64>(),
@@ -117,10 +119,10 @@ fn a_thousand_peers_connect_and_vanish_under_64_connections() {
         }
     }
     peers.iter_mut().for_each(kill_9);
-    eprintln!(
+    say(format!(
         "{PEERS} peers connected and vanished in {:?}",
         started.elapsed()
-    );
+    ));
     stop.store(1, Ordering::Release);
     rt.block_on(calling).unwrap();
     outcomes.report("peers vanished");

@@ -66,12 +66,12 @@ impl LinkDown {
             }
         };
         match works {
-            Ok(after) => {
-                eprintln!("link down: new connections work {after:?} after the link came up")
-            }
-            Err(e) => {
-                eprintln!("link down: no new connection within 5 s of the link coming up: {e}")
-            }
+            Ok(after) => say(format!(
+                "link down: new connections work {after:?} after the link came up"
+            )),
+            Err(e) => say(format!(
+                "link down: no new connection within 5 s of the link coming up: {e}"
+            )),
         }
     }
 }

@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rpc_core::{method_id, CallTable, Channel, ChannelConfig, Code, Request, Server, Status};
@@ -41,6 +42,16 @@ fn connect(server: &RdmaServer, config: &RdmaConfig) -> Result<Channel, Status> 
     Ok(Channel::new(calls, client, config))
 }
 
+/// Waits until the connections of the tests before are gone: they are torn down on the
+/// reaper thread, and count until then.
+fn settle() {
+    let until = Instant::now() + Duration::from_secs(10);
+    while process_usage().connections > 0 {
+        assert!(Instant::now() < until, "{:?}", process_usage());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A call to a method nobody serves, with a request of `len` bytes.
 fn call(channel: &Channel, len: usize) -> Status {
     channel
@@ -55,6 +66,7 @@ fn connections_past_the_process_limit_are_refused_naming_it() {
     if test_support::require_device().is_none() {
         return;
     }
+    settle();
     let server = server();
     let before = process_usage();
     let defaults = process_limits();
@@ -92,6 +104,7 @@ fn large_bodies_past_the_process_registered_limit_are_refused_naming_it() {
     if test_support::require_device().is_none() {
         return;
     }
+    settle();
     let server = server();
     let channel = connect(&server, &RdmaConfig::default()).expect("connects");
     let defaults = process_limits();

@@ -17,6 +17,13 @@ use rpc_examples::EchoService;
 
 use super::common;
 
+/// Prints a figure of the chaos where the test's output is shown even when it passes
+/// (written to stderr directly: the test harness captures `eprintln!`).
+pub fn say(line: String) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -116,7 +123,7 @@ pub fn under_load(outcomes: &Outcomes, calls: u64, what: &str) {
     while outcomes.ok.load(Ordering::Relaxed) < calls {
         std::thread::sleep(Duration::from_millis(10));
     }
-    eprintln!("{what}: in use   {:?}", usage());
+    say(format!("{what}: in use   {:?}", usage()));
 }
 
 /// Waits (up to 10 s) for the resources to come back to `baseline`, and prints both.
@@ -127,8 +134,8 @@ pub fn back_to(baseline: &Usage, what: &str) {
         std::thread::sleep(Duration::from_millis(50));
         now = usage();
     }
-    eprintln!("{what}: baseline {baseline:?}");
-    eprintln!("{what}: after    {now:?}");
+    say(format!("{what}: baseline {baseline:?}"));
+    say(format!("{what}: after    {now:?}"));
     assert_eq!(
         now, *baseline,
         "{what}: resources not back to their baseline"
@@ -169,13 +176,13 @@ impl Outcomes {
 
     pub fn report(&self, what: &str) {
         let longest = *lock(&self.longest);
-        eprintln!(
+        say(format!(
             "{what}: {} calls ok, failed {:?}, longest call {longest:?}",
             self.ok.load(Ordering::Relaxed),
             lock(&self.failed)
-        );
+        ));
         if let Some(status) = &*lock(&self.sample) {
-            eprintln!("{what}: e.g. {status}");
+            say(format!("{what}: e.g. {status}"));
         }
         assert!(longest <= BOUND, "{what}: a call took {longest:?}");
     }
