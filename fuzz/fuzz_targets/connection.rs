@@ -85,6 +85,10 @@ enum Step {
     },
     Probe,
     Grow(u8),
+    /// A graceful leave: a fence probe if the protocol wants one.
+    Drain,
+    /// The peer disconnected: drain behind a marker.
+    PeerDisconnected,
 }
 
 fn header(f: &Fields) -> Header {
@@ -171,10 +175,11 @@ fuzz_target!(|steps: Vec<Step>| {
                 Ok(())
             }
             Step::CompletionError(kind) => {
-                let work = match kind % 4 {
+                let work = match kind % 5 {
                     0 => WorkId::Send(0),
                     1 => WorkId::Recv(1),
                     2 => WorkId::Write(0),
+                    3 => WorkId::Invalidate(u32::from(*kind / 5)),
                     _ => WorkId::Probe,
                 };
                 c.on_completion_error(work, "fuzzed");
@@ -223,6 +228,18 @@ fuzz_target!(|steps: Vec<Step>| {
             }
             Step::Grow(n) => {
                 c.grow_window(u32::from(*n));
+                Ok(())
+            }
+            Step::Drain => {
+                let drained = c.is_drained();
+                assert!(
+                    !(c.start_drain() && drained),
+                    "a fence for a drained connection"
+                );
+                Ok(())
+            }
+            Step::PeerDisconnected => {
+                c.on_peer_disconnected();
                 Ok(())
             }
         };
