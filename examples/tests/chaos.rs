@@ -10,14 +10,9 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chaos_support::*;
-use rdma_rpc::prelude::*;
-use rpc_examples::echo::echo_server::EchoServer;
-use rpc_examples::EchoService;
 use rpc_transport_rdma::verbs::test_support::{require_device, test_addr};
 
 /// The echo server in a process of its own, and the URL it serves.
@@ -53,17 +48,10 @@ fn a_server_killed_under_64_connections() {
     let _serial = lock(&SERIAL);
     let baseline = baseline();
     let (mut server, url) = server_process();
-    let stop = Arc::new(AtomicU64::new(0));
-    let outcomes = Arc::new(Outcomes::default());
-    let rt = runtime();
-    let calling = rt.spawn({
-        let (url, stop, outcomes) = (url.clone(), stop.clone(), outcomes.clone());
-        async move { callers(&url, stop, outcomes).await }
-    });
-    under_load(&outcomes, 1000, "server killed");
+    let calling = Calling::start(&url, "server killed");
     let killed = Instant::now();
     kill_9(&mut server);
-    rt.block_on(calling).unwrap();
+    let outcomes = calling.finish();
     let ended = killed.elapsed();
     outcomes.report("server killed");
     say(format!(
@@ -75,7 +63,6 @@ fn a_server_killed_under_64_connections() {
         CONNECTIONS as u64,
         "each connection's last call failed"
     );
-    drop(rt);
     back_to(&baseline, "server killed");
 }
 
@@ -85,23 +72,13 @@ fn a_thousand_peers_connect_and_vanish_under_64_connections() {
     require_device().expect("an RDMA device");
     let _serial = lock(&SERIAL);
     let baseline = baseline();
-    let server = common::start_rdma(
-        Server::builder().add_service(EchoServer::new(EchoService)),
-        rdma(),
-    );
+    let server = echo_server();
     let url = server.local_url().to_owned();
-    let stop = Arc::new(AtomicU64::new(0));
-    let outcomes = Arc::new(Outcomes::default());
-    let rt = runtime();
-    let calling = rt.spawn({
-        let (url, stop, outcomes) = (url.clone(), stop.clone(), outcomes.clone());
-        async move { callers(&url, stop, outcomes).await }
-    });
+    let calling = Calling::start(&url, "peers vanish");
     // Peers in processes of their own that connect, call, and are killed wherever they
     // are: before, during or after connecting, in the middle of a call.
     const PEERS: usize = 1000;
     const AT_ONCE: usize = 8;
-    under_load(&outcomes, 1000, "peers vanish");
     let started = Instant::now();
     let mut peers: Vec<Child> = Vec::new();
     for i in 0..PEERS {
@@ -123,15 +100,13 @@ fn a_thousand_peers_connect_and_vanish_under_64_connections() {
         "{PEERS} peers connected and vanished in {:?}",
         started.elapsed()
     ));
-    stop.store(1, Ordering::Release);
-    rt.block_on(calling).unwrap();
+    let outcomes = calling.finish();
     outcomes.report("peers vanished");
     assert!(
         lock(&outcomes.failed).is_empty(),
         "the 64 connections never noticed: {:?}",
         lock(&outcomes.failed)
     );
-    drop(rt);
     server.shutdown(Duration::from_secs(1));
     back_to(&baseline, "peers vanished");
 }

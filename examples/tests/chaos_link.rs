@@ -11,16 +11,11 @@ mod chaos_support;
 mod common;
 
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chaos_support::*;
-use rdma_rpc::prelude::*;
 use rpc_examples::echo::echo_client::EchoClient;
-use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
-use rpc_examples::EchoService;
 use rpc_transport_rdma::verbs::test_support::require_device;
 
 /// Sets veth0's link down for as long as it lives.
@@ -88,26 +83,12 @@ fn the_link_goes_down_under_64_connections() {
     require_device().expect("an RDMA device");
     let _serial = lock(&SERIAL);
     let baseline = baseline();
-    let server = common::start_rdma(
-        Server::builder().add_service(EchoServer::new(EchoService)),
-        rdma(),
-    );
-    let url = server.local_url().to_owned();
-    let stop = Arc::new(AtomicU64::new(0));
-    let outcomes = Arc::new(Outcomes::default());
-    let rt = runtime();
-    let calling = rt.spawn({
-        let (stop, outcomes) = (stop.clone(), outcomes.clone());
-        async move { callers(&url, stop, outcomes).await }
-    });
-    under_load(&outcomes, 1000, "link down");
+    let server = echo_server();
+    let calling = Calling::start(server.local_url(), "link down");
     let down = LinkDown::new();
     std::thread::sleep(BOUND);
     down.up_again(server.local_url());
-    stop.store(1, Ordering::Release);
-    rt.block_on(calling).unwrap();
-    outcomes.report("link down");
-    drop(rt);
+    calling.finish().report("link down");
     server.shutdown(Duration::from_secs(1));
     back_to(&baseline, "link down");
 }

@@ -289,6 +289,16 @@ struct Seen {
     set: HashSet<[u8; 12]>,
 }
 
+impl Peer {
+    /// A peer at `addr` that did not authenticate (a server without authentication).
+    pub fn anonymous(addr: impl Into<String>) -> Peer {
+        Peer {
+            addr: addr.into(),
+            identity: None,
+        }
+    }
+}
+
 /// A server's side of authentication: the authenticator and the replay cache.
 pub struct Checker {
     config: AuthConfig,

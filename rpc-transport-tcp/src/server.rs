@@ -168,10 +168,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     tokio::spawn(authenticate(stream, peer, shared.clone()));
                     continue;
                 }
-                let who = Peer {
-                    addr: format!("tcp://{peer}"),
-                    identity: None,
-                };
+                let who = Peer::anonymous(format!("tcp://{peer}"));
                 if let Err(e) = start_connection(stream, who, &shared) {
                     tracing::warn!(%peer, %e, "could not start a connection");
                 }

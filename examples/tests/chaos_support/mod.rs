@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use rdma_rpc::prelude::*;
-use rdma_rpc::RdmaConfig;
+use rdma_rpc::{RdmaConfig, ServerHandle};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -96,10 +96,7 @@ pub fn usage() -> Usage {
 /// closes them, so that what librdmacm opens once per process (the device's context, `ctx`)
 /// is in the baseline.
 pub fn baseline() -> Usage {
-    let server = common::start_rdma(
-        Server::builder().add_service(EchoServer::new(EchoService)),
-        rdma(),
-    );
+    let server = echo_server();
     let channel = rdma_rpc::connect_blocking(server.local_url()).expect("connects");
     EchoClient::new(channel.clone())
         .echo_blocking(EchoRequest::default())
@@ -118,8 +115,53 @@ pub fn baseline() -> Usage {
     }
 }
 
+/// The echo service over RDMA, in this process, with the chaos' keepalive.
+pub fn echo_server() -> ServerHandle {
+    common::start_rdma(
+        Server::builder().add_service(EchoServer::new(EchoService)),
+        rdma(),
+    )
+}
+
+/// [`CONNECTIONS`] connections calling a server on a runtime of their own (see `callers`).
+pub struct Calling {
+    rt: tokio::runtime::Runtime,
+    task: tokio::task::JoinHandle<()>,
+    stop: Arc<AtomicU64>,
+    outcomes: Arc<Outcomes>,
+}
+
+impl Calling {
+    /// Starts calling `url`; returns once 1,000 calls were answered, having printed the
+    /// resources in use then, as `what`.
+    pub fn start(url: &str, what: &str) -> Calling {
+        let stop = Arc::new(AtomicU64::new(0));
+        let outcomes = Arc::new(Outcomes::default());
+        let rt = runtime();
+        let task = rt.spawn({
+            let (url, stop, outcomes) = (url.to_owned(), stop.clone(), outcomes.clone());
+            async move { callers(&url, stop, outcomes).await }
+        });
+        under_load(&outcomes, 1000, what);
+        Calling {
+            rt,
+            task,
+            stop,
+            outcomes,
+        }
+    }
+
+    /// Stops calling (connections whose calls failed have stopped already), waits for every
+    /// call to end, and returns how they ended.
+    pub fn finish(self) -> Arc<Outcomes> {
+        self.stop.store(1, Ordering::Release);
+        self.rt.block_on(self.task).unwrap();
+        self.outcomes
+    }
+}
+
 /// Waits until `outcomes` counts `calls` answered, and prints the resources in use then.
-pub fn under_load(outcomes: &Outcomes, calls: u64, what: &str) {
+fn under_load(outcomes: &Outcomes, calls: u64, what: &str) {
     while outcomes.ok.load(Ordering::Relaxed) < calls {
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -190,7 +232,7 @@ impl Outcomes {
 
 /// `CONNECTIONS` channels to `url`, each calling until `stop` says so or its connection
 /// fails; every call's end goes to `outcomes`.
-pub async fn callers(url: &str, stop: Arc<AtomicU64>, outcomes: Arc<Outcomes>) {
+async fn callers(url: &str, stop: Arc<AtomicU64>, outcomes: Arc<Outcomes>) {
     let channels: Vec<Channel> = join_all((0..CONNECTIONS).map(|_| {
         rdma_rpc::client()
             .rdma_config(rdma())
@@ -225,7 +267,7 @@ pub async fn callers(url: &str, stop: Arc<AtomicU64>, outcomes: Arc<Outcomes>) {
     join_all(calls).await;
 }
 
-pub fn runtime() -> tokio::runtime::Runtime {
+fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

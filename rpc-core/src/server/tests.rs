@@ -64,16 +64,15 @@ fn server(per_connection: usize, all: usize) -> (Arc<Dispatcher>, Arc<AtomicUsiz
 
 fn connection(dispatcher: &Arc<Dispatcher>) -> (Arc<ConnectionDispatch>, Arc<Answers>) {
     let answers = Arc::new(Answers::default());
-    (
-        ConnectionDispatch::new(
-            dispatcher.clone(),
-            answers.clone(),
-            crate::auth::Peer {
-                addr: "test://peer".into(),
-                identity: None,
-            },
-        ),
-        answers,
+    (dispatch_to(dispatcher, answers.clone()), answers)
+}
+
+/// A connection whose answers go to `sink`.
+fn dispatch_to(dispatcher: &Arc<Dispatcher>, sink: Arc<dyn ReplySink>) -> Arc<ConnectionDispatch> {
+    ConnectionDispatch::new(
+        dispatcher.clone(),
+        sink,
+        crate::auth::Peer::anonymous("test://peer"),
     )
 }
 
@@ -213,14 +212,7 @@ fn replies_waiting_for_credits_park_no_thread() {
         .build()
         .expect("server");
     let sink = Arc::new(NoRoom::default());
-    let conn = ConnectionDispatch::new(
-        dispatcher.clone(),
-        sink.clone(),
-        crate::auth::Peer {
-            addr: "test://peer".into(),
-            identity: None,
-        },
-    );
+    let conn = dispatch_to(&dispatcher, sink.clone());
     let started = Instant::now();
     for call_id in 1..=100 {
         let mut header = Header::new(FrameKind::Request, call_id);

@@ -91,10 +91,9 @@ mod tests {
         assert_eq!(p.b.delivered.len(), 2);
     }
 
-    /// The invalidation's flush and the marker's come in one batch: the close the marker
-    /// brings must not discard the hand-up the invalidation decided.
-    #[test]
-    fn a_body_invalidated_in_the_closing_batch_is_still_handed_up() {
+    /// A large body arrived at B, whose invalidation is posted; then the peer disconnected:
+    /// B's marker is posted and its queue pair in the error state. The body's grant.
+    fn disconnected_with_a_body_to_invalidate() -> (Pair, u32) {
         let mut p = pair();
         p.a.send_large(3 * 4096).unwrap();
         run_until(&mut p, |p| p.b.invalidating_grant().is_some());
@@ -103,6 +102,14 @@ mod tests {
         p.b.absorb();
         assert!(p.b.exec(), "the marker is posted");
         p.b.qp_error();
+        (p, grant)
+    }
+
+    /// The invalidation's flush and the marker's come in one batch: the close the marker
+    /// brings must not discard the hand-up the invalidation decided.
+    #[test]
+    fn a_body_invalidated_in_the_closing_batch_is_still_handed_up() {
+        let (mut p, grant) = disconnected_with_a_body_to_invalidate();
         p.b.conn
             .on_completion_error(WorkId::Invalidate(grant), "flushed");
         p.b.conn.on_completion_error(WorkId::Probe, "flushed");
@@ -117,15 +124,7 @@ mod tests {
 
     #[test]
     fn a_large_body_found_after_the_disconnect_is_handed_up() {
-        let mut p = pair();
-        p.a.send_large(3 * 4096).unwrap();
-        // Up to the body's arrival at B: its invalidation is what B does next.
-        run_until(&mut p, |p| p.b.invalidating_grant().is_some());
-        let grant = p.b.invalidating_grant().expect("the body's grant");
-        p.b.conn.on_peer_disconnected();
-        p.b.absorb();
-        assert!(p.b.exec(), "the marker is posted");
-        p.b.qp_error();
+        let (mut p, grant) = disconnected_with_a_body_to_invalidate();
         // The marker comes back first (it was posted before the invalidation completed).
         p.b.conn.on_completion_error(WorkId::Probe, "flushed");
         assert!(!p.b.conn.is_closed(), "an invalidation is outstanding");

@@ -236,13 +236,7 @@ fn admit(private_data: &[u8], peer: &str, shared: &Shared) -> Result<Admitted, S
         .map_err(|e| Status::invalid_argument(format!("{peer} sent unusable credentials: {e}")))?;
     let (peer, proof) = match &shared.auth {
         Some(checker) => checker.check(peer, hello)?,
-        None => (
-            Peer {
-                addr: peer.to_owned(),
-                identity: None,
-            },
-            None,
-        ),
+        None => (Peer::anonymous(peer), None),
     };
     Ok(Admitted { slot, peer, proof })
 }

@@ -35,7 +35,7 @@ pub(super) struct Keepalive {
     /// tick.
     idle_ms: AtomicU64,
     /// A probe is posted and has not completed.
-    pub(super) probing: AtomicBool,
+    probing: AtomicBool,
 }
 
 /// What a tick finds.
@@ -142,18 +142,19 @@ impl Conn {
             }
             tracing::trace!(peer = %self.peer, "keepalive probe");
             self.post_probe(&mut state);
+            self.run_actions(&mut state);
         }
         self.after_state();
     }
 
-    /// Posts the probe the protocol let go (a keepalive, or a fence for teardown); a probe
-    /// the queue pair refuses closes the connection.
+    /// Posts the probe the protocol let go (a keepalive, a fence for teardown, a drain's
+    /// marker); one the queue pair refuses is reported to the protocol, whose actions the
+    /// caller runs.
     pub(super) fn post_probe(&self, state: &mut State) {
         self.keepalive.probing.store(true, Ordering::Relaxed);
         if let Err(e) = self.res.qp.post_probe(self.res.wr_id(WorkId::Probe)) {
             tracing::warn!(peer = %self.peer, %e, "the queue pair refused a probe");
             state.proto.on_probe_refused();
-            self.run_actions(state);
         }
     }
 }

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::Waker;
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ use rpc_core::frame::InboundFrame;
 use rpc_core::{FrameKind, Header, Status};
 use smallvec::SmallVec;
 
-use crate::protocol::{self, Action, SendError, WorkId};
+use crate::protocol::{self, Action, SendError};
 use crate::transport::config::RdmaConfig;
 use crate::transport::engine::Engine;
 use crate::transport::reaper;
@@ -81,12 +81,6 @@ struct State {
     shared_bufs: Vec<u32>,
     /// The peer disconnected; the connection closes once its completions are drained.
     disconnected: Option<Disconnected>,
-    /// Batches of frames taken from the CQ and not yet handed up (by other threads, after
-    /// they dropped the locks).
-    handing_up: u32,
-    /// A close waits for those batches: the last one to be handed up runs it, so frames
-    /// that arrived before the close reach the upper layer before it hears of the close.
-    close_deferred: bool,
 }
 
 /// Teardown: `Drop` first revokes open grants (windows are deallocated, so nothing the peer
@@ -130,6 +124,13 @@ pub(crate) struct Conn {
     released: Mutex<Vec<(u32, u32)>>,
     /// `released` is not empty.
     has_released: AtomicBool,
+    /// Batches of frames taken from the CQ and not yet handed up (by the threads that took
+    /// them, after dropping the locks). Atomic, not under the state lock: every delivered
+    /// batch counts, and senders contend for that lock.
+    handing_up: AtomicU32,
+    /// A close waits for those batches: whoever sees the count reach zero with this set runs
+    /// it, so frames that arrived before the close reach the upper layer before its news.
+    close_deferred: AtomicBool,
     peer: String,
     /// Longest a sender waits for a slot before the peer is declared stuck.
     stall_limit: Duration,
@@ -195,9 +196,9 @@ impl Conn {
                 large: LargeState::default(),
                 shared_bufs,
                 disconnected: None,
-                handing_up: 0,
-                close_deferred: false,
             })),
+            handing_up: AtomicU32::new(0),
+            close_deferred: AtomicBool::new(false),
             me: me.clone(),
             writable_epoch: AtomicU64::new(0),
             writable_lock: Mutex::new(()),
@@ -317,12 +318,7 @@ impl Conn {
                     Ok(())
                 }
                 Action::PostProbe => {
-                    self.keepalive.probing.store(true, Ordering::Relaxed);
-                    let posted = self.res.qp.post_probe(self.res.wr_id(WorkId::Probe));
-                    if let Err(e) = &posted {
-                        tracing::debug!(peer = %self.peer, %e, "the queue pair refused a probe");
-                        state.proto.on_probe_refused();
-                    }
+                    self.post_probe(state);
                     Ok(())
                 }
                 other => self.run_large_action(state, other),
@@ -387,12 +383,11 @@ impl Conn {
     /// Reports frames the protocol dropped and, if it closed the connection, closes it.
     /// Calls back into the upper layer: never from under its locks.
     pub(crate) fn report_dropped_and_close(&self) {
+        if self.close_waits_for_hand_ups() {
+            return;
+        }
         let (dropped, failed, reason, disconnected) = {
             let mut state = self.state.lock();
-            if state.handing_up > 0 && state.proto.is_closed() {
-                state.close_deferred = true;
-                return;
-            }
             let reason = state.proto.close_reason().map(ToString::to_string);
             let failed = state.large.take_failures();
             let disconnected = state.disconnected.as_ref().map(|d| d.status.clone());
@@ -422,6 +417,19 @@ impl Conn {
             ))),
             (None, _) => {}
         }
+    }
+
+    /// The protocol closed while other threads still hand up frames taken before: the close
+    /// is left to the last of them (see `HandingUp`). True if it was.
+    fn close_waits_for_hand_ups(&self) -> bool {
+        if self.handing_up.load(Ordering::SeqCst) == 0 || !self.state.lock().proto.is_closed() {
+            return false;
+        }
+        self.close_deferred.store(true, Ordering::SeqCst);
+        // The last hand-up may have finished between the load and the store, seeing nothing
+        // deferred: then the close is ours after all (unless it took it meanwhile).
+        !(self.handing_up.load(Ordering::SeqCst) == 0
+            && self.close_deferred.swap(false, Ordering::SeqCst))
     }
 
     fn sink(&self) -> Option<Arc<dyn FrameSink>> {

@@ -67,7 +67,7 @@ impl Conn {
         );
         if !received.is_empty() {
             // Handed up by `hand_up`, which counts it back.
-            state.handing_up += 1;
+            self.handing_up.fetch_add(1, Ordering::SeqCst);
         }
         received
     }
@@ -361,12 +361,8 @@ struct HandingUp<'a>(&'a Arc<Conn>);
 
 impl Drop for HandingUp<'_> {
     fn drop(&mut self) {
-        let close = {
-            let mut state = self.0.state.lock();
-            state.handing_up -= 1;
-            state.handing_up == 0 && std::mem::take(&mut state.close_deferred)
-        };
-        if close {
+        let last = self.0.handing_up.fetch_sub(1, Ordering::SeqCst) == 1;
+        if last && self.0.close_deferred.swap(false, Ordering::SeqCst) {
             self.0.report_dropped_and_close();
         }
     }

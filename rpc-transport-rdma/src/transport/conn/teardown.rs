@@ -46,6 +46,7 @@ impl Conn {
             }
             tracing::trace!(peer = %self.peer, "fence probe before disconnecting");
             self.post_probe(&mut state);
+            self.run_actions(&mut state);
         }
         self.after_state();
         false
