@@ -78,13 +78,12 @@ impl ClientTransport for Loopback {
         let bytes = encode(frame);
         let header_len = header.encoded_len();
         let metadata_end = header_len + header.metadata_len as usize;
-        let call = ServerCall {
-            metadata: MetadataMap::decode_from(&bytes[header_len..metadata_end])
+        let call = ServerCall::new(
+            MetadataMap::decode_from(&bytes[header_len..metadata_end])
                 .map_err(|e| Status::internal(e.to_string()))?,
-            payload: bytes.slice(metadata_end..),
-            timeout: None,
-            peer: None,
-        };
+            bytes.slice(metadata_end..),
+            None,
+        );
         let reply = self.service.call(header.method_id, call);
         let calls = Arc::clone(&self.calls);
         std::thread::spawn(move || {
@@ -216,12 +215,7 @@ fn server_describes_its_methods() {
 #[test]
 fn server_rejects_unknown_method_ids() {
     let server = EchoServer::from_arc(Arc::new(EchoImpl)).clone();
-    let call = ServerCall {
-        metadata: MetadataMap::new(),
-        payload: Bytes::new(),
-        timeout: None,
-        peer: None,
-    };
+    let call = ServerCall::new(MetadataMap::new(), Bytes::new(), None);
     let status = futures::executor::block_on(server.call(0xdead_beef, call)).unwrap_err();
     assert_eq!(status.code(), Code::Unimplemented);
     assert_eq!(
@@ -234,23 +228,17 @@ fn server_rejects_unknown_method_ids() {
 fn server_decodes_requests_and_encodes_replies() {
     use prost::Message as _;
     let server = EchoServer::new(EchoImpl);
-    let call = ServerCall {
-        metadata: MetadataMap::new(),
-        payload: Bytes::from(request("direct").encode_to_vec()),
-        timeout: None,
-        peer: None,
-    };
+    let call = ServerCall::new(
+        MetadataMap::new(),
+        Bytes::from(request("direct").encode_to_vec()),
+        None,
+    );
     let reply = futures::executor::block_on(server.call(echo_server::ECHO.id, call)).unwrap();
     let mut buf = vec![0; reply.body.encoded_len()];
     reply.body.encode_into(&mut buf);
     assert_eq!(EchoReply::decode(&buf[..]).unwrap().message, "direct");
 
-    let garbage = ServerCall {
-        metadata: MetadataMap::new(),
-        payload: Bytes::from_static(&[0xff, 0xff]),
-        timeout: None,
-        peer: None,
-    };
+    let garbage = ServerCall::new(MetadataMap::new(), Bytes::from_static(&[0xff, 0xff]), None);
     let status =
         futures::executor::block_on(server.call(echo_server::ECHO.id, garbage)).unwrap_err();
     assert_eq!(status.code(), Code::Internal);

@@ -5,13 +5,16 @@
 
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::thread::Thread;
 
 use parking_lot::Mutex;
 
 use crate::frame::InboundFrame;
+use crate::header::FrameKind;
 use crate::status::Status;
+use crate::stream::StreamShared;
 
 type CallResult = Result<InboundFrame, Status>;
 
@@ -29,6 +32,9 @@ struct Slot {
 struct Inner {
     /// Ids are ours and sequential, so a fast non-keyed hash is safe here.
     calls: FxHashMap<u64, Slot>,
+    /// Streaming calls, from their start until their `Streaming` is done with them; their
+    /// frames after the headers go here.
+    streams: FxHashMap<u64, Arc<StreamShared>>,
     closed: Option<Status>,
 }
 
@@ -59,6 +65,7 @@ impl CallTable {
             next_id: AtomicU64::new(1),
             inner: Mutex::new(Inner {
                 calls: FxHashMap::default(),
+                streams: FxHashMap::default(),
                 closed: None,
             }),
         }
@@ -81,11 +88,56 @@ impl CallTable {
         Ok(id)
     }
 
+    /// Attaches the stream of streaming call `id` (registered), which from now on receives
+    /// the call's stream frames and fails with the call.
+    pub(crate) fn attach_stream(&self, id: u64, stream: Arc<StreamShared>) {
+        self.inner.lock().streams.insert(id, stream);
+    }
+
+    /// Forgets the stream of call `id`: frames for it are dropped from now on.
+    pub(crate) fn detach_stream(&self, id: u64) {
+        // Dropped after the lock: it may hold views into transport memory.
+        let stream = self.inner.lock().streams.remove(&id);
+        drop(stream);
+    }
+
+    /// Feeds a stream frame ([`crate::stream::is_stream_frame`]) to its call. Frames for
+    /// calls that ended are dropped; a frame that breaks the stream's rules fails the call.
+    pub fn on_stream_frame(&self, frame: InboundFrame) {
+        let id = frame.header.call_id;
+        let (stream, awaiting_headers) = {
+            let inner = self.inner.lock();
+            let Some(stream) = inner.streams.get(&id) else {
+                return tracing::debug!(call_id = id, kind = ?frame.header.kind, "stream frame for no open stream");
+            };
+            (stream.clone(), inner.calls.contains_key(&id))
+        };
+        if frame.header.kind == FrameKind::Trailers && awaiting_headers {
+            // Trailers before the headers: the call ends with their status.
+            let status = match frame.header.status {
+                crate::Code::Ok => {
+                    Status::internal("the server ended the stream before sending its headers")
+                }
+                code => Status::new(code, String::from_utf8_lossy(&frame.payload).into_owned()),
+            };
+            self.complete(id, Err(status));
+            return;
+        }
+        let fed = stream.on_frame(frame);
+        if let Err(status) = fed {
+            self.complete(id, Err(status));
+        }
+    }
+
     /// Completes call `id`. Returns false if the call is unknown (cancelled, timed out, or a
-    /// peer answering a call never made) or already complete.
+    /// peer answering a call never made) or already complete. An error also fails the call's
+    /// stream, if it has one.
     pub fn complete(&self, id: u64, result: CallResult) -> bool {
         let waiter = {
             let mut inner = self.inner.lock();
+            if let (Err(status), Some(stream)) = (&result, inner.streams.get(&id)) {
+                stream.fail(status.clone());
+            }
             let Some(slot) = inner.calls.get_mut(&id) else {
                 return false;
             };
@@ -165,7 +217,7 @@ impl CallTable {
             if inner.closed.is_none() {
                 inner.closed = Some(status.clone());
             }
-            inner
+            let waiters = inner
                 .calls
                 .values_mut()
                 .filter(|slot| slot.result.is_none())
@@ -173,7 +225,11 @@ impl CallTable {
                     slot.result = Some(Err(status.clone()));
                     std::mem::replace(&mut slot.waiter, Waiter::None)
                 })
-                .collect()
+                .collect();
+            for stream in inner.streams.values() {
+                stream.fail(status.clone());
+            }
+            waiters
         };
         waiters.into_iter().for_each(wake);
     }

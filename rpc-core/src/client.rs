@@ -15,6 +15,7 @@ use crate::header::{FrameKind, Header};
 use crate::message::{Request, Response};
 use crate::metadata::MetadataMap;
 use crate::status::{Code, Status};
+use crate::stream::{Window, DEFAULT_STREAM_WINDOW};
 use crate::timer::{DeadlineTimer, TimerKey};
 
 /// Default limit on encoded request and response sizes (the gRPC default).
@@ -100,6 +101,10 @@ pub struct ChannelConfig {
     pub max_message_size: usize,
     /// Time budget for calls that set none.
     pub default_timeout: Option<Duration>,
+    /// What a server may send on one stream before this client reads it (never less than
+    /// [`crate::stream::INITIAL_WINDOW`]): per stream, at most `bytes` plus
+    /// `max_message_size` are buffered.
+    pub stream_window: Window,
 }
 
 impl Default for ChannelConfig {
@@ -107,6 +112,7 @@ impl Default for ChannelConfig {
         ChannelConfig {
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             default_timeout: None,
+            stream_window: DEFAULT_STREAM_WINDOW,
         }
     }
 }
@@ -165,6 +171,16 @@ impl Channel {
     /// Calls still in flight.
     pub fn in_flight(&self) -> usize {
         self.inner.calls.in_flight()
+    }
+
+    /// The table the transport completes this channel's calls in.
+    pub(crate) fn calls(&self) -> &Arc<CallTable> {
+        &self.inner.calls
+    }
+
+    /// The connection.
+    pub(crate) fn transport(&self) -> &Arc<dyn ClientTransport> {
+        &self.inner.transport
     }
 
     /// Calls `method_id` (see [`crate::method_id`]) with `request` and awaits the response.
@@ -229,11 +245,19 @@ impl Channel {
                 limit as u64,
             ));
         }
-        request
-            .metadata()
-            .checked_encoded_len()
-            .map_err(Status::from)?;
-        let timeout = request.timeout().or(self.inner.config.default_timeout);
+        self.register_call(method_id, request.metadata(), request.timeout())
+    }
+
+    /// Registers a call of `method_id` with `metadata` and the time budget `timeout` (or
+    /// the channel's default) and returns it with the header of its request frame.
+    pub(crate) fn register_call(
+        &self,
+        method_id: u32,
+        metadata: &MetadataMap,
+        timeout: Option<Duration>,
+    ) -> Result<(PendingCall, Header), Status> {
+        metadata.checked_encoded_len().map_err(Status::from)?;
+        let timeout = timeout.or(self.inner.config.default_timeout);
         // A budget too large to add to the clock is no deadline at all.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
 
@@ -264,7 +288,9 @@ fn request_frame<'a, Req: Message>(
         .map_err(|e| Status::resource_exhausted(e.to_string()))
 }
 
-fn decode_response<Resp: Message + Default>(frame: InboundFrame) -> Result<Response<Resp>, Status> {
+pub(crate) fn decode_response<Resp: Message + Default>(
+    frame: InboundFrame,
+) -> Result<Response<Resp>, Status> {
     let status = frame.header.status;
     if status != Code::Ok {
         return Err(Status::new(
@@ -282,10 +308,10 @@ fn decode_response<Resp: Message + Default>(frame: InboundFrame) -> Result<Respo
 
 /// A call registered in the table; once sent, resolves to the response frame. Dropping it
 /// after its request was sent and before completion cancels the call at the server.
-struct PendingCall {
+pub(crate) struct PendingCall {
     channel: Channel,
-    id: u64,
-    deadline: Option<Instant>,
+    pub(crate) id: u64,
+    pub(crate) deadline: Option<Instant>,
     timer: Option<TimerKey>,
     /// The request went to the transport: the server may be running the call.
     sent: bool,
@@ -297,7 +323,7 @@ struct PendingCall {
 impl PendingCall {
     /// Records the outcome of sending the request; a request never sent leaves nothing to
     /// cancel at the server.
-    fn sent(&mut self, sent: Result<(), Status>) -> Result<(), Status> {
+    pub(crate) fn sent(&mut self, sent: Result<(), Status>) -> Result<(), Status> {
         match sent {
             Ok(()) => {
                 self.sent = true;
@@ -309,7 +335,7 @@ impl PendingCall {
 
     /// Sends the request from an async task, waiting (`Pending`) while the transport has no
     /// room. A call that ends meanwhile (its deadline, the connection closing) ends the wait.
-    fn poll_send(
+    pub(crate) fn poll_send(
         &mut self,
         cx: &mut Context<'_>,
         frame: &mut OutgoingFrame<'_>,
@@ -370,7 +396,7 @@ impl PendingCall {
         }
     }
 
-    fn wait_blocking(mut self) -> Result<InboundFrame, Status> {
+    pub(crate) fn wait_blocking(mut self) -> Result<InboundFrame, Status> {
         let result = self.wait_result();
         self.finish(result)
     }

@@ -20,21 +20,24 @@ mod message;
 mod metadata;
 pub mod server;
 mod status;
+pub mod stream;
 mod timer;
 
 pub use call_table::CallTable;
 pub use client::{Channel, ChannelConfig, ClientTransport, Drive};
 pub use error::{Error, HeaderError};
 pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};
-pub use message::{method_id, IntoRequest, Request, Response};
+pub use message::{method_id, IntoRequest, IntoStreamingRequest, Request, Response};
 pub use metadata::{MetadataMap, MAX_METADATA_LEN};
 pub use server::{Server, ServerBuilder};
 pub use status::{Code, Status};
+pub use stream::Streaming;
 
 /// Re-exports used by generated code; not part of the public API.
 #[doc(hidden)]
 pub mod __codegen {
     pub use futures::future::BoxFuture;
+    pub use futures::Stream;
     pub use prost;
 }
 

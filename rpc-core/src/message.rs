@@ -60,6 +60,21 @@ impl<T> Request<T> {
         self.message
     }
 
+    /// Splits into metadata, message and time budget.
+    pub fn into_parts(self) -> (MetadataMap, T, Option<Duration>) {
+        (self.metadata, self.message, self.timeout)
+    }
+
+    /// The same request around another message (the peer goes along).
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Request<U> {
+        Request {
+            metadata: self.metadata,
+            message: f(self.message),
+            timeout: self.timeout,
+            peer: self.peer,
+        }
+    }
+
     /// Request metadata.
     pub fn metadata(&self) -> &MetadataMap {
         &self.metadata
@@ -187,6 +202,39 @@ impl<T> IntoRequest<T> for T {
 
 impl<T> IntoRequest<T> for Request<T> {
     fn into_request(self) -> Request<T> {
+        self
+    }
+}
+
+/// Anything a client stub accepts as the request of a client- or bidirectional-streaming
+/// call: a `Stream` of messages, or a [`Request`] around one (as tonic's).
+pub trait IntoStreamingRequest {
+    /// The stream of messages.
+    type Stream: futures::Stream<Item = Self::Message> + Send + 'static;
+    /// The message type.
+    type Message;
+    /// Wraps or passes through.
+    fn into_streaming_request(self) -> Request<Self::Stream>;
+}
+
+impl<S> IntoStreamingRequest for S
+where
+    S: futures::Stream + Send + 'static,
+{
+    type Stream = S;
+    type Message = S::Item;
+    fn into_streaming_request(self) -> Request<S> {
+        Request::new(self)
+    }
+}
+
+impl<S> IntoStreamingRequest for Request<S>
+where
+    S: futures::Stream + Send + 'static,
+{
+    type Stream = S;
+    type Message = S::Item;
+    fn into_streaming_request(self) -> Request<S> {
         self
     }
 }

@@ -33,8 +33,10 @@ pub struct MetadataMap {
 
 impl MetadataMap {
     /// An empty map.
-    pub fn new() -> Self {
-        Self::default()
+    pub const fn new() -> Self {
+        MetadataMap {
+            entries: Vec::new(),
+        }
     }
 
     /// Appends `key` → `value`. Fails if the key is not a valid metadata key.

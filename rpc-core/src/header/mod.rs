@@ -10,7 +10,8 @@
 //! | 4      | 2    | flags          | [`Flags`], plus the form bit `COMPACT` (bit 2)            |
 //! | 6      | 2    | status         | gRPC status code (responses only)                         |
 //! | 8      | 8    | call_id        | chosen by the client, unique per connection               |
-//! | 16     | 4    | method_id      | [`crate::method_id`] of `/package.Service/Method`         |
+//! | 16     | 4    | method_id      | [`crate::method_id`] of `/package.Service/Method`; the    |
+//! |        |      |                | sequence number on stream frames ([`Header::seq`])        |
 //! | 20     | 4    | metadata_len   | bytes of metadata following the header                    |
 //! | 24     | 4    | payload_len    | bytes of payload following the metadata                   |
 //! | 28     | 4    | credits        | receive slots granted to the peer (RDMA; 0 on TCP)        |
@@ -61,6 +62,18 @@ pub enum FrameKind {
     /// refuses with a non-OK status, no buffer, and the receiver's limit (0: not said) as
     /// the descriptor's length (RDMA rendezvous).
     LargeGrant = 6,
+    /// One message of a streaming call, in either direction; its payload is the encoded
+    /// message and [`Header::seq`] its place in the stream (from 1).
+    Message = 7,
+    /// The client sends no more messages on this streaming call; [`Header::seq`] is one past
+    /// its last message.
+    HalfClose = 8,
+    /// The server ends a streaming call: the status, trailing metadata, and the status
+    /// message as payload; [`Header::seq`] is one past its last message.
+    Trailers = 9,
+    /// Returns room in a stream's flow-control window to the peer: the payload is
+    /// [`crate::stream::WindowUpdate`] (messages and bytes consumed).
+    WindowUpdate = 10,
 }
 
 impl FrameKind {
@@ -72,6 +85,10 @@ impl FrameKind {
             4 => Self::CreditOnly,
             5 => Self::LargeRequest,
             6 => Self::LargeGrant,
+            7 => Self::Message,
+            8 => Self::HalfClose,
+            9 => Self::Trailers,
+            10 => Self::WindowUpdate,
             other => return Err(HeaderError::UnknownKind(other)),
         })
     }
@@ -92,7 +109,11 @@ impl Flags {
     /// The descriptor of a request advertises a registered buffer the server may WRITE the
     /// response body into (sparing the rendezvous). RDMA only.
     pub const RESPONSE_BUFFER: Flags = Flags(1 << 1);
-    const KNOWN: u16 = Self::LARGE_PAYLOAD.0 | Self::RESPONSE_BUFFER.0;
+    /// On a request: the call is streaming (its messages follow as [`FrameKind::Message`]
+    /// frames, the request itself carries metadata only). On a response: the headers of a
+    /// streaming response (status OK, metadata, no message).
+    pub const STREAM: Flags = Flags(1 << 3);
+    const KNOWN: u16 = Self::LARGE_PAYLOAD.0 | Self::RESPONSE_BUFFER.0 | Self::STREAM.0;
 
     /// Raw bits.
     pub const fn bits(self) -> u16 {
@@ -152,7 +173,8 @@ pub struct Header {
     pub status: Code,
     /// Call the frame belongs to (0 for [`FrameKind::CreditOnly`]).
     pub call_id: u64,
-    /// Method being called (requests only; 0 elsewhere is accepted and ignored).
+    /// Method being called (requests, echoed in responses); on stream frames the sequence
+    /// number ([`Header::seq`]); 0 elsewhere, accepted and ignored.
     pub method_id: u32,
     /// Length of the encoded metadata that follows the header.
     pub metadata_len: u32,
@@ -188,6 +210,21 @@ impl Header {
         }
     }
 
+    /// The place of a stream frame ([`FrameKind::Message`], [`FrameKind::HalfClose`],
+    /// [`FrameKind::Trailers`], and the rendezvous frames of a large message) in its
+    /// direction of the call: messages count from 1; 0 is the call's opening frame. It
+    /// travels in the `method_id` field, which stream frames do not need.
+    pub const fn seq(&self) -> u32 {
+        self.method_id
+    }
+
+    /// A stream frame of `kind` for `call_id` at `seq`.
+    pub const fn stream(kind: FrameKind, call_id: u64, seq: u32) -> Self {
+        let mut header = Header::new(kind, call_id);
+        header.method_id = seq;
+        header
+    }
+
     /// Bytes that follow the header in the same frame: metadata plus payload, or nothing
     /// when [`Flags::LARGE_PAYLOAD`] says the body was placed by RDMA WRITE.
     pub fn body_len(&self) -> u64 {
@@ -206,14 +243,14 @@ impl Header {
     /// Whether the frame uses RDMA-only features (rendezvous kinds, placed bodies, response
     /// buffers), which a byte-stream transport must refuse.
     pub fn is_rdma_only(&self) -> bool {
-        self.flags.bits() != 0
+        self.flags.without(Flags::STREAM) != Flags::NONE
             || matches!(self.kind, FrameKind::LargeRequest | FrameKind::LargeGrant)
     }
 
     /// Whether this header travels in the compact form: nothing in the 32 bytes it omits.
     pub fn is_compact(&self) -> bool {
         self.timeout_us == 0
-            && self.flags == Flags::NONE
+            && self.flags.without(Flags::STREAM) == Flags::NONE
             && self.remote.is_empty_descriptor()
             && !matches!(self.kind, FrameKind::LargeRequest | FrameKind::LargeGrant)
     }
@@ -361,20 +398,42 @@ impl Header {
     /// trip through the wire form.
     pub fn validate(&self) -> Result<(), HeaderError> {
         let kind = self.kind;
-        let status_allowed = matches!(kind, FrameKind::Response | FrameKind::LargeGrant);
+        let status_allowed = matches!(
+            kind,
+            FrameKind::Response | FrameKind::LargeGrant | FrameKind::Trailers
+        );
         if self.status != Code::Ok && !status_allowed {
             return Err(HeaderError::StatusOnNonResponse { kind });
         }
-        let carries_body = matches!(kind, FrameKind::Request | FrameKind::Response);
-        if !carries_body && self.message_len() != 0 {
+        let carries_metadata = matches!(
+            kind,
+            FrameKind::Request | FrameKind::Response | FrameKind::Trailers
+        );
+        let carries_payload =
+            carries_metadata || matches!(kind, FrameKind::Message | FrameKind::WindowUpdate);
+        if (!carries_metadata && self.metadata_len != 0)
+            || (!carries_payload && self.payload_len != 0)
+        {
             return Err(HeaderError::UnexpectedBody { kind });
         }
         let allowed_flags = match kind {
-            FrameKind::Request => Flags::LARGE_PAYLOAD.with(Flags::RESPONSE_BUFFER),
-            FrameKind::Response => Flags::LARGE_PAYLOAD,
+            FrameKind::Request => Flags::LARGE_PAYLOAD
+                .with(Flags::RESPONSE_BUFFER)
+                .with(Flags::STREAM),
+            FrameKind::Response => Flags::LARGE_PAYLOAD.with(Flags::STREAM),
+            FrameKind::Message => Flags::LARGE_PAYLOAD,
             _ => Flags::NONE,
         };
-        if self.flags.bits() & !allowed_flags.bits() != 0 {
+        let stream_rules = if self.flags.contains(Flags::STREAM) {
+            // A streaming request advertises no response buffer (its answers are
+            // messages), and stream headers carry no message and no error.
+            self.flags.contains(Flags::RESPONSE_BUFFER)
+                || self.payload_len != 0
+                || self.status != Code::Ok
+        } else {
+            false
+        };
+        if self.flags.bits() & !allowed_flags.bits() != 0 || stream_rules {
             return Err(HeaderError::FlagsNotAllowed {
                 kind,
                 flags: self.flags.bits(),

@@ -18,13 +18,16 @@ use crate::auth::{AuthConfig, Peer};
 use crate::body::RawBody;
 use crate::error::Error;
 use crate::frame::{InboundFrame, OutgoingFrame};
-use crate::header::{FrameKind, Header};
+use crate::header::{Flags, FrameKind, Header};
 use crate::metadata::MetadataMap;
 use crate::server::calls::Calls;
 use crate::server::in_flight::InFlight;
 use crate::server::router::Router;
-use crate::server::service::{ServerCall, ServerReply};
+use crate::server::service::{InboundStream, ServerCall, ServerReply};
+use crate::server::stream_reply::StreamReply;
 use crate::status::{Code, Status};
+use crate::stream::Outgoing;
+use crate::stream::{is_stream_frame, Link, StreamShared, Window, DEFAULT_STREAM_WINDOW};
 
 /// Longest status message sent on the wire; longer ones are cut at a char boundary.
 const MAX_STATUS_MESSAGE: usize = 4096;
@@ -49,6 +52,10 @@ pub struct ServerConfig {
     pub max_calls: usize,
     /// Who may connect ([`crate::auth`]); `None`: anyone who reaches the port.
     pub auth: Option<AuthConfig>,
+    /// What a client may send on one stream before its handler reads it (never less than
+    /// [`crate::stream::INITIAL_WINDOW`]): per stream, at most `bytes` plus
+    /// `max_message_size` are buffered.
+    pub stream_window: Window,
 }
 
 /// Calls one connection may have in progress, unless [`ServerConfig::max_calls_per_connection`]
@@ -66,6 +73,7 @@ impl Default for ServerConfig {
             max_calls_per_connection: DEFAULT_MAX_CALLS_PER_CONNECTION,
             max_calls: DEFAULT_MAX_CALLS,
             auth: None,
+            stream_window: DEFAULT_STREAM_WINDOW,
         }
     }
 }
@@ -88,7 +96,7 @@ pub trait ReplySink: Send + Sync + 'static {
 }
 
 /// What a call is answered with.
-enum Answer {
+pub(crate) enum Answer {
     /// The handler's reply.
     Reply(ServerReply),
     /// A status: the handler's error, or why its reply could not go.
@@ -220,6 +228,9 @@ pub struct ConnectionDispatch {
     peer: Arc<Peer>,
     sink: Arc<dyn ReplySink>,
     running: Mutex<Calls>,
+    /// Streaming calls running, for their stream frames (keyed by peer-chosen ids: std's
+    /// keyed hasher).
+    streams: Mutex<std::collections::HashMap<u64, Arc<StreamShared>>>,
     /// Spawned handler runs and answers of this connection not finished yet.
     in_progress: AtomicUsize,
     /// New requests are refused (the server is shutting down); running ones finish.
@@ -244,10 +255,16 @@ impl ConnectionDispatch {
             peer: Arc::new(peer),
             sink,
             running: Mutex::new(Calls::default()),
+            streams: Mutex::new(std::collections::HashMap::new()),
             in_progress: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         })
+    }
+
+    /// Where this connection's frames go.
+    pub(crate) fn sink(&self) -> &Arc<dyn ReplySink> {
+        &self.sink
     }
 
     /// The server's settings (transports read the message size limit here).
@@ -260,7 +277,26 @@ impl ConnectionDispatch {
         match frame.header.kind {
             FrameKind::Request => self.on_request(frame),
             FrameKind::Cancel => self.running.lock().cancel(frame.header.call_id),
+            kind if is_stream_frame(kind) => self.on_stream_frame(frame),
             kind => tracing::debug!(?kind, "ignoring a frame kind servers do not act on"),
+        }
+    }
+
+    /// Feeds a frame of a running streaming call to its stream. Frames of calls that ended
+    /// (or were never started) are dropped; one that breaks the stream's rules fails the
+    /// stream, and the call ends with that status.
+    fn on_stream_frame(&self, frame: InboundFrame) {
+        let call_id = frame.header.call_id;
+        let stream = self.streams.lock().get(&call_id).cloned();
+        match stream {
+            Some(stream) => {
+                if let Err(status) = stream.on_frame(frame) {
+                    tracing::debug!(call_id, %status, "stream failed");
+                }
+            }
+            None => {
+                tracing::debug!(call_id, kind = ?frame.header.kind, "stream frame for no running call")
+            }
         }
     }
 
@@ -374,15 +410,33 @@ impl ConnectionDispatch {
             }
         };
         let timeout = (header.timeout_us > 0).then(|| Duration::from_micros(header.timeout_us));
+        let streaming = header.flags.contains(Flags::STREAM);
+        let stream = streaming.then(|| {
+            let shared = Arc::new(StreamShared::new(dispatcher.config.stream_window, limit));
+            self.streams.lock().insert(call_id, shared.clone());
+            InboundStream {
+                shared,
+                link: Link::Server(self.sink.clone()),
+                call_id,
+            }
+        });
+        let outgoing = stream
+            .as_ref()
+            .map(|s| Outgoing::new(s.shared.clone(), s.link.clone(), call_id, limit));
         let call = ServerCall {
             metadata,
             payload: frame.payload,
             timeout,
             peer: Some(self.peer.clone()),
+            stream,
         };
         let mut handler = route.service.call(header.method_id, call);
         let path = route.path;
         let panicked = move || Err(Status::internal(format!("{path} panicked")));
+
+        if let Some(out) = outgoing {
+            return self.spawn_stream(call_id, method_id, path, timeout, handler, out);
+        }
 
         if dispatcher.config.inline_handlers {
             // The fast path: poll the handler once right here. One that finishes without
@@ -435,6 +489,42 @@ impl ConnectionDispatch {
         dispatcher.runtime.handle().spawn(task);
     }
 
+    /// Runs a streaming call on the runtime: the handler, then its messages, then the
+    /// trailers, all within the call's deadline.
+    fn spawn_stream(
+        self: &Arc<Self>,
+        call_id: u64,
+        method_id: u32,
+        path: &'static str,
+        timeout: Option<Duration>,
+        handler: futures::future::BoxFuture<'static, Result<ServerReply, Status>>,
+        out: Outgoing,
+    ) {
+        let handler = AssertUnwindSafe(handler)
+            .catch_unwind()
+            .map(move |outcome| {
+                outcome.unwrap_or_else(|_| Err(Status::internal(format!("{path} panicked"))))
+            });
+        let guard = self.enter();
+        let conn = self.clone();
+        let run = async move {
+            let mut out = out;
+            let mut sender = StreamReply::new(&conn, &mut out);
+            let reply = sender.run(handler, timeout, path).await;
+            sender.finish(method_id, reply).await;
+            drop(guard);
+        };
+        let (abort, registration) = AbortHandle::new_pair();
+        let conn = self.clone();
+        let task = Abortable::new(run, registration).map(move |_| {
+            conn.running.lock().finish(call_id);
+            let stream = conn.streams.lock().remove(&call_id);
+            drop(stream);
+        });
+        self.running.lock().start(call_id, abort);
+        self.dispatcher.runtime.handle().spawn(task);
+    }
+
     /// Answers `call_id` from the thread that received its request: sends the answer at
     /// once if the transport has room, else finishes on the runtime, so the receive path
     /// never blocks on a peer that does not hand back credits.
@@ -461,7 +551,7 @@ impl ConnectionDispatch {
     /// from it). A reply that cannot go (too large, bad metadata, more than the transport
     /// carries) turns into a status naming the reason. `Pending` while the transport has no
     /// room; each poll starts the frame over.
-    fn poll_answer(
+    pub(crate) fn poll_answer(
         &self,
         cx: &mut Context<'_>,
         call_id: u64,
@@ -548,7 +638,7 @@ impl ConnectionDispatch {
             .map_err(|e| Status::internal(format!("response {e}")))
     }
 
-    fn send_status(self: &Arc<Self>, call_id: u64, status: &Status) {
+    pub(crate) fn send_status(self: &Arc<Self>, call_id: u64, status: &Status) {
         self.answer(call_id, 0, Answer::Status(status.clone()));
     }
 
@@ -564,6 +654,11 @@ impl ConnectionDispatch {
             tracing::debug!(call_id, "no room for the refusal; dropped");
         }
     }
+}
+
+/// The message of `status` as it goes on the wire: cut to [`MAX_STATUS_MESSAGE`] bytes.
+pub(crate) fn status_message(status: &Status) -> &str {
+    truncate_at_char(status.message(), MAX_STATUS_MESSAGE)
 }
 
 fn truncate_at_char(s: &str, max: usize) -> &str {

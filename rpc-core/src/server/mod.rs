@@ -15,16 +15,21 @@ mod dispatch;
 mod in_flight;
 mod router;
 mod service;
+mod stream_reply;
 #[cfg(test)]
 mod tests;
 
 use std::sync::Arc;
 
+pub(crate) use dispatch::status_message;
 pub use dispatch::{
     ConnectionDispatch, Dispatcher, ReplySink, ServerConfig, DEFAULT_MAX_CALLS,
     DEFAULT_MAX_CALLS_PER_CONNECTION,
 };
-pub use service::{unary, MethodDescriptor, ServerCall, ServerReply, Service};
+pub use service::{
+    client_streaming, server_streaming, streaming, unary, MethodDescriptor, ServerCall,
+    ServerReply, Service,
+};
 
 use crate::error::Error;
 use router::Router;

@@ -8,10 +8,11 @@ use futures::future::BoxFuture;
 use prost::Message;
 
 use crate::auth::Peer;
-use crate::body::EncodeBody;
+use crate::body::{EmptyBody, EncodeBody};
 use crate::message::{Request, Response};
 use crate::metadata::MetadataMap;
 use crate::status::Status;
+use crate::stream::{Link, MessageStream, StreamShared, Streaming, TypedMessages};
 
 /// A method a service serves: its path and the id derived from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,11 +44,65 @@ pub struct ServerCall {
     pub timeout: Option<Duration>,
     /// Who sent it (`None` outside a server, in tests).
     pub peer: Option<Arc<Peer>>,
+    /// The request messages of a streaming call (which carries no `payload`).
+    pub(crate) stream: Option<InboundStream>,
+}
+
+/// The client's side of a streaming call, as the dispatcher opened it.
+#[derive(Debug)]
+pub(crate) struct InboundStream {
+    pub(crate) shared: Arc<StreamShared>,
+    pub(crate) link: Link,
+    pub(crate) call_id: u64,
 }
 
 impl ServerCall {
+    /// A unary call: `payload` is the encoded request message.
+    pub fn new(metadata: MetadataMap, payload: Bytes, timeout: Option<Duration>) -> Self {
+        ServerCall {
+            metadata,
+            payload,
+            timeout,
+            peer: None,
+            stream: None,
+        }
+    }
+
+    /// Whether the client opened the call as a stream.
+    pub fn is_streaming(&self) -> bool {
+        self.stream.is_some()
+    }
+
+    /// The request of a client- or bidirectional-streaming call: its messages as a
+    /// [`Streaming`].
+    pub fn into_streaming<M>(self) -> Result<Request<Streaming<M>>, Status> {
+        let Some(inbound) = self.stream else {
+            return Err(Status::unimplemented(
+                "this method streams its requests, but the call is unary",
+            ));
+        };
+        let stream = Streaming::new(inbound.shared, inbound.link, inbound.call_id, None);
+        let mut request = Request::from_parts(self.metadata, stream, self.timeout);
+        request.peer = self.peer;
+        Ok(request)
+    }
+
+    /// The single request message of a server-streaming call.
+    pub async fn into_single<M: Message + Default>(self) -> Result<Request<M>, Status> {
+        let mut request = self.into_streaming::<M>()?;
+        let message = request.get_mut().message().await?.ok_or_else(|| {
+            Status::invalid_argument("the client ended the stream without its request message")
+        })?;
+        Ok(request.map(|_| message))
+    }
+
     /// Decodes the request message.
     pub fn decode<M: Message + Default>(self) -> Result<Request<M>, Status> {
+        if self.stream.is_some() {
+            return Err(Status::unimplemented(
+                "this method takes one request message, but the call is streaming",
+            ));
+        }
         let message = M::decode(self.payload)
             .map_err(|e| Status::internal(format!("failed to decode the request message: {e}")))?;
         let mut request = Request::from_parts(self.metadata, message, self.timeout);
@@ -62,6 +117,33 @@ pub struct ServerReply {
     pub metadata: MetadataMap,
     /// The response message, encoded straight into the transport's buffer.
     pub body: Box<dyn EncodeBody>,
+    /// The messages of a streaming response (whose `body` is empty).
+    pub(crate) messages: Option<Box<dyn MessageStream>>,
+}
+
+impl ServerReply {
+    /// A unary reply.
+    pub fn new(metadata: MetadataMap, body: Box<dyn EncodeBody>) -> Self {
+        ServerReply {
+            metadata,
+            body,
+            messages: None,
+        }
+    }
+
+    /// A streaming reply: `metadata` goes in the headers, then every message of `stream`.
+    pub fn streaming<S, M>(response: Response<S>) -> Self
+    where
+        S: futures::Stream<Item = Result<M, Status>> + Send + 'static,
+        M: Message + Send + Sync + 'static,
+    {
+        let (metadata, stream) = response.into_parts();
+        ServerReply {
+            metadata,
+            body: Box::new(EmptyBody),
+            messages: Some(Box::new(TypedMessages::new(stream))),
+        }
+    }
 }
 
 impl std::fmt::Debug for ServerReply {
@@ -76,10 +158,7 @@ impl std::fmt::Debug for ServerReply {
 impl<M: Message + 'static> From<Response<M>> for ServerReply {
     fn from(response: Response<M>) -> Self {
         let (metadata, message) = response.into_parts();
-        ServerReply {
-            metadata,
-            body: Box::new(message),
-        }
+        ServerReply::new(metadata, Box::new(message))
     }
 }
 
@@ -110,4 +189,52 @@ where
 {
     let request = call.decode::<Req>()?;
     Ok(handler(request).await?.into())
+}
+
+/// The body of every generated server-streaming method: takes the single request
+/// message, runs `handler` and streams what it returns.
+pub async fn server_streaming<Req, Resp, S, F, Fut>(
+    call: ServerCall,
+    handler: F,
+) -> Result<ServerReply, Status>
+where
+    Req: Message + Default,
+    Resp: Message + Send + Sync + 'static,
+    S: futures::Stream<Item = Result<Resp, Status>> + Send + 'static,
+    F: FnOnce(Request<Req>) -> Fut,
+    Fut: std::future::Future<Output = Result<Response<S>, Status>>,
+{
+    let request = call.into_single::<Req>().await?;
+    Ok(ServerReply::streaming(handler(request).await?))
+}
+
+/// The body of every generated client-streaming method.
+pub async fn client_streaming<Req, Resp, F, Fut>(
+    call: ServerCall,
+    handler: F,
+) -> Result<ServerReply, Status>
+where
+    Req: Message + Default,
+    Resp: Message + 'static,
+    F: FnOnce(Request<Streaming<Req>>) -> Fut,
+    Fut: std::future::Future<Output = Result<Response<Resp>, Status>>,
+{
+    let request = call.into_streaming::<Req>()?;
+    Ok(handler(request).await?.into())
+}
+
+/// The body of every generated bidirectional-streaming method.
+pub async fn streaming<Req, Resp, S, F, Fut>(
+    call: ServerCall,
+    handler: F,
+) -> Result<ServerReply, Status>
+where
+    Req: Message + Default,
+    Resp: Message + Send + Sync + 'static,
+    S: futures::Stream<Item = Result<Resp, Status>> + Send + 'static,
+    F: FnOnce(Request<Streaming<Req>>) -> Fut,
+    Fut: std::future::Future<Output = Result<Response<S>, Status>>,
+{
+    let request = call.into_streaming::<Req>()?;
+    Ok(ServerReply::streaming(handler(request).await?))
 }

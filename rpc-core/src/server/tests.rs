@@ -166,10 +166,10 @@ impl Service for Quick {
 
     fn call(&self, _: u32, _: ServerCall) -> BoxFuture<'static, Result<ServerReply, Status>> {
         Box::pin(async {
-            Ok(ServerReply {
-                metadata: crate::MetadataMap::new(),
-                body: Box::new(crate::body::EmptyBody),
-            })
+            Ok(ServerReply::new(
+                crate::MetadataMap::new(),
+                Box::new(crate::body::EmptyBody),
+            ))
         })
     }
 }

@@ -1,0 +1,144 @@
+//! The server's side of a streaming call once its handler runs: headers, messages within
+//! the client's window, then the trailers, all under the call's deadline.
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::dispatch::{Answer, ConnectionDispatch};
+use super::service::ServerReply;
+use crate::body::{EmptyBody, RawBody};
+use crate::frame::OutgoingFrame;
+use crate::header::{Flags, FrameKind, Header};
+use crate::metadata::MetadataMap;
+use crate::status::Status;
+use crate::stream::{window_update_header, Outgoing};
+
+/// How a streaming call's handler finished.
+pub(crate) enum Finished {
+    /// It answered with one message (client streaming).
+    Unary(ServerReply),
+    /// Its response stream ended.
+    Stream,
+}
+
+/// Runs the reply of one streaming call.
+pub(crate) struct StreamReply<'a> {
+    conn: &'a Arc<ConnectionDispatch>,
+    out: &'a mut Outgoing,
+    /// The headers went out: the call ends with trailers from now on.
+    headers_sent: bool,
+}
+
+impl<'a> StreamReply<'a> {
+    pub(crate) fn new(conn: &'a Arc<ConnectionDispatch>, out: &'a mut Outgoing) -> Self {
+        StreamReply {
+            conn,
+            out,
+            headers_sent: false,
+        }
+    }
+
+    /// Grants the client the configured window, runs the handler and sends its messages,
+    /// all within `timeout`.
+    pub(crate) async fn run(
+        &mut self,
+        handler: impl std::future::Future<Output = Result<ServerReply, Status>>,
+        timeout: Option<Duration>,
+        path: &'static str,
+    ) -> Result<Finished, Status> {
+        self.grant_window().await;
+        let work = self.work(handler);
+        match timeout {
+            Some(t) => tokio::time::timeout(t, work).await.unwrap_or_else(|_| {
+                Err(Status::deadline_exceeded(format!(
+                    "{path} did not finish within its deadline of {t:?}"
+                )))
+            }),
+            None => work.await,
+        }
+    }
+
+    async fn grant_window(&mut self) {
+        let Some(update) = self.out.shared().initial_update() else {
+            return;
+        };
+        let payload = update.encode();
+        let body = RawBody(&payload);
+        let empty = MetadataMap::new();
+        let call_id = self.out.call_id();
+        let sink = self.conn.sink();
+        let sent = poll_fn(|cx| {
+            let header = window_update_header(call_id);
+            match OutgoingFrame::new(header, &empty, &body) {
+                Ok(mut frame) => sink.poll_send(cx, &mut frame),
+                Err(e) => std::task::Poll::Ready(Err(Status::internal(e.to_string()))),
+            }
+        })
+        .await;
+        if let Err(status) = sent {
+            tracing::debug!(call_id, %status, "stream window not granted");
+        }
+    }
+
+    async fn work(
+        &mut self,
+        handler: impl std::future::Future<Output = Result<ServerReply, Status>>,
+    ) -> Result<Finished, Status> {
+        let reply = handler.await?;
+        let Some(mut messages) = reply.messages else {
+            return Ok(Finished::Unary(reply));
+        };
+        reply
+            .metadata
+            .checked_encoded_len()
+            .map_err(|e| Status::internal(format!("response {e}")))?;
+        let mut header = Header::new(FrameKind::Response, self.out.call_id());
+        header.flags = Flags::STREAM;
+        let sink = self.conn.sink();
+        poll_fn(|cx| {
+            let mut frame = OutgoingFrame::new(header, &reply.metadata, &EmptyBody)
+                .map_err(|e| Status::internal(e.to_string()))?;
+            sink.poll_send(cx, &mut frame)
+        })
+        .await?;
+        self.headers_sent = true;
+        loop {
+            // Room first: no message is taken from the handler that could not go.
+            poll_fn(|cx| self.out.shared().poll_send_ready(cx)).await?;
+            match poll_fn(|cx| messages.poll_next_message(cx)).await {
+                None => return Ok(Finished::Stream),
+                Some(Err(status)) => return Err(status),
+                Some(Ok(())) => {
+                    let out = &mut *self.out;
+                    // Held by `&mut`: a handler's stream need not be `Sync`.
+                    let messages = &mut messages;
+                    poll_fn(move |cx| out.poll_send(cx, messages.current())).await?;
+                }
+            }
+        }
+    }
+
+    /// Ends the call: the unary answer, the trailers, or (before the headers) a response
+    /// with the status.
+    pub(crate) async fn finish(self, method_id: u32, result: Result<Finished, Status>) {
+        let call_id = self.out.call_id();
+        let mut answer = match result {
+            Ok(Finished::Unary(reply)) => Answer::Reply(reply),
+            Err(status) if !self.headers_sent => Answer::Status(status),
+            ended => {
+                let status = ended
+                    .err()
+                    .unwrap_or_else(|| Status::new(crate::Code::Ok, ""));
+                let out = &*self.out;
+                let empty = MetadataMap::new();
+                if let Err(e) = poll_fn(|cx| out.poll_trailers(cx, &status, &empty)).await {
+                    tracing::debug!(call_id, %e, "trailers not sent: connection gone");
+                }
+                return;
+            }
+        };
+        let conn = self.conn;
+        poll_fn(|cx| conn.poll_answer(cx, call_id, method_id, &mut answer)).await;
+    }
+}

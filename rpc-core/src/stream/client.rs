@@ -1,0 +1,387 @@
+//! Streaming calls on a [`Channel`]: server, client and bidirectional streams.
+
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::{FutureExt, Stream, StreamExt};
+use prost::Message;
+
+use super::send::Outgoing;
+use super::streaming::OnDrop;
+use super::{window_update_header, Link, StreamShared, Streaming};
+use crate::body::RawBody;
+use crate::client::{decode_response, Channel, PendingCall};
+use crate::frame::{InboundFrame, OutgoingFrame};
+use crate::header::{Flags, FrameKind, Header};
+use crate::message::{Request, Response};
+use crate::metadata::MetadataMap;
+use crate::status::Status;
+use crate::timer::{DeadlineTimer, TimerKey};
+
+/// A streaming call between its start and its headers.
+struct Opening {
+    call: PendingCall,
+    out: Outgoing,
+    guard: StreamGuard,
+}
+
+/// Ends a client's streaming call when its last user lets go: stops its deadline, detaches
+/// its stream and, unless the server ended it, cancels it at the server.
+struct StreamGuard {
+    channel: Channel,
+    id: u64,
+    timer: Option<TimerKey>,
+}
+
+impl StreamGuard {
+    fn release(&mut self, shared: &StreamShared) {
+        if let Some(key) = self.timer.take() {
+            DeadlineTimer::global().cancel(key);
+        }
+        self.channel.calls().detach_stream(self.id);
+        let ended_by_server = shared.is_over() && shared.failed().is_none();
+        if !ended_by_server && self.channel.calls().closed_status().is_none() {
+            let mut frame = OutgoingFrame::control(Header::new(FrameKind::Cancel, self.id));
+            if let Err(status) = self.channel.transport().send_control(&mut frame) {
+                tracing::debug!(call_id = self.id, %status, "could not cancel a stream");
+            }
+        }
+    }
+
+    fn into_on_drop(mut self) -> OnDrop {
+        Box::new(move |shared: &StreamShared| self.release(shared))
+    }
+
+    /// The call got its unary response (client streaming): nothing more to send or read,
+    /// and nothing to cancel.
+    fn finish_quietly(mut self) {
+        if let Some(key) = self.timer.take() {
+            DeadlineTimer::global().cancel(key);
+        }
+        self.channel.calls().detach_stream(self.id);
+    }
+}
+
+impl Channel {
+    /// Registers a streaming call and returns it with its request frame's header.
+    fn open_stream(
+        &self,
+        method_id: u32,
+        metadata: &MetadataMap,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<(Opening, Header), Status> {
+        let (call, mut header) = self.register_call(method_id, metadata, timeout)?;
+        header.flags = header.flags.with(Flags::STREAM);
+        let config = self.config();
+        let shared = Arc::new(StreamShared::new(
+            config.stream_window,
+            config.max_message_size,
+        ));
+        let id = call.id;
+        self.calls().attach_stream(id, shared.clone());
+        // The deadline covers the whole call, not just the wait for the headers.
+        let timer = call
+            .deadline
+            .map(|at| DeadlineTimer::global().schedule(at, self.calls(), id));
+        let out = Outgoing::new(
+            shared,
+            Link::Client(self.transport().clone()),
+            id,
+            config.max_message_size,
+        );
+        let guard = StreamGuard {
+            channel: self.clone(),
+            id,
+            timer,
+        };
+        Ok((Opening { call, out, guard }, header))
+    }
+
+    /// Calls a server-streaming method: sends `request`, then resolves to the server's
+    /// headers and the stream of its messages. The deadline covers the whole stream;
+    /// dropping the stream before its end cancels the call.
+    pub fn server_streaming<Req, Resp>(
+        &self,
+        method_id: u32,
+        request: Request<Req>,
+    ) -> impl Future<Output = Result<Response<Streaming<Resp>>, Status>> + Send + 'static
+    where
+        Req: Message + Send + Sync + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
+        let channel = self.clone();
+        async move {
+            let (metadata, message, timeout) = request.into_parts();
+            let (mut opening, header) = channel.open_stream(method_id, &metadata, timeout)?;
+            opening.send_opening(header, &metadata).await?;
+            let Opening {
+                mut call,
+                mut out,
+                guard,
+            } = opening;
+            let shared = out.shared().clone();
+            let sending = async move {
+                poll_fn(|cx| out.poll_send(cx, &message)).await?;
+                let half_close = out.half_close();
+                poll_fn(|cx| out.poll_control(cx, half_close)).await
+            };
+            let headers = await_headers(&mut call, sending.boxed()).await?;
+            streaming_response(headers, call.id, shared, guard, None)
+        }
+    }
+
+    /// Calls a client-streaming method: sends every message of `request`'s stream, then a
+    /// half-close, and resolves to the server's response (which may come before the stream
+    /// ends: sending then stops).
+    pub fn client_streaming<S, Req, Resp>(
+        &self,
+        method_id: u32,
+        request: Request<S>,
+    ) -> impl Future<Output = Result<Response<Resp>, Status>> + Send + 'static
+    where
+        S: Stream<Item = Req> + Send + 'static,
+        Req: Message + Send + Sync + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
+        let channel = self.clone();
+        async move {
+            let (metadata, messages, timeout) = request.into_parts();
+            let (mut opening, header) = channel.open_stream(method_id, &metadata, timeout)?;
+            opening.send_opening(header, &metadata).await?;
+            let Opening {
+                mut call,
+                out,
+                guard,
+            } = opening;
+            let frame = await_headers(&mut call, pump(out, messages)).await;
+            guard.finish_quietly();
+            decode_response(frame?)
+        }
+    }
+
+    /// Calls a bidirectional-streaming method: sends `request`'s stream while the server
+    /// answers, and resolves to the server's headers and the stream of its messages. The
+    /// request stream keeps going after the headers (on the current tokio runtime if there
+    /// is one, else whenever the response stream is polled).
+    pub fn streaming<S, Req, Resp>(
+        &self,
+        method_id: u32,
+        request: Request<S>,
+    ) -> impl Future<Output = Result<Response<Streaming<Resp>>, Status>> + Send + 'static
+    where
+        S: Stream<Item = Req> + Send + 'static,
+        Req: Message + Send + Sync + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
+        let channel = self.clone();
+        async move {
+            let (metadata, messages, timeout) = request.into_parts();
+            let (mut opening, header) = channel.open_stream(method_id, &metadata, timeout)?;
+            opening.send_opening(header, &metadata).await?;
+            let Opening {
+                mut call,
+                out,
+                guard,
+            } = opening;
+            let shared = out.shared().clone();
+            let mut sending = pump(out, messages);
+            let headers = await_headers(&mut call, &mut sending).await?;
+            // The requests go on after the headers; a failure to send them fails the call.
+            let failed = shared.clone();
+            let rest = async move {
+                if let Err(status) = sending.await {
+                    failed.fail(status);
+                }
+            }
+            .boxed();
+            let pump = match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(rest);
+                    None
+                }
+                Err(_) => Some(rest),
+            };
+            streaming_response(headers, call.id, shared, guard, pump)
+        }
+    }
+
+    /// The blocking form of [`Channel::server_streaming`]: the messages are read by
+    /// iterating on the calling thread.
+    pub fn server_streaming_blocking<Req, Resp>(
+        &self,
+        method_id: u32,
+        request: Request<Req>,
+    ) -> Result<Response<super::BlockingStreaming<Resp>>, Status>
+    where
+        Req: Message + Send + Sync + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
+        let (metadata, message, timeout) = request.into_parts();
+        let (mut opening, header) = self.open_stream(method_id, &metadata, timeout)?;
+        opening.send_opening_blocking(header, &metadata)?;
+        opening.out.send_blocking(&message)?;
+        opening
+            .out
+            .send_control_blocking(opening.out.half_close())?;
+        let Opening { call, out, guard } = opening;
+        let id = call.id;
+        let frame = call.wait_blocking()?;
+        let response = streaming_response(frame, id, out.shared().clone(), guard, None)?;
+        let (metadata, stream) = response.into_parts();
+        Ok(Response::from_parts(metadata, stream.into_blocking()))
+    }
+
+    /// The blocking form of [`Channel::client_streaming`]: sends every message of
+    /// `messages` from the calling thread, then waits for the response.
+    pub fn client_streaming_blocking<I, Req, Resp>(
+        &self,
+        method_id: u32,
+        request: Request<I>,
+    ) -> Result<Response<Resp>, Status>
+    where
+        I: IntoIterator<Item = Req>,
+        Req: Message,
+        Resp: Message + Default,
+    {
+        let (metadata, messages, timeout) = request.into_parts();
+        let (mut opening, header) = self.open_stream(method_id, &metadata, timeout)?;
+        opening.send_opening_blocking(header, &metadata)?;
+        for message in messages {
+            // A server that answered early has stopped reading: its answer counts.
+            if opening.out.shared().is_over() {
+                break;
+            }
+            opening.out.send_blocking(&message)?;
+        }
+        if !opening.out.shared().is_over() {
+            opening
+                .out
+                .send_control_blocking(opening.out.half_close())?;
+        }
+        let Opening { call, guard, .. } = opening;
+        let frame = call.wait_blocking();
+        guard.finish_quietly();
+        decode_response(frame?)
+    }
+}
+
+impl Opening {
+    /// Sends the request frame (metadata only) and the window beyond the initial one.
+    async fn send_opening(&mut self, header: Header, metadata: &MetadataMap) -> Result<(), Status> {
+        let empty = crate::body::EmptyBody;
+        let mut frame = OutgoingFrame::new(header, metadata, &empty)
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        poll_fn(|cx| self.call.poll_send(cx, &mut frame)).await?;
+        if let Some(update) = self.out.shared().initial_update() {
+            let payload = update.encode();
+            let body = RawBody(&payload);
+            let empty = MetadataMap::new();
+            let mut frame = OutgoingFrame::new(window_update_header(self.call.id), &empty, &body)
+                .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+            poll_fn(|cx| self.call.poll_send(cx, &mut frame)).await?;
+        }
+        Ok(())
+    }
+
+    fn send_opening_blocking(
+        &mut self,
+        header: Header,
+        metadata: &MetadataMap,
+    ) -> Result<(), Status> {
+        let empty = crate::body::EmptyBody;
+        let mut frame = OutgoingFrame::new(header, metadata, &empty)
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        let sent = self.channel_send(&mut frame);
+        self.call.sent(sent)?;
+        if let Some(update) = self.out.shared().initial_update() {
+            let payload = update.encode();
+            let body = RawBody(&payload);
+            let empty = MetadataMap::new();
+            let mut frame = OutgoingFrame::new(window_update_header(self.call.id), &empty, &body)
+                .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+            self.channel_send(&mut frame)?;
+        }
+        Ok(())
+    }
+
+    fn channel_send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        self.guard.channel.transport().send(frame)
+    }
+}
+
+/// Sends every message of `messages`, then the half-close; stops early (successfully) if
+/// the call ended meanwhile.
+fn pump<S, Req>(
+    mut out: Outgoing,
+    messages: S,
+) -> futures::future::BoxFuture<'static, Result<(), Status>>
+where
+    S: Stream<Item = Req> + Send + 'static,
+    Req: Message + Send + Sync + 'static,
+{
+    async move {
+        let mut messages = std::pin::pin!(messages);
+        while let Some(message) = messages.next().await {
+            poll_fn(|cx| out.poll_send(cx, &message)).await?;
+        }
+        let half_close = out.half_close();
+        poll_fn(|cx| out.poll_control(cx, half_close)).await
+    }
+    .boxed()
+}
+
+/// Waits for the call's headers (or its response) while `sending` sends its requests. A
+/// failure to send ends the call with that status; the end of sending does not.
+async fn await_headers<F>(call: &mut PendingCall, mut sending: F) -> Result<InboundFrame, Status>
+where
+    F: Future<Output = Result<(), Status>> + Unpin,
+{
+    let mut sent = false;
+    poll_fn(|cx: &mut Context<'_>| {
+        if let Poll::Ready(result) = Pin::new(&mut *call).poll(cx) {
+            return Poll::Ready(result);
+        }
+        if !sent {
+            match Pin::new(&mut sending).poll(cx) {
+                Poll::Ready(Ok(())) => sent = true,
+                Poll::Ready(Err(status)) => return Poll::Ready(Err(status)),
+                Poll::Pending => {}
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// The server's headers: a streaming response with its metadata, or the call's status.
+fn headers_of(frame: InboundFrame) -> Result<Response<()>, Status> {
+    if !frame.header.flags.contains(Flags::STREAM) {
+        // A failed call answers with a plain response carrying its status.
+        decode_response::<()>(frame)?;
+        return Err(Status::internal(
+            "the server answered a streaming call with a unary response",
+        ));
+    }
+    let metadata = frame
+        .decode_metadata()
+        .map_err(|e| Status::internal(format!("response {e}")))?;
+    Ok(Response::from_parts(metadata, ()))
+}
+
+fn streaming_response<Resp>(
+    frame: InboundFrame,
+    id: u64,
+    shared: Arc<StreamShared>,
+    guard: StreamGuard,
+    pump: Option<super::streaming::Pump>,
+) -> Result<Response<Streaming<Resp>>, Status> {
+    let (metadata, ()) = headers_of(frame)?.into_parts();
+    let link = Link::Client(guard.channel.transport().clone());
+    let mut stream = Streaming::new(shared, link, id, Some(guard.into_on_drop()));
+    if let Some(pump) = pump {
+        stream = stream.with_pump(pump);
+    }
+    Ok(Response::from_parts(metadata, stream))
+}

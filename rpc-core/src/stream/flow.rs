@@ -1,0 +1,308 @@
+//! Flow control and ordering of one direction of a stream, without I/O.
+//!
+//! The sender holds a [`SendWindow`]; the receiver an [`Inbox`]. Both start from
+//! [`INITIAL_WINDOW`](super::INITIAL_WINDOW) and change only by [`WindowUpdate`]s the
+//! receiver sends, so they agree without a handshake. Frames may be handed up out of order
+//! (a transport that delivers from two threads, a large message whose body arrives after
+//! later small ones): the inbox puts them back in order by sequence number, and its window
+//! checks count totals, which do not depend on order.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use bytes::Bytes;
+
+use super::{Window, WindowUpdate};
+
+/// A peer broke the stream rules; the stream fails with a status naming the rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    /// Stream messages count from 1; 0 is the call's opening frame.
+    #[error("a stream message with sequence number 0")]
+    SeqZero,
+    /// A message whose sequence number was already received.
+    #[error("stream message {seq} arrived twice")]
+    Duplicate {
+        /// Its sequence number.
+        seq: u32,
+    },
+    /// A message or end after the end of the stream.
+    #[error("stream frame {seq} after the end of the stream at {end}")]
+    AfterEnd {
+        /// Sequence number of the frame.
+        seq: u32,
+        /// Sequence number of the end.
+        end: u32,
+    },
+    /// A second end (half-close or trailers) with a different place.
+    #[error("the stream ended twice (at {first} and {second})")]
+    EndedTwice {
+        /// The first end's sequence number.
+        first: u32,
+        /// The second's.
+        second: u32,
+    },
+    /// More messages or bytes than the window the receiver granted.
+    #[error(
+        "the peer sent beyond the stream window: {messages} messages and {bytes} bytes \
+         unreturned, window {window_messages} messages and {window_bytes} bytes"
+    )]
+    WindowExceeded {
+        /// Messages received and not returned, this one included.
+        messages: u64,
+        /// Bytes received and not returned, this one included.
+        bytes: u64,
+        /// Messages granted.
+        window_messages: u64,
+        /// Bytes granted (a message may overshoot by at most the message size limit).
+        window_bytes: u64,
+    },
+    /// A message larger than the receiver accepts.
+    #[error("a stream message of {len} bytes exceeds the limit of {limit} bytes")]
+    TooLarge {
+        /// Its size.
+        len: u64,
+        /// The receiver's limit.
+        limit: u64,
+    },
+    /// A window update that is malformed or returns more than was sent.
+    #[error("bad window update: {0}")]
+    BadWindowUpdate(&'static str),
+}
+
+/// What the sender may still send: messages and bytes granted and not yet used.
+///
+/// A message may go while at least one message and one byte of room remain; it may
+/// overshoot the byte window (a message larger than the window must be able to go at all),
+/// so the receiver buffers at most `window.bytes + max_message_size` bytes.
+#[derive(Debug, Clone)]
+pub struct SendWindow {
+    messages: i64,
+    bytes: i64,
+}
+
+/// Largest window either count may reach; updates beyond it are refused (no overflow).
+const MAX_ROOM: i64 = 1 << 48;
+
+impl SendWindow {
+    /// The window every stream starts with.
+    pub fn new(initial: Window) -> Self {
+        SendWindow {
+            messages: i64::from(initial.messages),
+            bytes: initial.bytes as i64,
+        }
+    }
+
+    /// Whether a message may be sent now.
+    pub fn ready(&self) -> bool {
+        self.messages > 0 && self.bytes > 0
+    }
+
+    /// A message of `len` bytes was sent.
+    pub fn on_send(&mut self, len: usize) {
+        debug_assert!(self.ready(), "sent beyond the stream window");
+        self.messages -= 1;
+        self.bytes -= len as i64;
+    }
+
+    /// The receiver returned room.
+    pub fn on_update(&mut self, update: WindowUpdate) -> Result<(), StreamError> {
+        let messages = self.messages + i64::from(update.messages);
+        let bytes = self
+            .bytes
+            .saturating_add(update.bytes.min(MAX_ROOM as u64) as i64);
+        if messages > MAX_ROOM || bytes > MAX_ROOM {
+            return Err(StreamError::BadWindowUpdate(
+                "it grants more than 2^48 messages or bytes",
+            ));
+        }
+        self.messages = messages;
+        self.bytes = bytes;
+        Ok(())
+    }
+
+    /// Room left: messages, bytes (negative after an overshooting message).
+    pub fn room(&self) -> (i64, i64) {
+        (self.messages, self.bytes)
+    }
+}
+
+/// One entry of an inbox, in stream order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Item<E> {
+    /// An encoded message.
+    Message(Bytes),
+    /// The end of the stream (a half-close, or trailers).
+    End(E),
+}
+
+/// The receiving side of one direction of a stream: puts frames in order, holds them until
+/// the consumer takes them, and decides when to return room to the sender.
+#[derive(Debug)]
+pub struct Inbox<E> {
+    /// Granted to the sender so far (initial window plus growth).
+    window: Window,
+    max_message: u64,
+    /// Next sequence number to hand to the consumer.
+    next: u32,
+    /// Sequence number of the end, once known.
+    end: Option<u32>,
+    /// Arrived ahead of `next`.
+    ahead: BTreeMap<u32, Item<E>>,
+    /// In order, not yet taken.
+    ready: VecDeque<Item<E>>,
+    /// Received and not yet returned (buffered or consumed).
+    unreturned: (u64, u64),
+    /// Consumed and not yet returned.
+    consumed: (u64, u64),
+}
+
+impl<E> Inbox<E> {
+    /// An inbox granting `window` (at least [`super::INITIAL_WINDOW`]: room beyond it goes to
+    /// the sender by [`Inbox::initial_update`]) for messages of at most `max_message` bytes.
+    pub fn new(window: Window, max_message: usize) -> Self {
+        Inbox {
+            window: window.at_least(super::INITIAL_WINDOW),
+            max_message: max_message as u64,
+            next: 1,
+            end: None,
+            ahead: BTreeMap::new(),
+            ready: VecDeque::new(),
+            unreturned: (0, 0),
+            consumed: (0, 0),
+        }
+    }
+
+    /// The update that grows the sender's window from the initial one to this inbox's, if
+    /// it is larger: sent when the stream opens.
+    pub fn initial_update(&self) -> Option<WindowUpdate> {
+        let initial = super::INITIAL_WINDOW;
+        let update = WindowUpdate {
+            messages: self.window.messages - initial.messages,
+            bytes: self.window.bytes - initial.bytes,
+        };
+        (!update.is_empty()).then_some(update)
+    }
+
+    /// A message arrived.
+    pub fn on_message(&mut self, seq: u32, payload: Bytes) -> Result<(), StreamError> {
+        let len = payload.len() as u64;
+        if len > self.max_message {
+            return Err(StreamError::TooLarge {
+                len,
+                limit: self.max_message,
+            });
+        }
+        self.check_place(seq)?;
+        let messages = self.unreturned.0 + 1;
+        let bytes = self.unreturned.1 + len;
+        let window = self.window;
+        if messages > u64::from(window.messages) || bytes > window.bytes + self.max_message {
+            return Err(StreamError::WindowExceeded {
+                messages,
+                bytes,
+                window_messages: u64::from(window.messages),
+                window_bytes: window.bytes,
+            });
+        }
+        self.unreturned = (messages, bytes);
+        self.place(seq, Item::Message(payload));
+        Ok(())
+    }
+
+    /// The end arrived: after message `seq - 1`.
+    pub fn on_end(&mut self, seq: u32, end: E) -> Result<(), StreamError> {
+        if let Some(first) = self.end {
+            return Err(StreamError::EndedTwice { first, second: seq });
+        }
+        // Nothing already received may lie at or beyond the end.
+        let beyond = self.ahead.keys().next_back().copied();
+        if seq < self.next || beyond.is_some_and(|last| last >= seq) {
+            return Err(StreamError::AfterEnd {
+                seq: beyond.unwrap_or(self.next - 1).max(seq),
+                end: seq,
+            });
+        }
+        self.end = Some(seq);
+        self.place(seq, Item::End(end));
+        Ok(())
+    }
+
+    fn check_place(&self, seq: u32) -> Result<(), StreamError> {
+        if seq == 0 {
+            return Err(StreamError::SeqZero);
+        }
+        if let Some(end) = self.end {
+            if seq >= end {
+                return Err(StreamError::AfterEnd { seq, end });
+            }
+        }
+        if seq < self.next || self.ahead.contains_key(&seq) {
+            return Err(StreamError::Duplicate { seq });
+        }
+        Ok(())
+    }
+
+    fn place(&mut self, seq: u32, item: Item<E>) {
+        if seq != self.next {
+            self.ahead.insert(seq, item);
+            return;
+        }
+        self.ready.push_back(item);
+        self.next = self.next.wrapping_add(1);
+        while let Some(item) = self.ahead.remove(&self.next) {
+            self.ready.push_back(item);
+            self.next = self.next.wrapping_add(1);
+        }
+    }
+
+    /// The next item in stream order, if it arrived. Taking a message counts it as
+    /// consumed.
+    pub fn pop(&mut self) -> Option<Item<E>> {
+        let item = self.ready.pop_front()?;
+        if let Item::Message(payload) = &item {
+            self.consumed.0 += 1;
+            self.consumed.1 += payload.len() as u64;
+        }
+        Some(item)
+    }
+
+    /// The room to return to the sender now, if enough was consumed: half the window in
+    /// messages or bytes, so updates stay few while the sender never runs dry before its
+    /// room comes back. Returned room counts as given back from here on.
+    pub fn take_update(&mut self) -> Option<WindowUpdate> {
+        let (messages, bytes) = self.consumed;
+        let due = messages * 2 >= u64::from(self.window.messages)
+            || bytes * 2 >= self.window.bytes
+            // An overshooting message must be returned whole at once, or the sender may
+            // stay without byte room.
+            || self.unreturned.1 > self.window.bytes;
+        if messages == 0 || !due || self.end.is_some_and(|end| self.next > end) {
+            return None;
+        }
+        self.consumed = (0, 0);
+        self.unreturned.0 -= messages;
+        self.unreturned.1 -= bytes;
+        Some(WindowUpdate {
+            messages: messages as u32,
+            bytes,
+        })
+    }
+
+    /// Whether the end was taken: nothing more will come.
+    pub fn finished(&self) -> bool {
+        self.end.is_some_and(|end| self.next > end) && self.ready.is_empty()
+    }
+
+    /// Messages and bytes held (buffered, not yet taken).
+    pub fn buffered(&self) -> (u64, u64) {
+        (
+            self.unreturned.0 - self.consumed.0,
+            self.unreturned.1 - self.consumed.1,
+        )
+    }
+
+    /// The window granted to the sender.
+    pub fn window(&self) -> Window {
+        self.window
+    }
+}

@@ -1,0 +1,253 @@
+//! The state of one streaming call shared by the receive path (which feeds it frames) and
+//! the tasks or threads that read and write its messages.
+
+use std::task::{Context, Poll, Waker};
+use std::thread::Thread;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use super::flow::{Inbox, Item, SendWindow, StreamError};
+use super::{Window, WindowUpdate, INITIAL_WINDOW};
+use crate::frame::InboundFrame;
+use crate::header::FrameKind;
+use crate::metadata::MetadataMap;
+use crate::status::{Code, Status};
+
+/// How the peer ended its side of a stream.
+#[derive(Debug, Clone)]
+pub(crate) enum StreamEnd {
+    /// The client half-closed.
+    HalfClose,
+    /// The server's trailers: the call's status and trailing metadata.
+    Trailers {
+        status: Status,
+        metadata: MetadataMap,
+    },
+}
+
+#[derive(Debug, Default)]
+enum Waiter {
+    #[default]
+    None,
+    Task(Waker),
+    Thread(Thread),
+}
+
+impl Waiter {
+    fn set_task(&mut self, cx: &Context<'_>) {
+        match self {
+            Waiter::Task(w) if w.will_wake(cx.waker()) => {}
+            _ => *self = Waiter::Task(cx.waker().clone()),
+        }
+    }
+
+    fn wake(&mut self) {
+        match std::mem::take(self) {
+            Waiter::None => {}
+            Waiter::Task(w) => w.wake(),
+            Waiter::Thread(t) => t.unpark(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    inbox: Inbox<StreamEnd>,
+    reader: Waiter,
+    send: SendWindow,
+    writer: Waiter,
+    /// The call failed (reset, deadline, connection lost, a broken rule): both directions
+    /// end with this status.
+    failed: Option<Status>,
+    /// The reader is gone: arriving messages are dropped instead of buffered.
+    reader_gone: bool,
+}
+
+/// One streaming call's shared state (see the module documentation).
+#[derive(Debug)]
+pub(crate) struct StreamShared {
+    state: Mutex<State>,
+}
+
+/// What the reader takes from a stream.
+pub(crate) enum Next {
+    Message(Bytes),
+    End(StreamEnd),
+    Failed(Status),
+}
+
+impl StreamShared {
+    /// A stream receiving into `window` messages of at most `max_message` bytes.
+    pub(crate) fn new(window: Window, max_message: usize) -> Self {
+        StreamShared {
+            state: Mutex::new(State {
+                inbox: Inbox::new(window, max_message),
+                reader: Waiter::None,
+                send: SendWindow::new(INITIAL_WINDOW),
+                writer: Waiter::None,
+                failed: None,
+                reader_gone: false,
+            }),
+        }
+    }
+
+    /// Room beyond the initial window to grant the peer when the stream opens.
+    pub(crate) fn initial_update(&self) -> Option<WindowUpdate> {
+        self.state.lock().inbox.initial_update()
+    }
+
+    /// Feeds a stream frame from the peer. A frame that breaks the stream's rules fails the
+    /// stream and is returned as the error, for the caller to end the call with.
+    pub(crate) fn on_frame(&self, frame: InboundFrame) -> Result<(), Status> {
+        let header = frame.header;
+        let mut state = self.state.lock();
+        if state.failed.is_some() {
+            return Ok(());
+        }
+        let fed = match header.kind {
+            FrameKind::Message if state.reader_gone => Ok(()),
+            FrameKind::Message => state.inbox.on_message(header.seq(), frame.payload),
+            FrameKind::HalfClose => state.inbox.on_end(header.seq(), StreamEnd::HalfClose),
+            FrameKind::Trailers => {
+                let metadata = match frame.decode_metadata() {
+                    Ok(metadata) => metadata,
+                    Err(e) => return Err(fail(state, Status::internal(format!("trailers {e}")))),
+                };
+                let message = String::from_utf8_lossy(&frame.payload).into_owned();
+                let status = Status::new(header.status, message);
+                state
+                    .inbox
+                    .on_end(header.seq(), StreamEnd::Trailers { status, metadata })
+            }
+            FrameKind::WindowUpdate => {
+                let updated = WindowUpdate::decode(&frame.payload)
+                    .and_then(|update| state.send.on_update(update));
+                if updated.is_ok() {
+                    state.writer.wake();
+                }
+                return updated.map_err(|e| fail(state, violation(e)));
+            }
+            kind => {
+                tracing::debug!(?kind, "not a stream frame");
+                Ok(())
+            }
+        };
+        match fed {
+            Ok(()) => {
+                state.reader.wake();
+                Ok(())
+            }
+            Err(e) => Err(fail(state, violation(e))),
+        }
+    }
+
+    /// Ends the stream with `status` in both directions (a no-op once it failed).
+    pub(crate) fn fail(&self, status: Status) {
+        fail(self.state.lock(), status);
+    }
+
+    /// Whether the stream failed or the peer's end was taken: nothing more comes.
+    pub(crate) fn is_over(&self) -> bool {
+        let state = self.state.lock();
+        state.failed.is_some() || state.inbox.finished()
+    }
+
+    /// The next item for the reader, or `Pending` with `cx` registered.
+    pub(crate) fn poll_next(&self, cx: &Context<'_>) -> Poll<Next> {
+        let mut state = self.state.lock();
+        match take(&mut state) {
+            Some(next) => Poll::Ready(next),
+            None => {
+                state.reader.set_task(cx);
+                Poll::Pending
+            }
+        }
+    }
+
+    /// The next item for a blocked reader thread, or `None` with `thread` registered to be
+    /// unparked when one may be there.
+    pub(crate) fn next_or_park_on(&self, thread: &Thread) -> Option<Next> {
+        let mut state = self.state.lock();
+        let next = take(&mut state);
+        if next.is_none() && !matches!(state.reader, Waiter::Thread(_)) {
+            state.reader = Waiter::Thread(thread.clone());
+        }
+        next
+    }
+
+    /// Room to return to the peer now that messages were taken, if enough is.
+    pub(crate) fn take_update(&self) -> Option<WindowUpdate> {
+        self.state.lock().inbox.take_update()
+    }
+
+    /// The reader went away: messages that arrive from now on are dropped.
+    pub(crate) fn reader_gone(&self) {
+        let mut state = self.state.lock();
+        state.reader_gone = true;
+        state.reader = Waiter::None;
+        // Frees what is buffered (views into transport memory among it).
+        while state.inbox.pop().is_some() {}
+    }
+
+    /// Whether the window lets a message go now; `Pending` with `cx` registered if not.
+    pub(crate) fn poll_send_ready(&self, cx: &Context<'_>) -> Poll<Result<(), Status>> {
+        let mut state = self.state.lock();
+        if let Some(status) = &state.failed {
+            return Poll::Ready(Err(status.clone()));
+        }
+        if state.send.ready() {
+            return Poll::Ready(Ok(()));
+        }
+        state.writer.set_task(cx);
+        Poll::Pending
+    }
+
+    /// Like [`StreamShared::poll_send_ready`] for a blocked writer thread: `None` with
+    /// `thread` registered.
+    pub(crate) fn send_ready_or_park_on(&self, thread: &Thread) -> Option<Result<(), Status>> {
+        let mut state = self.state.lock();
+        if let Some(status) = &state.failed {
+            return Some(Err(status.clone()));
+        }
+        if state.send.ready() {
+            return Some(Ok(()));
+        }
+        state.writer = Waiter::Thread(thread.clone());
+        None
+    }
+
+    /// A message of `len` bytes went out.
+    pub(crate) fn on_sent(&self, len: usize) {
+        self.state.lock().send.on_send(len);
+    }
+
+    /// The status the stream failed with, if it did.
+    pub(crate) fn failed(&self) -> Option<Status> {
+        self.state.lock().failed.clone()
+    }
+}
+
+fn take(state: &mut State) -> Option<Next> {
+    if let Some(item) = state.inbox.pop() {
+        return Some(match item {
+            Item::Message(payload) => Next::Message(payload),
+            Item::End(end) => Next::End(end),
+        });
+    }
+    state.failed.clone().map(Next::Failed)
+}
+
+fn fail(mut state: parking_lot::MutexGuard<'_, State>, status: Status) -> Status {
+    if state.failed.is_none() {
+        state.failed = Some(status.clone());
+    }
+    state.reader.wake();
+    state.writer.wake();
+    status
+}
+
+/// The status a stream fails with when the peer broke its rules.
+fn violation(e: StreamError) -> Status {
+    Status::new(Code::Internal, format!("stream protocol violation: {e}"))
+}

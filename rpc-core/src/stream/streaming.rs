@@ -1,0 +1,260 @@
+//! [`Streaming`]: the messages of a stream as a `futures::Stream`, and its blocking form.
+
+use std::future::poll_fn;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream};
+use prost::Message;
+
+use super::shared::{Next, StreamEnd, StreamShared};
+use super::{window_update_header, Link, WindowUpdate};
+use crate::body::RawBody;
+use crate::client::Drive;
+use crate::frame::OutgoingFrame;
+use crate::metadata::MetadataMap;
+use crate::status::{Code, Status};
+
+/// Runs when a [`Streaming`] is dropped (a client's stream cancels its call unless it
+/// ended).
+pub(crate) type OnDrop = Box<dyn FnOnce(&StreamShared) + Send + Sync>;
+
+/// Work a stream does while it is read: the request side of a client's bidirectional call
+/// when no runtime was there to run it.
+pub(crate) type Pump = BoxFuture<'static, ()>;
+
+/// The messages of a stream: a `futures::Stream` of `Result<T, Status>`, as in tonic.
+///
+/// It ends with `None` when the peer ends the stream with an OK status; a failed call
+/// yields its status once (after the messages that preceded it), then `None`. Dropping it
+/// before the end cancels the call on a client.
+#[must_use = "streams do nothing unless polled"]
+pub struct Streaming<T> {
+    shared: Arc<StreamShared>,
+    link: Link,
+    call_id: u64,
+    /// Room consumed and not yet returned because the link had none for the update.
+    unsent: Option<WindowUpdate>,
+    /// The stream ended (end or failure taken).
+    done: bool,
+    trailers: Option<MetadataMap>,
+    /// A client task driving the transport's completions while it waits.
+    driving: bool,
+    pump: Option<Pump>,
+    on_drop: Option<OnDrop>,
+    _message: PhantomData<fn() -> T>,
+}
+
+impl<T> std::fmt::Debug for Streaming<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streaming")
+            .field("call_id", &self.call_id)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> Streaming<T> {
+    pub(crate) fn new(
+        shared: Arc<StreamShared>,
+        link: Link,
+        call_id: u64,
+        on_drop: Option<OnDrop>,
+    ) -> Self {
+        Streaming {
+            shared,
+            link,
+            call_id,
+            unsent: None,
+            done: false,
+            trailers: None,
+            driving: false,
+            pump: None,
+            on_drop,
+            _message: PhantomData,
+        }
+    }
+
+    /// Also drives `pump` whenever the stream is polled.
+    pub(crate) fn with_pump(mut self, pump: Pump) -> Self {
+        self.pump = Some(pump);
+        self
+    }
+
+    /// The trailing metadata, once the stream ended with trailers.
+    pub fn trailers(&self) -> Option<&MetadataMap> {
+        self.trailers.as_ref()
+    }
+
+    /// Sends the room consumed so far back to the peer if it is due; without room on the
+    /// link it stays due and goes on a later poll.
+    fn return_room(&mut self, cx: &mut Context<'_>) {
+        if let Some(update) = self.shared.take_update() {
+            let unsent = self.unsent.get_or_insert_with(WindowUpdate::default);
+            unsent.messages += update.messages;
+            unsent.bytes += update.bytes;
+        }
+        let Some(update) = self.unsent else {
+            return;
+        };
+        let payload = update.encode();
+        let body = RawBody(&payload);
+        let empty = MetadataMap::new();
+        let Ok(mut frame) = OutgoingFrame::new(window_update_header(self.call_id), &empty, &body)
+        else {
+            return;
+        };
+        match self.link.poll_send(cx, &mut frame) {
+            Poll::Pending => {}
+            // A failed send means the connection is gone: the stream fails on its own.
+            Poll::Ready(_) => self.unsent = None,
+        }
+    }
+
+    /// Turns what the shared state handed out into the stream's item.
+    fn item(&mut self, next: Next) -> Option<Result<T, Status>>
+    where
+        T: Message + Default,
+    {
+        match next {
+            Next::Message(payload) => {
+                Some(T::decode(payload).map_err(|e| {
+                    Status::internal(format!("failed to decode a stream message: {e}"))
+                }))
+            }
+            Next::End(end) => {
+                self.done = true;
+                match end {
+                    StreamEnd::HalfClose => None,
+                    StreamEnd::Trailers { status, metadata } => {
+                        self.trailers = Some(metadata);
+                        (status.code() != Code::Ok).then_some(Err(status))
+                    }
+                }
+            }
+            Next::Failed(status) => {
+                self.done = true;
+                Some(Err(status))
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        self.link.stop_driving(&mut self.driving);
+        self.pump = None;
+    }
+}
+
+impl<T: Message + Default> Streaming<T> {
+    /// The next message: `Ok(None)` at the end of the stream, the status if the call
+    /// failed (as tonic's `Streaming::message`).
+    pub async fn message(&mut self) -> Result<Option<T>, Status> {
+        match poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await {
+            Some(Ok(message)) => Ok(Some(message)),
+            Some(Err(status)) => Err(status),
+            None => Ok(None),
+        }
+    }
+
+    /// The blocking form: an iterator that waits on the calling thread.
+    pub fn into_blocking(self) -> BlockingStreaming<T> {
+        BlockingStreaming(self)
+    }
+}
+
+impl<T: Message + Default> Stream for Streaming<T> {
+    type Item = Result<T, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if let Some(pump) = &mut this.pump {
+            if pump.poll_unpin(cx).is_ready() {
+                this.pump = None;
+            }
+        }
+        loop {
+            this.return_room(cx);
+            if let Poll::Ready(next) = this.shared.poll_next(cx) {
+                let item = this.item(next);
+                if this.done {
+                    this.finish();
+                } else {
+                    this.return_room(cx);
+                }
+                return Poll::Ready(item);
+            }
+            match this.link.drive(cx, &mut this.driving) {
+                Drive::Received => continue,
+                Drive::Spin => cx.waker().wake_by_ref(),
+                Drive::Wait => {}
+            }
+            return Poll::Pending;
+        }
+    }
+}
+
+impl<T> Drop for Streaming<T> {
+    fn drop(&mut self) {
+        self.finish();
+        if !self.done {
+            self.shared.reader_gone();
+        }
+        if let Some(on_drop) = self.on_drop.take() {
+            on_drop(&self.shared);
+        }
+    }
+}
+
+/// A [`Streaming`] read by blocking the calling thread: an iterator of messages.
+#[derive(Debug)]
+pub struct BlockingStreaming<T>(Streaming<T>);
+
+impl<T> BlockingStreaming<T> {
+    /// The trailing metadata, once the stream ended with trailers.
+    pub fn trailers(&self) -> Option<&MetadataMap> {
+        self.0.trailers()
+    }
+}
+
+impl<T: Message + Default> Iterator for BlockingStreaming<T> {
+    type Item = Result<T, Status>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let s = &mut self.0;
+        if s.done {
+            return None;
+        }
+        let me = std::thread::current();
+        loop {
+            if let Some(update) = s.shared.take_update() {
+                send_update_blocking(&s.link, s.call_id, update);
+            }
+            if let Some(next) = s.shared.next_or_park_on(&me) {
+                let item = s.item(next);
+                if let Some(update) = s.shared.take_update() {
+                    send_update_blocking(&s.link, s.call_id, update);
+                }
+                return item;
+            }
+            if !s.link.poll_progress() {
+                std::thread::park();
+            }
+        }
+    }
+}
+
+fn send_update_blocking(link: &Link, call_id: u64, update: WindowUpdate) {
+    let payload = update.encode();
+    let body = RawBody(&payload);
+    let empty = MetadataMap::new();
+    if let Ok(mut frame) = OutgoingFrame::new(window_update_header(call_id), &empty, &body) {
+        // A failed send means the connection is gone: the stream fails on its own.
+        let _ = link.send(&mut frame);
+    }
+}

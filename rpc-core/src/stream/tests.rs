@@ -1,0 +1,312 @@
+//! The stream rules without I/O: ordering, windows, hostile frames, and a property test
+//! of a sender and a receiver over a fabric that reorders everything in flight.
+
+use bytes::Bytes;
+use proptest::prelude::*;
+
+use super::flow::{Inbox, Item, SendWindow, StreamError};
+use super::{Window, WindowUpdate, INITIAL_WINDOW};
+
+fn msg(n: usize) -> Bytes {
+    Bytes::from(vec![n as u8; n])
+}
+
+fn inbox() -> Inbox<&'static str> {
+    Inbox::new(INITIAL_WINDOW, 1024)
+}
+
+#[test]
+fn frames_are_put_back_in_order() {
+    let mut inbox = inbox();
+    inbox.on_end(4, "end").unwrap();
+    inbox.on_message(3, msg(3)).unwrap();
+    inbox.on_message(1, msg(1)).unwrap();
+    assert_eq!(inbox.pop(), Some(Item::Message(msg(1))));
+    assert_eq!(inbox.pop(), None, "2 has not arrived");
+    inbox.on_message(2, msg(2)).unwrap();
+    assert_eq!(inbox.pop(), Some(Item::Message(msg(2))));
+    assert_eq!(inbox.pop(), Some(Item::Message(msg(3))));
+    assert!(!inbox.finished());
+    assert_eq!(inbox.pop(), Some(Item::End("end")));
+    assert!(inbox.finished());
+}
+
+#[test]
+fn hostile_frames_are_refused_by_name() {
+    let mut inbox = inbox();
+    assert_eq!(inbox.on_message(0, msg(1)), Err(StreamError::SeqZero));
+    inbox.on_message(1, msg(1)).unwrap();
+    assert_eq!(
+        inbox.on_message(1, msg(1)),
+        Err(StreamError::Duplicate { seq: 1 })
+    );
+    inbox.on_message(3, msg(1)).unwrap();
+    assert_eq!(
+        inbox.on_message(3, msg(1)),
+        Err(StreamError::Duplicate { seq: 3 })
+    );
+    // An end before a message already received, then data after the end.
+    assert!(matches!(
+        inbox.on_end(3, "end"),
+        Err(StreamError::AfterEnd { .. })
+    ));
+    inbox.on_end(5, "end").unwrap();
+    assert_eq!(
+        inbox.on_message(6, msg(1)),
+        Err(StreamError::AfterEnd { seq: 6, end: 5 })
+    );
+    assert_eq!(
+        inbox.on_end(7, "again"),
+        Err(StreamError::EndedTwice {
+            first: 5,
+            second: 7
+        })
+    );
+    assert_eq!(
+        inbox.on_message(2, msg(2000)),
+        Err(StreamError::TooLarge {
+            len: 2000,
+            limit: 1024
+        })
+    );
+}
+
+#[test]
+fn a_sender_beyond_the_window_is_refused() {
+    let mut inbox = inbox();
+    for seq in 1..=INITIAL_WINDOW.messages {
+        inbox.on_message(seq, msg(1)).unwrap();
+    }
+    let over = inbox.on_message(INITIAL_WINDOW.messages + 1, msg(1));
+    assert!(
+        matches!(over, Err(StreamError::WindowExceeded { .. })),
+        "{over:?}"
+    );
+
+    // Bytes: the window plus one message's overshoot, no more.
+    let mut inbox = Inbox::<()>::new(INITIAL_WINDOW, 200 * 1024);
+    inbox.on_message(1, msg(200 * 1024)).unwrap();
+    inbox.on_message(2, msg(200 * 1024)).unwrap();
+    let over = inbox.on_message(3, msg(200 * 1024));
+    assert!(
+        matches!(over, Err(StreamError::WindowExceeded { .. })),
+        "{over:?}"
+    );
+}
+
+#[test]
+fn room_comes_back_at_half_the_window_and_a_big_window_is_granted_at_open() {
+    let mut inbox = inbox();
+    assert_eq!(inbox.initial_update(), None);
+    let half = INITIAL_WINDOW.messages / 2;
+    for seq in 1..=half {
+        inbox.on_message(seq, msg(1)).unwrap();
+    }
+    for _ in 1..half {
+        inbox.pop().unwrap();
+        assert_eq!(inbox.take_update(), None);
+    }
+    inbox.pop().unwrap();
+    assert_eq!(
+        inbox.take_update(),
+        Some(WindowUpdate {
+            messages: half,
+            bytes: u64::from(half)
+        })
+    );
+    let big = Window {
+        messages: 1000,
+        bytes: 1 << 20,
+    };
+    let grown = Inbox::<()>::new(big, 1024).initial_update().unwrap();
+    assert_eq!(grown.messages, 1000 - INITIAL_WINDOW.messages);
+    assert_eq!(grown.bytes, (1 << 20) - INITIAL_WINDOW.bytes);
+    // Smaller than the initial window: the protocol's initial window stands.
+    let small = Window {
+        messages: 1,
+        bytes: 1,
+    };
+    assert_eq!(Inbox::<()>::new(small, 1024).window(), INITIAL_WINDOW);
+}
+
+#[test]
+fn window_updates_decode_strictly() {
+    let update = WindowUpdate {
+        messages: 7,
+        bytes: 1 << 40,
+    };
+    assert_eq!(WindowUpdate::decode(&update.encode()), Ok(update));
+    assert!(WindowUpdate::decode(&[0; 11]).is_err());
+    assert!(WindowUpdate::decode(&[0; 12]).is_err(), "returns nothing");
+    let mut window = SendWindow::new(INITIAL_WINDOW);
+    let huge = WindowUpdate {
+        messages: u32::MAX,
+        bytes: u64::MAX,
+    };
+    assert!(window.on_update(huge).is_err(), "beyond 2^48");
+}
+
+#[test]
+fn a_message_larger_than_the_byte_window_still_goes_when_room_is_back() {
+    let mut window = SendWindow::new(INITIAL_WINDOW);
+    assert!(window.ready());
+    window.on_send(INITIAL_WINDOW.bytes as usize * 3);
+    assert!(!window.ready(), "overshot");
+    window
+        .on_update(WindowUpdate {
+            messages: 1,
+            bytes: INITIAL_WINDOW.bytes * 3,
+        })
+        .unwrap();
+    assert!(window.ready());
+}
+
+/// A frame in flight on the fabric.
+#[derive(Debug, Clone)]
+enum Wire {
+    Message(u32, Bytes),
+    End(u32),
+    Update(WindowUpdate),
+}
+
+/// One step the fabric may take.
+#[derive(Debug, Clone)]
+enum Step {
+    /// The sender sends its next message or end, if its window allows.
+    Send,
+    /// Delivers the frame in flight at this index (mod the number in flight).
+    Deliver(usize),
+    /// The consumer takes this many items.
+    Consume(u8),
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(
+        prop_oneof![
+            3 => Just(Step::Send),
+            4 => any::<usize>().prop_map(Step::Deliver),
+            2 => (1u8..8).prop_map(Step::Consume),
+        ],
+        0..600,
+    )
+}
+
+/// A sender and a receiver of one stream direction with everything in flight between them.
+struct Fabric {
+    sizes: Vec<usize>,
+    max: usize,
+    window: Window,
+    inbox: Inbox<()>,
+    sender: SendWindow,
+    wire: Vec<Wire>,
+    /// Messages sent so far; == sizes.len(): the end is next.
+    sent: usize,
+    ended: bool,
+    got: Vec<Bytes>,
+    finished: bool,
+}
+
+impl Fabric {
+    fn new(sizes: Vec<usize>, window: Window, max: usize) -> Self {
+        let inbox = Inbox::new(window, max);
+        let wire = inbox
+            .initial_update()
+            .map(Wire::Update)
+            .into_iter()
+            .collect();
+        Fabric {
+            sizes,
+            max,
+            window,
+            inbox,
+            sender: SendWindow::new(INITIAL_WINDOW),
+            wire,
+            sent: 0,
+            ended: false,
+            got: Vec::new(),
+            finished: false,
+        }
+    }
+
+    fn step(&mut self, step: &Step) -> Result<(), TestCaseError> {
+        let fail = |e: StreamError| TestCaseError::fail(e.to_string());
+        match step {
+            Step::Send if self.sent < self.sizes.len() && self.sender.ready() => {
+                let payload = Bytes::from(vec![self.sent as u8; self.sizes[self.sent]]);
+                self.sender.on_send(payload.len());
+                self.sent += 1;
+                self.wire.push(Wire::Message(self.sent as u32, payload));
+            }
+            Step::Send if self.sent == self.sizes.len() && !self.ended => {
+                self.ended = true;
+                self.wire.push(Wire::End(self.sent as u32 + 1));
+            }
+            Step::Send => {}
+            Step::Deliver(at) if !self.wire.is_empty() => {
+                let at = at % self.wire.len();
+                match self.wire.swap_remove(at) {
+                    Wire::Message(seq, payload) => {
+                        self.inbox.on_message(seq, payload).map_err(fail)?
+                    }
+                    Wire::End(seq) => self.inbox.on_end(seq, ()).map_err(fail)?,
+                    Wire::Update(update) => self.sender.on_update(update).map_err(fail)?,
+                }
+                let (_, bytes) = self.inbox.buffered();
+                prop_assert!(bytes <= self.window.bytes + self.max as u64);
+            }
+            Step::Deliver(_) => {}
+            Step::Consume(n) => {
+                for _ in 0..*n {
+                    match self.inbox.pop() {
+                        Some(Item::Message(payload)) => self.got.push(payload),
+                        Some(Item::End(())) => self.finished = true,
+                        None => break,
+                    }
+                    if let Some(update) = self.inbox.take_update() {
+                        self.wire.push(Wire::Update(update));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Any interleaving and any reordering of frames in flight: every message arrives once,
+    /// in order, no rule is broken, the receiver never holds more than the window allows,
+    /// and once the steps run out the stream always finishes (no deadlock).
+    #[test]
+    fn streams_survive_reordering_and_finish(
+        sizes in prop::collection::vec(0usize..40_000, 0..200),
+        steps in steps(),
+        window_messages in 64u32..300,
+        window_bytes in (256u64 * 1024)..(2 << 20),
+    ) {
+        let window = Window { messages: window_messages, bytes: window_bytes };
+        let mut fabric = Fabric::new(sizes.clone(), window, 40_000);
+        for step in &steps {
+            fabric.step(step)?;
+        }
+        // Then a fair schedule: the stream must finish.
+        let mut rounds = 0;
+        while !fabric.finished {
+            rounds += 1;
+            prop_assert!(
+                rounds < 100_000,
+                "deadlock: {} of {} messages sent, {} in flight",
+                fabric.sent, sizes.len(), fabric.wire.len()
+            );
+            fabric.step(&Step::Send)?;
+            fabric.step(&Step::Deliver(rounds))?;
+            fabric.step(&Step::Consume(1))?;
+        }
+        prop_assert_eq!(fabric.got.len(), sizes.len());
+        for (i, payload) in fabric.got.iter().enumerate() {
+            prop_assert_eq!(payload.len(), sizes[i]);
+            prop_assert!(payload.iter().all(|&b| b == i as u8));
+        }
+    }
+}
