@@ -4,6 +4,7 @@ fn main() -> std::io::Result<()> {
         .bytes([
             ".rpc.testing.BulkRequest.payload",
             ".rpc.testing.BulkReply.payload",
+            ".rpc.testing.Chunk.payload",
             ".echo",
         ])
         .compile_protos(

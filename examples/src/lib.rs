@@ -2,7 +2,8 @@
 //!
 //! * [`echo`]: generated from `proto/echo.proto`; [`EchoService`] implements it.
 //! * [`testing`] (package `rpc.testing`): generated from `proto/testing.proto`; [`Tester`] sleeps or fails on
-//!   request and counts what happened, so tests can observe the server.
+//!   request and counts what happened, so tests can observe the server; [`Streamer`]
+//!   produces, consumes and echoes streams.
 
 pub mod echo {
     //! Generated from `proto/echo.proto`.
@@ -20,5 +21,7 @@ pub mod rpc {
 pub use rpc::testing;
 
 mod services;
+mod streamer;
 
 pub use services::{bulk_pattern, EchoService, Tester, TesterStats};
+pub use streamer::{ChunkStream, Streamer, StreamerStats};

@@ -31,7 +31,10 @@ pub use serve::{ServeExt, ServeOptions, ServerHandle};
 /// What most applications import.
 pub mod prelude {
     pub use crate::ServeExt;
-    pub use rpc_core::{Channel, Code, IntoRequest, Request, Response, Server, Status};
+    pub use rpc_core::{
+        Channel, Code, IntoRequest, IntoStreamingRequest, Request, Response, Server, Status,
+        Streaming,
+    };
 }
 
 /// Connection settings; [`ClientBuilder::connect`] opens a [`Channel`].
@@ -73,6 +76,14 @@ impl ClientBuilder {
     /// Largest encoded request sent and response accepted (default 4 MiB).
     pub fn max_message_size(mut self, bytes: usize) -> Self {
         self.channel.max_message_size = bytes;
+        self
+    }
+
+    /// What a server may send on one stream before it is read (default
+    /// [`rpc_core::stream::DEFAULT_STREAM_WINDOW`]; never less than
+    /// [`rpc_core::stream::INITIAL_WINDOW`]).
+    pub fn stream_window(mut self, window: rpc_core::stream::Window) -> Self {
+        self.channel.stream_window = window;
         self
     }
 

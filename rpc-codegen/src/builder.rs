@@ -224,8 +224,7 @@ impl Builder {
     ///
     /// # Errors
     ///
-    /// Any parse or type error (as `file:line:column: message` lines), a streaming method,
-    /// two protobuf names that map onto the same Rust item, an invalid
+    /// Any parse or type error (as `file:line:column: message` lines), two protobuf names that map onto the same Rust item, an invalid
     /// [`core_path`](Builder::core_path), no `OUT_DIR` and no [`out_dir`](Builder::out_dir),
     /// or failing to write the output.
     pub fn compile_protos(

@@ -3,7 +3,7 @@
 use proc_macro2::TokenStream;
 use quote::quote;
 
-use crate::generator::{doc_attrs, doc_attrs_or, MethodModel, ServiceModel};
+use crate::generator::{doc_attrs, doc_attrs_or, MethodKind, MethodModel, ServiceModel};
 
 /// The client module of `service`.
 pub(crate) fn generate(service: &ServiceModel) -> TokenStream {
@@ -90,31 +90,85 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
 
     // A named request type instead of `impl IntoRequest`, so that `use<R>` can keep the
     // future from capturing `&self` (Rust 2024 capture rules): it outlives the client.
-    quote! {
-        #docs
-        pub fn #fn_ident<R: #core::IntoRequest<#input>>(
-            &self,
-            request: R,
-        ) -> impl ::core::future::Future<
-            Output = ::core::result::Result<#core::Response<#output>, #core::Status>,
-        > + ::core::marker::Send + 'static + use<R> {
-            const METHOD_ID: u32 = #core::method_id(#path);
-            self.channel.unary(
-                METHOD_ID,
-                #core::IntoRequest::<#input>::into_request(request),
-            )
-        }
+    let async_fn =
+        |call: TokenStream, request: TokenStream, into: TokenStream, out: TokenStream| {
+            quote! {
+                #docs
+                pub fn #fn_ident<R: #request>(
+                    &self,
+                    request: R,
+                ) -> impl ::core::future::Future<
+                    Output = ::core::result::Result<#core::Response<#out>, #core::Status>,
+                > + ::core::marker::Send + 'static + use<R> {
+                    const METHOD_ID: u32 = #core::method_id(#path);
+                    self.channel.#call(METHOD_ID, #into)
+                }
+            }
+        };
+    let single = quote!(#core::IntoRequest<#input>);
+    let into_single = quote!(#core::IntoRequest::<#input>::into_request(request));
+    let many = quote!(#core::IntoStreamingRequest<Message = #input>);
+    let into_many = quote!(#core::IntoStreamingRequest::into_streaming_request(request));
+    let streaming_out = quote!(#core::Streaming<#output>);
+    match method.kind {
+        MethodKind::Unary => {
+            let call = async_fn(quote!(unary), single, into_single, quote!(#output));
+            quote! {
+                #call
 
-        #blocking_docs
-        pub fn #blocking_ident(
-            &self,
-            request: impl #core::IntoRequest<#input>,
-        ) -> ::core::result::Result<#core::Response<#output>, #core::Status> {
-            const METHOD_ID: u32 = #core::method_id(#path);
-            self.channel.unary_blocking(
-                METHOD_ID,
-                #core::IntoRequest::<#input>::into_request(request),
-            )
+                #blocking_docs
+                pub fn #blocking_ident(
+                    &self,
+                    request: impl #core::IntoRequest<#input>,
+                ) -> ::core::result::Result<#core::Response<#output>, #core::Status> {
+                    const METHOD_ID: u32 = #core::method_id(#path);
+                    self.channel.unary_blocking(
+                        METHOD_ID,
+                        #core::IntoRequest::<#input>::into_request(request),
+                    )
+                }
+            }
         }
+        MethodKind::ServerStreaming => {
+            let call = async_fn(quote!(server_streaming), single, into_single, streaming_out);
+            quote! {
+                #call
+
+                #blocking_docs
+                pub fn #blocking_ident(
+                    &self,
+                    request: impl #core::IntoRequest<#input>,
+                ) -> ::core::result::Result<
+                    #core::Response<#core::stream::BlockingStreaming<#output>>,
+                    #core::Status,
+                > {
+                    const METHOD_ID: u32 = #core::method_id(#path);
+                    self.channel.server_streaming_blocking(
+                        METHOD_ID,
+                        #core::IntoRequest::<#input>::into_request(request),
+                    )
+                }
+            }
+        }
+        MethodKind::ClientStreaming => {
+            let call = async_fn(quote!(client_streaming), many, into_many, quote!(#output));
+            quote! {
+                #call
+
+                #blocking_docs
+                pub fn #blocking_ident<I: ::core::iter::IntoIterator<Item = #input>>(
+                    &self,
+                    request: impl #core::IntoRequest<I>,
+                ) -> ::core::result::Result<#core::Response<#output>, #core::Status> {
+                    const METHOD_ID: u32 = #core::method_id(#path);
+                    self.channel.client_streaming_blocking(
+                        METHOD_ID,
+                        #core::IntoRequest::<I>::into_request(request),
+                    )
+                }
+            }
+        }
+        // No blocking form: one thread cannot both wait for responses and produce requests.
+        MethodKind::Bidi => async_fn(quote!(streaming), many, into_many, streaming_out),
     }
 }

@@ -36,19 +36,6 @@ impl prost_build::ServiceGenerator for Generator {
     fn generate(&mut self, service: Service, buf: &mut String) {
         let model = ServiceModel::new(&service, &self.settings);
         let mut tokens = TokenStream::new();
-        // Streaming methods are rejected before generation (`crate::validate`); this keeps
-        // a bypassed check from producing half a service.
-        for method in model.methods.iter().filter(|m| m.streaming) {
-            let message = format!(
-                "streaming method {} is not supported yet",
-                method.display_name
-            );
-            tokens.extend(quote!(::core::compile_error!(#message);));
-        }
-        if !tokens.is_empty() {
-            buf.push_str(&tokens.to_string());
-            return;
-        }
         if self.settings.build_client {
             tokens.extend(crate::client::generate(&model));
         }
@@ -87,8 +74,6 @@ pub(crate) struct ServiceModel {
 /// One method of a [`ServiceModel`].
 #[derive(Debug)]
 pub(crate) struct MethodModel {
-    /// `pkg.Foo/Bar`, for messages.
-    pub display_name: String,
     /// `/pkg.Foo/Bar`: the wire path the method id is derived from.
     pub path: String,
     /// `bar` (or `r#type`).
@@ -103,8 +88,45 @@ pub(crate) struct MethodModel {
     pub output: TokenStream,
     /// Doc lines from the .proto.
     pub docs: Vec<String>,
-    /// Set for client, server or bidirectional streaming (rejected before generation).
-    pub streaming: bool,
+    /// Unary, or which side streams.
+    pub kind: MethodKind,
+    /// `BarStream`: the server trait's associated type for the messages of a server- or
+    /// bidirectional-streaming method (as tonic names it).
+    pub stream_ident: Ident,
+}
+
+/// Which sides of a method stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MethodKind {
+    /// One request, one response.
+    Unary,
+    /// One request, a stream of responses.
+    ServerStreaming,
+    /// A stream of requests, one response.
+    ClientStreaming,
+    /// Streams both ways.
+    Bidi,
+}
+
+impl MethodKind {
+    fn new(client_streaming: bool, server_streaming: bool) -> Self {
+        match (client_streaming, server_streaming) {
+            (false, false) => MethodKind::Unary,
+            (false, true) => MethodKind::ServerStreaming,
+            (true, false) => MethodKind::ClientStreaming,
+            (true, true) => MethodKind::Bidi,
+        }
+    }
+
+    /// The client sends a stream of requests.
+    pub(crate) fn streams_requests(self) -> bool {
+        matches!(self, MethodKind::ClientStreaming | MethodKind::Bidi)
+    }
+
+    /// The server answers with a stream of responses.
+    pub(crate) fn streams_responses(self) -> bool {
+        matches!(self, MethodKind::ServerStreaming | MethodKind::Bidi)
+    }
 }
 
 impl ServiceModel {
@@ -140,7 +162,6 @@ impl MethodModel {
     fn new(service: &str, method: &Method, settings: &Settings) -> Self {
         let fn_name = naming::snake(&method.proto_name);
         MethodModel {
-            display_name: format!("{service}/{}", method.proto_name),
             path: format!("/{service}/{}", method.proto_name),
             blocking_ident: naming::ident(&format!("{}_blocking", naming::unraw(&fn_name))),
             fn_ident: naming::ident(&fn_name),
@@ -148,7 +169,11 @@ impl MethodModel {
             input: rust_type(&method.input_proto_type, &method.input_type, settings),
             output: rust_type(&method.output_proto_type, &method.output_type, settings),
             docs: doc_lines(&method.comments),
-            streaming: method.client_streaming || method.server_streaming,
+            kind: MethodKind::new(method.client_streaming, method.server_streaming),
+            stream_ident: naming::ident(&format!(
+                "{}Stream",
+                naming::unraw(&naming::camel(&method.proto_name))
+            )),
         }
     }
 }

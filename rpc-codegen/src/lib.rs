@@ -10,7 +10,13 @@
 //!   `Foo` trait to implement (`async fn bar(&self, Request<BarRequest>) -> Result<Response<BarReply>, Status>`)
 //!   and `FooServer<T>`, the service to add to a server.
 //!
-//! Only unary methods are supported: a streaming method fails the build, naming it.
+//! Streaming methods take tonic's shapes: a server-streaming `bar` has an associated type
+//! `BarStream` (a `Stream` of `Result<BarReply, Status>`) the handler answers with
+//! (`Response<Self::BarStream>`); a client-streaming one receives
+//! `Request<Streaming<BarRequest>>`. The client's `bar` takes a request (or, when requests
+//! stream, any `Stream` of them) and resolves to `Response<Streaming<BarReply>>` when
+//! responses stream; `bar_blocking` takes an iterator of requests and returns an iterator
+//! of responses (bidirectional methods have no blocking form).
 //!
 //! # Example
 //!
@@ -58,7 +64,7 @@
 //! * [`builder`](Builder): settings and the [`Builder::compile_protos`] pipeline.
 //! * `load`: protox with the user's include paths, vendored `google/api` files and the
 //!   well-known types.
-//! * `validate`: streaming methods and Rust name clashes, reported before anything is written.
+//! * `validate`: Rust name clashes, reported before anything is written.
 //! * `generator`, `client`, `server`: the `prost_build::ServiceGenerator` and its `quote!`
 //!   templates; `naming` holds the naming rules they share with `validate`.
 //! * `error`: protox diagnostics rendered as `file:line:column: message`.

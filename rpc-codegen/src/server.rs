@@ -4,7 +4,7 @@
 use proc_macro2::TokenStream;
 use quote::quote;
 
-use crate::generator::{doc_attrs, doc_attrs_or, MethodModel, ServiceModel};
+use crate::generator::{doc_attrs, doc_attrs_or, MethodKind, MethodModel, ServiceModel};
 
 /// The server module of `service`.
 pub(crate) fn generate(service: &ServiceModel) -> TokenStream {
@@ -119,16 +119,44 @@ fn trait_method(core: &TokenStream, method: &MethodModel) -> TokenStream {
         fn_ident,
         input,
         output,
+        stream_ident,
+        kind,
         ..
     } = method;
     let docs = doc_attrs_or(&format!("Handles `{path}`."), &method.docs);
+    let request = if kind.streams_requests() {
+        quote!(#core::Request<#core::Streaming<#input>>)
+    } else {
+        quote!(#core::Request<#input>)
+    };
+    if !kind.streams_responses() {
+        return quote! {
+            #docs
+            fn #fn_ident(
+                &self,
+                request: #request,
+            ) -> impl ::core::future::Future<
+                Output = ::core::result::Result<#core::Response<#output>, #core::Status>,
+            > + ::core::marker::Send;
+        };
+    }
+    let fn_name = fn_ident.to_string();
+    let stream_docs = doc_attrs(
+        &format!("The stream of messages `{fn_name}` answers with; an error ends the call with its status."),
+        &[],
+    );
     quote! {
+        #stream_docs
+        type #stream_ident: #core::__codegen::Stream<
+            Item = ::core::result::Result<#output, #core::Status>,
+        > + ::core::marker::Send + 'static;
+
         #docs
         fn #fn_ident(
             &self,
-            request: #core::Request<#input>,
+            request: #request,
         ) -> impl ::core::future::Future<
-            Output = ::core::result::Result<#core::Response<#output>, #core::Status>,
+            Output = ::core::result::Result<#core::Response<Self::#stream_ident>, #core::Status>,
         > + ::core::marker::Send;
     }
 }
@@ -156,13 +184,20 @@ fn call_body(service: &ServiceModel) -> TokenStream {
         let MethodModel {
             fn_ident,
             const_ident,
+            kind,
             ..
         } = method;
+        let run = match kind {
+            MethodKind::Unary => quote!(unary),
+            MethodKind::ServerStreaming => quote!(server_streaming),
+            MethodKind::ClientStreaming => quote!(client_streaming),
+            MethodKind::Bidi => quote!(streaming),
+        };
         quote! {
             id if id == #const_ident.id => {
                 let inner = ::std::sync::Arc::clone(&self.inner);
                 ::std::boxed::Box::pin(async move {
-                    #core::server::unary(call, |request| inner.#fn_ident(request)).await
+                    #core::server::#run(call, |request| inner.#fn_ident(request)).await
                 })
             }
         }

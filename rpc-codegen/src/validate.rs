@@ -1,5 +1,5 @@
-//! Checks on the services to generate, run before any code is written: streaming methods
-//! (not supported yet) and protobuf names that would map onto the same Rust item.
+//! Checks on the services to generate, run before any code is written: protobuf names that
+//! would map onto the same Rust item.
 
 use std::collections::HashMap;
 use std::io;
@@ -110,7 +110,7 @@ fn check_modules<'a>(
     }
 }
 
-/// Every method must be unary and map to Rust names no other item of the service uses.
+/// Every method must map to Rust names no other item of the service uses.
 fn check_methods(service: &ServiceAt<'_>, halves: Halves, problems: &mut Vec<String>) {
     let (snake, camel) = service.rust_names();
     let client = format!("{camel}Client");
@@ -128,12 +128,6 @@ fn check_methods(service: &ServiceAt<'_>, halves: Halves, problems: &mut Vec<Str
     for (index, method) in service.descriptor.method.iter().enumerate() {
         let loc = service.location(Some(index));
         let method_name = format!("{}/{}", service.full_name(), method.name());
-        if let Some(kind) = streaming_kind(method.client_streaming(), method.server_streaming()) {
-            problems.push(format!(
-                "{loc}streaming method {method_name} is not supported yet ({kind}); \
-                 only unary methods can be generated"
-            ));
-        }
 
         let fn_name = naming::unraw(&naming::snake(method.name())).to_owned();
         let mut items = Vec::new();
@@ -178,15 +172,6 @@ impl Names {
         }
         self.0.insert(name, owner.to_owned());
         None
-    }
-}
-
-fn streaming_kind(client: bool, server: bool) -> Option<&'static str> {
-    match (client, server) {
-        (false, false) => None,
-        (true, false) => Some("client streaming"),
-        (false, true) => Some("server streaming"),
-        (true, true) => Some("bidirectional streaming"),
     }
 }
 

@@ -85,47 +85,50 @@ fn missing_input_file_is_named() {
 }
 
 #[test]
-fn streaming_methods_fail_the_build_naming_each() {
-    let (kind, message) = compile_error(
-        "syntax = \"proto3\";
-package echo;
+fn streaming_methods_generate_tonic_shapes() {
+    let (_include, result) = generate_sources(
+        configure(),
+        &[(
+            "s.proto",
+            "syntax = \"proto3\";
+package s;
 message M {}
-service Echo {
-  rpc Say(M) returns (M);
+service S {
   rpc Chat(stream M) returns (stream M);
   rpc Listen(M) returns (stream M);
   rpc Upload(stream M) returns (M);
 }
 ",
-    );
-    assert_eq!(kind, io::ErrorKind::InvalidInput);
-    let lines: Vec<String> = message.lines().map(str::to_owned).collect();
-    assert_eq!(lines.len(), 3, "{lines:#?}");
-    assert!(lines[0].starts_with(
-        "bad.proto:6:3: streaming method echo.Echo/Chat is not supported yet (bidirectional streaming)"
-    ));
-    assert!(lines[1].starts_with(
-        "bad.proto:7:3: streaming method echo.Echo/Listen is not supported yet (server streaming)"
-    ));
-    assert!(lines[2].starts_with(
-        "bad.proto:8:3: streaming method echo.Echo/Upload is not supported yet (client streaming)"
-    ));
-}
-
-#[test]
-fn streaming_check_applies_to_client_only_builds() {
-    let (_include, result) = generate_sources(
-        configure().build_server(false),
-        &[(
-            "s.proto",
-            "syntax = \"proto3\";\nmessage M {}\nservice S { rpc Tail(M) returns (stream M); }\n",
         )],
         &["s.proto"],
     );
-    let err = result.err().unwrap();
-    assert!(err
-        .to_string()
-        .contains("streaming method S/Tail is not supported yet"));
+    let out = result.unwrap();
+    let code = out.package("s").replace(char::is_whitespace, "");
+    for expected in [
+        // Server: an associated stream type per method whose responses stream.
+        "typeChatStream:::rpc_core::__codegen::Stream<Item=::core::result::Result<super::M,::rpc_core::Status>,>+::core::marker::Send+'static;",
+        "typeListenStream:",
+        "fnchat(&self,request:::rpc_core::Request<::rpc_core::Streaming<super::M>>,",
+        "::rpc_core::Response<Self::ChatStream>",
+        "fnupload(&self,request:::rpc_core::Request<::rpc_core::Streaming<super::M>>,",
+        "::rpc_core::server::streaming(call,|request|inner.chat(request),)",
+        // Client: streams in, streams out, blocking iterators.
+        "pubfnchat<R:::rpc_core::IntoStreamingRequest<Message=super::M>>",
+        "self.channel.server_streaming(METHOD_ID,",
+        "pubfnlisten_blocking(",
+        "::rpc_core::stream::BlockingStreaming<super::M>",
+        "pubfnupload_blocking<I:::core::iter::IntoIterator<Item=super::M>>",
+    ] {
+        assert!(code.contains(expected), "missing {expected}");
+    }
+    assert!(
+        !code.contains("chat_blocking"),
+        "bidirectional calls have no blocking form"
+    );
+    assert!(
+        !code.contains("typeUploadStream"),
+        "client streaming answers once"
+    );
 }
 
 #[test]

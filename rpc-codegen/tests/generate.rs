@@ -120,7 +120,7 @@ fn one_file_per_package_with_imports_and_nested_packages() {
     let nothing = module(&file, "nothing_server").expect("nothing_server");
     assert_eq!(trait_fns(nothing, "Nothing"), Vec::<String>::new());
 
-    // The streaming service of the imported file is not generated, so it is not rejected.
+    // The service of the imported file is not generated.
     let common = out.package("shop.common");
     parse(&common);
     assert!(common.contains("pub struct Money"));
@@ -210,8 +210,7 @@ fn client_only_and_server_only() {
 }
 
 #[test]
-fn messages_only_needs_no_unary_check() {
-    // With neither half generated, streaming methods are irrelevant and accepted.
+fn messages_only_generates_no_service() {
     let out = generate(
         configure().build_client(false).build_server(false),
         &["shop/common/money.proto"],

@@ -131,6 +131,7 @@ impl Inbox for Responses {
             FrameKind::Response => {
                 self.calls.complete(frame.header.call_id, Ok(frame));
             }
+            kind if rpc_core::stream::is_stream_frame(kind) => self.calls.on_stream_frame(frame),
             kind => {
                 tracing::debug!(?kind, peer = %self.peer, "ignoring a frame clients do not act on")
             }

@@ -304,16 +304,26 @@ impl ConnectionDispatch {
     /// the limit.
     pub fn reject_oversized(self: &Arc<Self>, header: &Header, declared: u64) {
         let limit = self.dispatcher.config.max_message_size as u64;
-        self.send_status(
+        let what = if header.kind == FrameKind::Message {
+            "stream message"
+        } else {
+            "request"
+        };
+        self.fail_call(
             header.call_id,
-            &Status::message_too_large("request", declared, limit),
+            &Status::message_too_large(what, declared, limit),
         );
     }
 
     /// Answers `call_id` with an error status in place of a response the transport could
-    /// not deliver (a large body the client refused a buffer for, say).
+    /// not deliver (a large body the client refused a buffer for, say). A streaming call
+    /// fails its stream instead: its handler sees the status, and the call ends with it.
     pub fn fail_call(self: &Arc<Self>, call_id: u64, status: &Status) {
-        self.send_status(call_id, status);
+        let stream = self.streams.lock().get(&call_id).cloned();
+        match stream {
+            Some(stream) => stream.fail(status.clone()),
+            None => self.send_status(call_id, status),
+        }
     }
 
     /// Handlers of this connection running or waiting to send their answer.

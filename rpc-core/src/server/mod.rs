@@ -78,6 +78,14 @@ impl ServerBuilder {
         self
     }
 
+    /// What a client may send on one stream before its handler reads it (default
+    /// [`crate::stream::DEFAULT_STREAM_WINDOW`]; never less than
+    /// [`crate::stream::INITIAL_WINDOW`]).
+    pub fn stream_window(mut self, window: crate::stream::Window) -> Self {
+        self.config.stream_window = window;
+        self
+    }
+
     /// Whether handlers are first polled on the receiving thread (default true).
     pub fn inline_handlers(mut self, inline: bool) -> Self {
         self.config.inline_handlers = inline;

@@ -53,12 +53,13 @@ impl FrameSink for ClientFrames {
                     .observe(frame.header.method_id, len as u64);
                 self.calls.complete(frame.header.call_id, Ok(frame));
             }
+            kind if rpc_core::stream::is_stream_frame(kind) => self.calls.on_stream_frame(frame),
             kind => tracing::debug!(?kind, "ignoring a frame clients do not act on"),
         }
     }
 
     fn dropped(&self, call_id: u64, kind: FrameKind) {
-        if kind == FrameKind::Request {
+        if matches!(kind, FrameKind::Request | FrameKind::Message) {
             self.calls.complete(
                 call_id,
                 Err(Status::unavailable(
@@ -69,7 +70,7 @@ impl FrameSink for ClientFrames {
     }
 
     fn transfer_failed(&self, call_id: u64, kind: FrameKind, status: Status) {
-        if kind == FrameKind::Request {
+        if matches!(kind, FrameKind::Request | FrameKind::Message) {
             self.calls.complete(call_id, Err(status));
         }
     }
@@ -186,7 +187,9 @@ impl RdmaClient {
     /// Advertises a response buffer with a request whose method answered large last time.
     fn advertise(&self, frame: &mut OutgoingFrame<'_>) -> bool {
         let (kind, method_id) = (frame.header().kind, frame.header().method_id);
+        // A streaming call's answers are stream messages: no buffer for them.
         kind == FrameKind::Request
+            && !frame.header().flags.contains(rpc_core::Flags::STREAM)
             && self
                 .response_sizes
                 .predict(method_id)

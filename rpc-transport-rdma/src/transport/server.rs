@@ -296,7 +296,7 @@ impl FrameSink for ServerFrames {
     fn dropped(&self, _call_id: u64, _kind: FrameKind) {}
 
     fn transfer_failed(&self, call_id: u64, kind: FrameKind, status: Status) {
-        if kind == FrameKind::Response {
+        if matches!(kind, FrameKind::Response | FrameKind::Message) {
             self.0.fail_call(call_id, &status);
         }
     }

@@ -1,0 +1,164 @@
+//! [`Streamer`]: the streaming service of the integration tests and benchmarks.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use rpc_core::{Code, Request, Response, Status, Streaming};
+
+use crate::bulk_pattern;
+use crate::testing::{streamer_server, Chunk, ConsumeSummary, ProduceRequest};
+
+/// Counters of what the [`Streamer`] saw.
+#[derive(Debug, Default)]
+pub struct StreamerStats {
+    /// Chunks handed to the transport by `Produce` streams.
+    pub produced: AtomicU64,
+    /// `Produce` streams dropped before their end (the call was cancelled or failed).
+    pub produce_dropped: AtomicU64,
+    /// Chunks `Consume` and `Chat` read.
+    pub consumed: AtomicU64,
+}
+
+/// Produces, consumes and echoes streams of [`Chunk`]s.
+#[derive(Debug, Default, Clone)]
+pub struct Streamer {
+    /// Shared counters.
+    pub stats: Arc<StreamerStats>,
+}
+
+/// A boxed stream of chunks, as the handlers answer.
+pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<Chunk, Status>> + Send>>;
+
+/// Counts a `Produce` stream as dropped unless it ran to its end.
+struct ProduceGuard {
+    stats: Arc<StreamerStats>,
+    finished: bool,
+}
+
+impl ProduceGuard {
+    /// The stream ran to its end.
+    fn disarm(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for ProduceGuard {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.stats.produce_dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl streamer_server::Streamer for Streamer {
+    type ProduceStream = ChunkStream;
+    type ChatStream = ChunkStream;
+
+    async fn produce(
+        &self,
+        request: Request<ProduceRequest>,
+    ) -> Result<Response<ChunkStream>, Status> {
+        let ask = request.into_inner();
+        let payload = Bytes::from(bulk_pattern(ask.size as usize, 0));
+        let interval = ask.interval.map(|d| {
+            Duration::new(
+                d.seconds.max(0) as u64,
+                d.nanos.clamp(0, 999_999_999) as u32,
+            )
+        });
+        let fail = (ask.fail_code != 0).then(|| {
+            let code = Code::from_wire(ask.fail_code as u16).unwrap_or(Code::Unknown);
+            (ask.fail_after, code)
+        });
+        let stats = self.stats.clone();
+        let chunks = async_stream(move |index| {
+            let payload = payload.clone();
+            let stats = stats.clone();
+            async move {
+                if let Some((after, code)) = fail {
+                    if index == after {
+                        return Some(Err(Status::new(
+                            code,
+                            format!("failed after {after} chunks"),
+                        )));
+                    }
+                }
+                if index >= ask.count {
+                    return None;
+                }
+                if let Some(pause) = interval {
+                    tokio::time::sleep(pause).await;
+                }
+                stats.produced.fetch_add(1, Ordering::Relaxed);
+                Some(Ok(Chunk { index, payload }))
+            }
+        });
+        let mut chunks = Box::pin(chunks);
+        // Lives as long as the stream; disarmed when the stream ends.
+        let mut guard = ProduceGuard {
+            stats: self.stats.clone(),
+            finished: false,
+        };
+        let counted = futures::stream::poll_fn(move |cx| {
+            let next = chunks.poll_next_unpin(cx);
+            if let std::task::Poll::Ready(None) = next {
+                guard.disarm();
+            }
+            next
+        });
+        Ok(Response::new(Box::pin(counted)))
+    }
+
+    async fn consume(
+        &self,
+        request: Request<Streaming<Chunk>>,
+    ) -> Result<Response<ConsumeSummary>, Status> {
+        let mut chunks = request.into_inner();
+        let mut summary = ConsumeSummary {
+            in_order: true,
+            ..ConsumeSummary::default()
+        };
+        let mut pattern = Bytes::new();
+        while let Some(chunk) = chunks.message().await? {
+            self.stats.consumed.fetch_add(1, Ordering::Relaxed);
+            if chunk.payload.len() != pattern.len() {
+                pattern = Bytes::from(bulk_pattern(chunk.payload.len(), 0));
+            }
+            summary.in_order &= chunk.index == summary.chunks && chunk.payload == pattern;
+            summary.chunks += 1;
+            summary.bytes += chunk.payload.len() as u64;
+        }
+        Ok(Response::new(summary))
+    }
+
+    async fn chat(
+        &self,
+        request: Request<Streaming<Chunk>>,
+    ) -> Result<Response<ChunkStream>, Status> {
+        let stats = self.stats.clone();
+        let echoed = request.into_inner().inspect(move |_| {
+            stats.consumed.fetch_add(1, Ordering::Relaxed);
+        });
+        Ok(Response::new(Box::pin(echoed)))
+    }
+}
+
+/// The stream of `next(0)`, `next(1)`, ... up to the first `None`.
+fn async_stream<F, Fut>(mut next: F) -> impl Stream<Item = Result<Chunk, Status>> + Send
+where
+    F: FnMut(u64) -> Fut + Send,
+    Fut: std::future::Future<Output = Option<Result<Chunk, Status>>> + Send,
+{
+    futures::stream::unfold((0u64, false), move |(index, ended)| {
+        let item = (!ended).then(|| next(index));
+        async move {
+            let item = item?.await?;
+            let ended = item.is_err();
+            Some((item, (index + 1, ended)))
+        }
+    })
+}

@@ -1,0 +1,274 @@
+//! Streaming calls through generated stubs, over TCP (host) and RDMA (soft-RoCE VM): every
+//! kind of stream, trailers, flow control, cancellation and deadlines.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use rdma_rpc::prelude::*;
+use rdma_rpc::ServerHandle;
+use rpc_examples::echo::echo_client::EchoClient;
+use rpc_examples::echo::echo_server::EchoServer;
+use rpc_examples::echo::EchoRequest;
+use rpc_examples::testing::streamer_client::StreamerClient;
+use rpc_examples::testing::streamer_server::StreamerServer;
+use rpc_examples::testing::{Chunk, ProduceRequest};
+use rpc_examples::{bulk_pattern, EchoService, Streamer};
+
+fn builder(streamer: &Streamer) -> rdma_rpc::ServerBuilder {
+    Server::builder()
+        .add_service(EchoServer::new(EchoService))
+        .add_service(StreamerServer::new(streamer.clone()))
+        .max_message_size(4 << 20)
+}
+
+fn tcp_server(streamer: &Streamer) -> ServerHandle {
+    builder(streamer)
+        .start("tcp://127.0.0.1:0")
+        .expect("server starts")
+}
+
+fn rdma_server(streamer: &Streamer) -> ServerHandle {
+    common::start_rdma(builder(streamer), Default::default())
+}
+
+async fn connect(url: &str) -> Channel {
+    rdma_rpc::client()
+        .max_message_size(4 << 20)
+        .connect(url)
+        .await
+        .expect("connects")
+}
+
+fn produce(count: u64, size: u64) -> ProduceRequest {
+    ProduceRequest {
+        count,
+        size,
+        ..Default::default()
+    }
+}
+
+fn chunk(index: u64, size: usize) -> Chunk {
+    Chunk {
+        index,
+        payload: bulk_pattern(size, 0).into(),
+    }
+}
+
+/// Waits for a server-side counter, which moves on a handler thread.
+async fn eventually(what: &str, check: impl Fn() -> bool) {
+    let until = Instant::now() + Duration::from_secs(5);
+    while !check() {
+        assert!(Instant::now() < until, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Server streaming: every message in order, then the end; an error mid-stream arrives
+/// after the messages before it; the blocking iterator sees the same.
+async fn server_streams(url: &str) {
+    let client = StreamerClient::new(connect(url).await);
+    let mut stream = client
+        .produce(produce(1000, 100))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut next = 0;
+    while let Some(chunk) = stream.message().await.unwrap() {
+        assert_eq!(chunk.index, next);
+        assert_eq!(chunk.payload.len(), 100);
+        next += 1;
+    }
+    assert_eq!(next, 1000);
+    assert!(stream.trailers().is_some(), "ended by trailers");
+    assert!(stream.next().await.is_none(), "stays ended");
+
+    let failing = ProduceRequest {
+        fail_code: Code::NotFound as u32,
+        fail_after: 5,
+        ..produce(100, 10)
+    };
+    let items: Vec<_> = client
+        .produce(failing)
+        .await
+        .unwrap()
+        .into_inner()
+        .collect()
+        .await;
+    assert_eq!(items.len(), 6, "5 messages, then the status");
+    assert!(items[..5].iter().all(Result::is_ok));
+    let status = items[5].as_ref().unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+    assert_eq!(status.message(), "failed after 5 chunks");
+
+    let blocking = client.clone();
+    let counted = tokio::task::spawn_blocking(move || {
+        let stream = blocking.produce_blocking(produce(300, 1000)).unwrap();
+        stream
+            .into_inner()
+            .enumerate()
+            .all(|(i, chunk)| chunk.unwrap().index == i as u64)
+    })
+    .await
+    .unwrap();
+    assert!(counted);
+}
+
+/// Client streaming and bidirectional streaming: everything the client sends arrives, in
+/// order; the bidirectional echo comes back in order.
+async fn client_and_bidi_streams(url: &str) {
+    let client = StreamerClient::new(connect(url).await);
+    let chunks = futures::stream::iter((0..500).map(|i| chunk(i, 64)));
+    let summary = client.consume(chunks).await.unwrap().into_inner();
+    assert_eq!(
+        (summary.chunks, summary.bytes, summary.in_order),
+        (500, 500 * 64, true)
+    );
+
+    let blocking = client.clone();
+    let summary = tokio::task::spawn_blocking(move || {
+        blocking.consume_blocking((0..300).map(|i| chunk(i, 1000)))
+    })
+    .await
+    .unwrap()
+    .unwrap()
+    .into_inner();
+    assert_eq!((summary.chunks, summary.in_order), (300, true));
+
+    let requests = futures::stream::iter((0..400).map(|i| chunk(i, 200)));
+    let mut echoes = client.chat(requests).await.unwrap().into_inner();
+    let mut next = 0;
+    while let Some(chunk) = echoes.message().await.unwrap() {
+        assert_eq!(chunk.index, next);
+        next += 1;
+    }
+    assert_eq!(next, 400);
+}
+
+/// A stream whose reader stalls stops its sender at the window without holding up other
+/// calls on the connection; dropping the stream cancels it at the server promptly.
+async fn slow_reader_holds_back_only_its_stream(url: &str) {
+    let streamer = Streamer::default();
+    let server = start_for(url, &streamer);
+    let channel = connect(server.local_url()).await;
+    let client = StreamerClient::new(channel.clone());
+    let mut stream = client
+        .produce(produce(100_000, 1000))
+        .await
+        .unwrap()
+        .into_inner();
+    stream.message().await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let produced = streamer.stats.produced.load(Ordering::SeqCst);
+    // The default window: 256 messages and 1 MiB (about 1000 of these chunks).
+    assert!(produced <= 260, "the server ran {produced} messages ahead");
+
+    let echo = EchoClient::new(channel.clone());
+    let started = Instant::now();
+    for seq in 0..50 {
+        let request = EchoRequest {
+            payload: vec![1; 100].into(),
+            seq,
+        };
+        echo.echo(request).await.unwrap();
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "unary calls held up"
+    );
+
+    drop(stream);
+    eventually("the server stops producing", || {
+        streamer.stats.produce_dropped.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    drop(server);
+}
+
+/// The deadline covers the whole stream, not just its start.
+async fn deadline_covers_the_stream(url: &str) {
+    let streamer = Streamer::default();
+    let server = start_for(url, &streamer);
+    let client = StreamerClient::new(connect(server.local_url()).await);
+    let slow = ProduceRequest {
+        interval: Some(Duration::from_millis(20).try_into().unwrap()),
+        ..produce(1000, 10)
+    };
+    let mut request = Request::new(slow);
+    request.set_timeout(Duration::from_millis(300));
+    let started = Instant::now();
+    let items: Vec<_> = client
+        .produce(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .collect()
+        .await;
+    let elapsed = started.elapsed();
+    let last = items.last().unwrap().as_ref().unwrap_err();
+    assert_eq!(last.code(), Code::DeadlineExceeded, "{last}");
+    assert!(items.len() > 3 && items.len() < 30, "{} items", items.len());
+    assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
+    eventually("the server's handler is stopped", || {
+        streamer.stats.produce_dropped.load(Ordering::SeqCst) == 1
+    })
+    .await;
+}
+
+fn start_for(url: &str, streamer: &Streamer) -> ServerHandle {
+    if url.starts_with("rdma://") {
+        rdma_server(streamer)
+    } else {
+        tcp_server(streamer)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_server_streams() {
+    let server = tcp_server(&Streamer::default());
+    server_streams(server.local_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_client_and_bidi_streams() {
+    let server = tcp_server(&Streamer::default());
+    client_and_bidi_streams(server.local_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_slow_reader_holds_back_only_its_stream() {
+    slow_reader_holds_back_only_its_stream("tcp://").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_deadline_covers_the_stream() {
+    deadline_covers_the_stream("tcp://").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+async fn rdma_server_streams() {
+    let server = rdma_server(&Streamer::default());
+    server_streams(server.local_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+async fn rdma_client_and_bidi_streams() {
+    let server = rdma_server(&Streamer::default());
+    client_and_bidi_streams(server.local_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+async fn rdma_slow_reader_holds_back_only_its_stream() {
+    slow_reader_holds_back_only_its_stream("rdma://").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+async fn rdma_deadline_covers_the_stream() {
+    deadline_covers_the_stream("rdma://").await;
+}
