@@ -1,15 +1,19 @@
-//! Compiles `proto/echo.proto` with tonic-prost-build for the tonic baseline of
-//! `rpc-bench tcp-compare`. protox parses the file, so no `protoc` is needed.
+//! Compiles `proto/echo.proto` and `proto/streaming.proto` with tonic-prost-build for the
+//! tonic baselines of `rpc-bench tcp-compare` and `rpc-bench stream`. protox parses the
+//! files, so no `protoc` is needed.
 
 fn main() -> std::io::Result<()> {
     let proto_dir = "../proto";
-    let proto = "../proto/echo.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    let fds = protox::compile([proto], [proto_dir]).map_err(std::io::Error::other)?;
+    let protos = ["../proto/echo.proto", "../proto/streaming.proto"];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let fds = protox::compile(protos, [proto_dir]).map_err(std::io::Error::other)?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
         // As in rdma-rpc's own build: the comparison decodes payloads the same way.
         .bytes(".echo")
+        .bytes(".rpc.streaming.Chunk.payload")
         .compile_fds(fds)
 }

@@ -4,11 +4,15 @@ fn main() -> std::io::Result<()> {
         .bytes([
             ".rpc.testing.BulkRequest.payload",
             ".rpc.testing.BulkReply.payload",
-            ".rpc.testing.Chunk.payload",
+            ".rpc.streaming.Chunk.payload",
             ".echo",
         ])
         .compile_protos(
-            &["../proto/echo.proto", "../proto/testing.proto"],
+            &[
+                "../proto/echo.proto",
+                "../proto/testing.proto",
+                "../proto/streaming.proto",
+            ],
             &["../proto"],
         )
 }

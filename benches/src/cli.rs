@@ -34,6 +34,9 @@ pub enum Command {
     /// On TCP loopback: rdma-rpc (tcp://) vs tonic vs a raw length-prefixed ping-pong, one
     /// call at a time.
     TcpCompare(CompareArgs),
+    /// Start the streaming service in this process on --url and stream --messages chunks of
+    /// --size bytes from one server-streaming call; with --tonic, also tonic on 127.0.0.1.
+    Stream(StreamArgs),
     /// Open many connections to a running `rpc-bench server` (one call each), let them sit
     /// idle, and report the server process's threads, pinned memory and idle CPU.
     Connections(ConnectionsArgs),
@@ -55,6 +58,29 @@ pub struct ConnectionsArgs {
     #[arg(long, default_value_t = 10)]
     pub idle_secs: u64,
     /// Print exactly one JSON object on stdout instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+    /// RDMA settings.
+    #[command(flatten)]
+    pub rdma: RdmaArgs,
+}
+
+/// Arguments of `rpc-bench stream`.
+#[derive(Debug, Args)]
+pub struct StreamArgs {
+    /// Where to serve: tcp://host:port or rdma://host:port (port 0 picks one).
+    #[arg(long, value_parser = parse_url, default_value = "tcp://127.0.0.1:0")]
+    pub url: Endpoint,
+    /// Payload bytes per message.
+    #[arg(long, value_name = "BYTES", default_value_t = 32)]
+    pub size: usize,
+    /// Messages in the measured stream.
+    #[arg(long, value_name = "N", default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub messages: u64,
+    /// Also stream through tonic over TCP loopback and print the ratio.
+    #[arg(long)]
+    pub tonic: bool,
+    /// Print one JSON object per run on stdout instead of the summary.
     #[arg(long)]
     pub json: bool,
     /// RDMA settings.

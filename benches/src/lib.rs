@@ -25,6 +25,7 @@ pub mod ours;
 pub mod payload;
 pub mod recorder;
 pub mod result;
+pub mod streaming;
 pub mod tonic_echo;
 
 pub use error::BenchError;

@@ -2,8 +2,9 @@
 //!
 //! * [`echo`]: generated from `proto/echo.proto`; [`EchoService`] implements it.
 //! * [`testing`] (package `rpc.testing`): generated from `proto/testing.proto`; [`Tester`] sleeps or fails on
-//!   request and counts what happened, so tests can observe the server; [`Streamer`]
-//!   produces, consumes and echoes streams.
+//!   request and counts what happened, so tests can observe the server.
+//! * [`streaming`] (package `rpc.streaming`): generated from `proto/streaming.proto`;
+//!   [`Streamer`] produces, consumes and echoes streams.
 
 pub mod echo {
     //! Generated from `proto/echo.proto`.
@@ -16,9 +17,13 @@ pub mod rpc {
         //! Generated from `proto/testing.proto` (package `rpc.testing`).
         rpc_core::include_proto!("rpc.testing");
     }
+    pub mod streaming {
+        //! Generated from `proto/streaming.proto` (package `rpc.streaming`).
+        rpc_core::include_proto!("rpc.streaming");
+    }
 }
 
-pub use rpc::testing;
+pub use rpc::{streaming, testing};
 
 mod services;
 mod streamer;

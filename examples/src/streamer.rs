@@ -10,7 +10,7 @@ use futures::{Stream, StreamExt};
 use rpc_core::{Code, Request, Response, Status, Streaming};
 
 use crate::bulk_pattern;
-use crate::testing::{streamer_server, Chunk, ConsumeSummary, ProduceRequest};
+use crate::streaming::{streamer_server, Chunk, ConsumeSummary, ProduceRequest};
 
 /// Counters of what the [`Streamer`] saw.
 #[derive(Debug, Default)]

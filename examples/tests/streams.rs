@@ -12,9 +12,9 @@ use rdma_rpc::ServerHandle;
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
-use rpc_examples::testing::streamer_client::StreamerClient;
-use rpc_examples::testing::streamer_server::StreamerServer;
-use rpc_examples::testing::{Chunk, ProduceRequest};
+use rpc_examples::streaming::streamer_client::StreamerClient;
+use rpc_examples::streaming::streamer_server::StreamerServer;
+use rpc_examples::streaming::{Chunk, ProduceRequest};
 use rpc_examples::{bulk_pattern, EchoService, Streamer};
 
 fn builder(streamer: &Streamer) -> rdma_rpc::ServerBuilder {

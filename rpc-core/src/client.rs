@@ -44,6 +44,20 @@ pub trait ClientTransport: Send + Sync + 'static {
         Poll::Ready(self.send(frame))
     }
 
+    /// Like [`ClientTransport::poll_send`], but the frame may wait in the transport, with
+    /// others sent the same way, until [`ClientTransport::flush`]: a stream's messages sent
+    /// back to back leave together. The default sends at once.
+    fn poll_send_more(
+        &self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        self.poll_send(cx, frame)
+    }
+
+    /// Sends what [`ClientTransport::poll_send_more`] left waiting. Never blocks.
+    fn flush(&self) {}
+
     /// Sends a header-only frame (a `Cancel`) without ever blocking, from any context,
     /// `Drop` included: a transport with no room now queues it within a bound, or drops it
     /// (the call was given up on; its late answer is ignored). The default calls `send`.

@@ -55,6 +55,18 @@ impl ReplySink for Conn {
     ) -> Poll<Result<(), Status>> {
         self.outbox.poll_push(cx, &self.stream, frame)
     }
+
+    fn poll_send_more(
+        &self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        self.outbox.poll_push_more(cx, &self.stream, frame)
+    }
+
+    fn flush(&self) {
+        self.outbox.flush(&self.stream);
+    }
 }
 
 /// What a side does with what its peer sends.

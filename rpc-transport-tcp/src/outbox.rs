@@ -20,6 +20,10 @@ use tokio::sync::Notify;
 
 use crate::codec::encode;
 
+/// Bytes a stream's sender may leave corked ([`Outbox::poll_push_more`]) before they are
+/// written anyway.
+const CORK_LIMIT: usize = 64 * 1024;
+
 /// Header-only frames (a dropped call's `Cancel`) may exceed the queue bound by this much, so
 /// that giving up on a call works even while its connection's queue is full.
 const CONTROL_ALLOWANCE: usize = 64 * 1024;
@@ -35,7 +39,8 @@ pub(crate) enum Class {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Encoded frames not yet handed to the writer task.
+    /// Encoded frames not yet handed to the writer task. Non-empty while not `writing` only
+    /// when corked ([`Outbox::poll_push_more`]) until the sender's flush.
     pending: BytesMut,
     /// Bytes the writer task took and has not written yet.
     in_writer: usize,
@@ -131,6 +136,45 @@ impl Outbox {
         }
     }
 
+    /// Like [`Outbox::poll_push`], but the frame may wait corked with the ones before it
+    /// until [`Outbox::flush`] or until [`CORK_LIMIT`] bytes are corked: a stream sending
+    /// messages back to back writes them in one syscall.
+    pub(crate) fn poll_push_more(
+        &self,
+        cx: &mut Context<'_>,
+        stream: &TcpStream,
+        frame: &OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        let mut st = self.state.lock();
+        if let Some(status) = &st.closed {
+            return Poll::Ready(Err(status.clone()));
+        }
+        if !st.has_room(frame.len(), self.limit, Class::Data) {
+            // What is corked goes out first; room comes back as it is written.
+            if let Err(status) = self.start_write(&mut st, stream) {
+                return Poll::Ready(Err(status));
+            }
+            register(&mut st.waiters, cx.waker());
+            return Poll::Pending;
+        }
+        encode(frame, &mut st.pending);
+        if st.pending.len() >= CORK_LIMIT {
+            if let Err(status) = self.start_write(&mut st, stream) {
+                return Poll::Ready(Err(status));
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Writes what [`Outbox::poll_push_more`] corked.
+    pub(crate) fn flush(&self, stream: &TcpStream) {
+        let mut st = self.state.lock();
+        if st.closed.is_none() {
+            // A failure closed the queue; the senders see it on their next push.
+            let _ = self.start_write(&mut st, stream);
+        }
+    }
+
     /// Writes or queues a data frame, parking the thread while the queue is full, at most
     /// until the frame's deadline (`timeout_us`) if it has one. A peer that never reads is
     /// disconnected after the stall limit, which ends the wait too.
@@ -197,16 +241,27 @@ impl Outbox {
             return Ok(Pushed::Full);
         }
         encode(frame, &mut st.pending);
-        if st.writing {
+        self.start_write(st, stream)?;
+        Ok(Pushed::Sent)
+    }
+
+    /// Unless the writer task owns the socket: writes what is pending on this thread, and
+    /// hands what the socket does not take to the writer task.
+    fn start_write(
+        &self,
+        st: &mut MutexGuard<'_, State>,
+        stream: &TcpStream,
+    ) -> Result<(), Status> {
+        if st.writing || st.pending.is_empty() {
             // The writer task takes it after what it is writing.
-            return Ok(Pushed::Sent);
+            return Ok(());
         }
         // Nothing queued: write on this thread. The lock keeps other senders' frames behind
         // this one; the write never blocks.
         match stream.try_write(&st.pending) {
             Ok(n) if n == st.pending.len() => {
                 st.pending.clear();
-                return Ok(Pushed::Sent);
+                return Ok(());
             }
             Ok(n) => {
                 let _ = st.pending.split_to(n);
@@ -225,7 +280,7 @@ impl Outbox {
         }
         st.writing = true;
         self.writer.notify_one();
-        Ok(Pushed::Sent)
+        Ok(())
     }
 
     /// The writer task's next chunk to write, or what to do when there is none.
@@ -280,6 +335,11 @@ impl Outbox {
             return true;
         }
         st.finish = Some(status);
+        if !st.writing {
+            // Corked frames: the writer task writes them, then closes.
+            st.writing = true;
+            self.writer.notify_one();
+        }
         false
     }
 

@@ -5,6 +5,7 @@
 //! rpc-bench client   --url rdma://192.168.77.1:7471 --size 4096 --iters 100000 --json
 //! rpc-bench loopback --url tcp://127.0.0.1:0 --size 64 --iters 10000 --concurrency 8
 //! rpc-bench tcp-compare --size 32 --iters 20000
+//! rpc-bench stream --url rdma://192.168.77.1:0 --size 32 --messages 200000 [--tonic]
 //! rpc-bench connections --url rdma://192.168.77.1:7471 --count 1000 --server-pid 4242
 //! ```
 //!
@@ -15,7 +16,9 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser as _;
-use rpc_bench::cli::{Cli, ClientArgs, Command, CompareArgs, ConnectionsArgs, ServerArgs};
+use rpc_bench::cli::{
+    Cli, ClientArgs, Command, CompareArgs, ConnectionsArgs, ServerArgs, StreamArgs,
+};
 use rpc_bench::ours::{self, ClientPlan};
 use rpc_bench::{compare, BenchError, BenchResult};
 
@@ -26,6 +29,7 @@ fn main() -> ExitCode {
         Command::Client(args) => client(&args, None),
         Command::Loopback(args) => loopback(&args),
         Command::TcpCompare(args) => tcp_compare(&args),
+        Command::Stream(args) => stream(&args),
         Command::Connections(args) => connections(&args),
     };
     match result {
@@ -35,6 +39,33 @@ fn main() -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+fn stream(args: &StreamArgs) -> Result<(), BenchError> {
+    use rpc_bench::streaming;
+    let ours = streaming::run_ours(&args.url, args.rdma.config(), args.size, args.messages)?;
+    let tonic = if args.tonic {
+        Some(streaming::run_tonic(args.size, args.messages)?)
+    } else {
+        None
+    };
+    let mut out = std::io::stdout().lock();
+    let written = if args.json {
+        std::iter::once(&ours)
+            .chain(tonic.as_ref())
+            .try_for_each(|r| writeln!(out, "{}", serde_json::to_string(r).unwrap_or_default()))
+    } else {
+        writeln!(out, "{}", ours.line()).and_then(|()| match &tonic {
+            Some(tonic) => writeln!(
+                out,
+                "{}\nours/tonic messages/s = {:.2}x",
+                tonic.line(),
+                ours.messages_per_sec / tonic.messages_per_sec
+            ),
+            None => Ok(()),
+        })
+    };
+    written.map_err(|e| BenchError::failed("writing to stdout", e))
 }
 
 fn serve(args: &ServerArgs) -> Result<(), BenchError> {

@@ -93,6 +93,20 @@ pub trait ReplySink: Send + Sync + 'static {
     ) -> Poll<Result<(), Status>> {
         Poll::Ready(self.send(frame))
     }
+
+    /// Like [`ReplySink::poll_send`], but the frame may wait in the transport, with others
+    /// sent the same way, until [`ReplySink::flush`]: a stream's messages sent back to back
+    /// leave together. The default sends at once.
+    fn poll_send_more(
+        &self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        self.poll_send(cx, frame)
+    }
+
+    /// Sends what [`ReplySink::poll_send_more`] left waiting. Never blocks.
+    fn flush(&self) {}
 }
 
 /// What a call is answered with.

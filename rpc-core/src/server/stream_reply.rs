@@ -105,8 +105,24 @@ impl<'a> StreamReply<'a> {
         self.headers_sent = true;
         loop {
             // Room first: no message is taken from the handler that could not go.
-            poll_fn(|cx| self.out.shared().poll_send_ready(cx)).await?;
-            match poll_fn(|cx| messages.poll_next_message(cx)).await {
+            let out = &*self.out;
+            poll_fn(|cx| {
+                let ready = out.shared().poll_send_ready(cx);
+                if ready.is_pending() {
+                    out.flush();
+                }
+                ready
+            })
+            .await?;
+            // Messages sent back to back leave together; waiting for the next one flushes.
+            let next = poll_fn(|cx| {
+                let next = messages.poll_next_message(cx);
+                if next.is_pending() {
+                    out.flush();
+                }
+                next
+            });
+            match next.await {
                 None => return Ok(Finished::Stream),
                 Some(Err(status)) => return Err(status),
                 Some(Ok(())) => {

@@ -323,7 +323,18 @@ where
 {
     async move {
         let mut messages = std::pin::pin!(messages);
-        while let Some(message) = messages.next().await {
+        loop {
+            // Messages sent back to back leave together; waiting for the next one flushes.
+            let next = poll_fn(|cx| {
+                let next = messages.poll_next_unpin(cx);
+                if next.is_pending() {
+                    out.flush();
+                }
+                next
+            });
+            let Some(message) = next.await else {
+                break;
+            };
             poll_fn(|cx| out.poll_send(cx, &message)).await?;
         }
         let half_close = out.half_close();

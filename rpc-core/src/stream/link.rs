@@ -39,6 +39,26 @@ impl Link {
         }
     }
 
+    /// Sends a stream message that may wait for the next ones until [`Link::flush`].
+    pub(crate) fn poll_send_more(
+        &self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        match self {
+            Link::Client(t) => t.poll_send_more(cx, frame),
+            Link::Server(s) => s.poll_send_more(cx, frame),
+        }
+    }
+
+    /// Sends what [`Link::poll_send_more`] left waiting.
+    pub(crate) fn flush(&self) {
+        match self {
+            Link::Client(t) => t.flush(),
+            Link::Server(s) => s.flush(),
+        }
+    }
+
     /// Sends, blocking the thread while there is no room (blocking APIs only).
     pub(crate) fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
         match self {

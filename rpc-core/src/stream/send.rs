@@ -62,19 +62,24 @@ impl Outgoing {
     }
 
     /// Sends `message` once the window and the link have room; `Pending` until then (the
-    /// message is not sent, the next poll starts over).
+    /// message is not sent, the next poll starts over). The message may wait in the link
+    /// for the ones after it: whoever stops sending calls [`Outgoing::flush`] (waiting for
+    /// the window here does).
     pub(crate) fn poll_send(
         &mut self,
         cx: &mut Context<'_>,
         message: &dyn EncodeBody,
     ) -> Poll<Result<(), Status>> {
         self.check(message)?;
-        ready!(self.shared.poll_send_ready(cx))?;
+        if self.shared.poll_send_ready(cx)?.is_pending() {
+            self.link.flush();
+            return Poll::Pending;
+        }
         let header = Header::stream(FrameKind::Message, self.call_id, self.next_seq);
         let empty = MetadataMap::new();
         let mut frame = OutgoingFrame::new(header, &empty, message)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-        ready!(self.link.poll_send(cx, &mut frame))?;
+        ready!(self.link.poll_send_more(cx, &mut frame))?;
         self.sent(message.encoded_len());
         Poll::Ready(Ok(()))
     }
@@ -97,6 +102,11 @@ impl Outgoing {
         self.link.send(&mut frame)?;
         self.sent(message.encoded_len());
         Ok(())
+    }
+
+    /// Sends the messages [`Outgoing::poll_send`] left waiting in the link.
+    pub(crate) fn flush(&self) {
+        self.link.flush();
     }
 
     fn sent(&mut self, len: usize) {

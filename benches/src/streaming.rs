@@ -1,0 +1,289 @@
+//! `rpc-bench stream`: messages per second and goodput of one server-streaming call
+//! (`rpc.streaming.Streamer/Produce`) over rdma-rpc, and over tonic on TCP loopback for
+//! comparison.
+
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use rdma_rpc::prelude::*;
+use rdma_rpc::{Endpoint, RdmaConfig, ServeOptions};
+use rpc_examples::streaming::streamer_client::StreamerClient;
+use rpc_examples::streaming::streamer_server::StreamerServer;
+use rpc_examples::streaming::ProduceRequest;
+use rpc_examples::Streamer;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Instant;
+use crate::error::BenchError;
+
+/// Message size limit of both ends: room for the largest chunk asked for.
+fn message_limit(size: usize) -> usize {
+    (size + 64).max(4 << 20)
+}
+
+/// What one streamed call achieved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamResult {
+    /// `tcp` or `rdma` (rdma-rpc), or `tonic`.
+    pub transport: String,
+    /// Payload bytes per message.
+    pub size: usize,
+    /// Messages measured (after a warm-up stream of a tenth as many).
+    pub messages: u64,
+    /// Wall-clock time from the call to its last message, seconds.
+    pub elapsed_s: f64,
+    /// Messages received per second.
+    pub messages_per_sec: f64,
+    /// Payload bytes received per second, MiB/s.
+    pub goodput_mib_s: f64,
+}
+
+impl StreamResult {
+    fn new(transport: &str, size: usize, messages: u64, elapsed: Duration) -> Self {
+        let secs = elapsed.as_secs_f64().max(1e-9);
+        StreamResult {
+            transport: transport.to_owned(),
+            size,
+            messages,
+            elapsed_s: secs,
+            messages_per_sec: messages as f64 / secs,
+            goodput_mib_s: (messages as f64 * size as f64) / secs / (1 << 20) as f64,
+        }
+    }
+
+    /// One line for people.
+    pub fn line(&self) -> String {
+        format!(
+            "{:<6} {:>9} B x {:>8}: {:>11.0} msgs/s {:>9.1} MiB/s ({:.2} s)",
+            self.transport,
+            self.size,
+            self.messages,
+            self.messages_per_sec,
+            self.goodput_mib_s,
+            self.elapsed_s
+        )
+    }
+}
+
+/// Serves the streamer on `url` in this process and streams `messages` chunks of `size`
+/// bytes from it (after a warm-up stream).
+pub fn run_ours(
+    url: &Endpoint,
+    rdma: RdmaConfig,
+    size: usize,
+    messages: u64,
+) -> Result<StreamResult, BenchError> {
+    let server = Server::builder()
+        .max_message_size(message_limit(size))
+        .add_service(StreamerServer::new(Streamer::default()))
+        .start_with(
+            &url.to_string(),
+            ServeOptions {
+                rdma: rdma.clone(),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| BenchError::failed(&format!("serving on {url}"), e))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| BenchError::failed("creating the tokio runtime", e))?;
+    let local = server.local_url().to_owned();
+    let transport = crate::ours::transport_name(url);
+    runtime.block_on(async move {
+        let channel = rdma_rpc::client()
+            .max_message_size(message_limit(size))
+            .rdma_config(rdma)
+            .connect(&local)
+            .await
+            .map_err(|e| BenchError::failed(&format!("connecting to {local}"), e))?;
+        let client = StreamerClient::new(channel);
+        let mut elapsed = Duration::ZERO;
+        for (count, measured) in [((messages / 10).max(1), false), (messages, true)] {
+            let request = ProduceRequest {
+                count,
+                size: size as u64,
+                ..Default::default()
+            };
+            let started = Instant::now();
+            let mut stream = client
+                .produce(request)
+                .await
+                .map_err(|s| BenchError::failed("opening the stream", s))?
+                .into_inner();
+            let mut got = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|s| BenchError::failed("streaming", s))?;
+                if chunk.index != got || chunk.payload.len() != size {
+                    return Err(BenchError::failed(
+                        "streaming",
+                        format!(
+                            "chunk {} of {} bytes arrived as number {got}",
+                            chunk.index,
+                            chunk.payload.len()
+                        ),
+                    ));
+                }
+                got += 1;
+            }
+            if got != count {
+                return Err(BenchError::failed(
+                    "streaming",
+                    format!("{got} of {count} chunks"),
+                ));
+            }
+            if measured {
+                elapsed = started.elapsed();
+            }
+        }
+        Ok(StreamResult::new(transport, size, messages, elapsed))
+    })
+}
+
+/// The tonic baseline: the same service, compiled by tonic-prost-build, over HTTP/2 on
+/// 127.0.0.1.
+pub fn run_tonic(size: usize, messages: u64) -> Result<StreamResult, BenchError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| BenchError::failed("creating the tokio runtime", e))?;
+    runtime.block_on(tonic_streamer::serve_and_stream(size, messages))
+}
+
+mod tonic_streamer {
+    use std::pin::Pin;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use futures::{Stream, StreamExt};
+    use tonic::transport::server::TcpIncoming;
+
+    use super::{message_limit, StreamResult};
+    use crate::clock::Instant;
+    use crate::error::BenchError;
+
+    /// Code generated by tonic-prost-build from `proto/streaming.proto`.
+    pub mod proto {
+        tonic::include_proto!("rpc.streaming");
+    }
+
+    use proto::streamer_client::StreamerClient;
+    use proto::streamer_server::{Streamer, StreamerServer};
+    use proto::{Chunk, ConsumeSummary, ProduceRequest};
+
+    type Chunks = Pin<Box<dyn Stream<Item = Result<Chunk, tonic::Status>> + Send>>;
+
+    /// Produces chunks as `rpc_examples::Streamer` does (the other methods are not
+    /// measured).
+    #[derive(Debug, Default, Clone, Copy)]
+    struct TonicStreamer;
+
+    #[tonic::async_trait]
+    impl Streamer for TonicStreamer {
+        type ProduceStream = Chunks;
+        type ChatStream = Chunks;
+
+        async fn produce(
+            &self,
+            request: tonic::Request<ProduceRequest>,
+        ) -> Result<tonic::Response<Chunks>, tonic::Status> {
+            let ask = request.into_inner();
+            let payload = Bytes::from(rpc_examples::bulk_pattern(ask.size as usize, 0));
+            let chunks = futures::stream::iter(0..ask.count).map(move |index| {
+                Ok(Chunk {
+                    index,
+                    payload: payload.clone(),
+                })
+            });
+            Ok(tonic::Response::new(Box::pin(chunks)))
+        }
+
+        async fn consume(
+            &self,
+            _: tonic::Request<tonic::Streaming<Chunk>>,
+        ) -> Result<tonic::Response<ConsumeSummary>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not measured"))
+        }
+
+        async fn chat(
+            &self,
+            _: tonic::Request<tonic::Streaming<Chunk>>,
+        ) -> Result<tonic::Response<Chunks>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not measured"))
+        }
+    }
+
+    pub(super) async fn serve_and_stream(
+        size: usize,
+        messages: u64,
+    ) -> Result<StreamResult, BenchError> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| BenchError::failed("binding the tonic server", e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| BenchError::failed("tonic server address", e))?;
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(
+                    StreamerServer::new(TonicStreamer)
+                        .max_decoding_message_size(message_limit(size))
+                        .max_encoding_message_size(message_limit(size)),
+                )
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = stopped.await;
+                }),
+        );
+        let url = format!("http://{addr}");
+        let result = stream(&url, size, messages).await;
+        let _ = stop.send(());
+        let _ = server.await;
+        result
+    }
+
+    async fn stream(url: &str, size: usize, messages: u64) -> Result<StreamResult, BenchError> {
+        let mut client = StreamerClient::connect(url.to_owned())
+            .await
+            .map_err(|e| BenchError::failed(&format!("connecting to {url}"), e))?
+            .max_decoding_message_size(message_limit(size))
+            .max_encoding_message_size(message_limit(size));
+        let mut elapsed = Duration::ZERO;
+        for (count, measured) in [((messages / 10).max(1), false), (messages, true)] {
+            let request = ProduceRequest {
+                count,
+                size: size as u64,
+                ..Default::default()
+            };
+            let started = Instant::now();
+            let mut stream = client
+                .produce(request)
+                .await
+                .map_err(|s| BenchError::failed("opening the tonic stream", s))?
+                .into_inner();
+            let mut got = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|s| BenchError::failed("tonic streaming", s))?;
+                if chunk.index != got || chunk.payload.len() != size {
+                    return Err(BenchError::failed(
+                        "tonic streaming",
+                        "a chunk out of place",
+                    ));
+                }
+                got += 1;
+            }
+            if got != count {
+                return Err(BenchError::failed(
+                    "tonic streaming",
+                    format!("{got} of {count} chunks"),
+                ));
+            }
+            if measured {
+                elapsed = started.elapsed();
+            }
+        }
+        Ok(StreamResult::new("tonic", size, messages, elapsed))
+    }
+}
