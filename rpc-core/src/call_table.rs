@@ -112,19 +112,28 @@ impl CallTable {
             };
             (stream.clone(), inner.calls.contains_key(&id))
         };
-        if frame.header.kind == FrameKind::Trailers && awaiting_headers {
-            // Trailers before the headers: the call ends with their status.
-            let status = match frame.header.status {
-                crate::Code::Ok => {
-                    Status::internal("the server ended the stream before sending its headers")
-                }
-                code => Status::new(code, String::from_utf8_lossy(&frame.payload).into_owned()),
-            };
+        let header = frame.header;
+        if header.kind == FrameKind::HalfClose {
+            let status = Status::internal("stream protocol violation: the server half-closed");
+            stream.fail(status.clone());
             self.complete(id, Err(status));
             return;
         }
-        let fed = stream.on_frame(frame);
-        if let Err(status) = fed {
+        // Trailers may overtake the headers when a transport hands frames up from two
+        // threads: they go to the stream, and the call waits for its headers, unless they
+        // carry an error, which ends the call either way.
+        let early_error = (header.kind == FrameKind::Trailers
+            && awaiting_headers
+            && header.status != crate::Code::Ok)
+            .then(|| {
+                Status::new(
+                    header.status,
+                    String::from_utf8_lossy(&frame.payload).into_owned(),
+                )
+            });
+        if let Err(status) = stream.on_frame(frame) {
+            self.complete(id, Err(status));
+        } else if let Some(status) = early_error {
             self.complete(id, Err(status));
         }
     }
@@ -135,8 +144,16 @@ impl CallTable {
     pub fn complete(&self, id: u64, result: CallResult) -> bool {
         let waiter = {
             let mut inner = self.inner.lock();
-            if let (Err(status), Some(stream)) = (&result, inner.streams.get(&id)) {
-                stream.fail(status.clone());
+            match (&result, inner.streams.get(&id)) {
+                (Err(status), Some(stream)) => stream.fail(status.clone()),
+                // A unary answer to a streaming call (client streaming): the server reads
+                // no more, so its senders stop.
+                (Ok(frame), Some(stream)) if !frame.header.flags.contains(crate::Flags::STREAM) => {
+                    stream.fail(Status::cancelled(
+                        "the server answered before the stream ended",
+                    ))
+                }
+                _ => {}
             }
             let Some(slot) = inner.calls.get_mut(&id) else {
                 return false;

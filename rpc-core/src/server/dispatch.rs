@@ -303,6 +303,11 @@ impl ConnectionDispatch {
         let call_id = frame.header.call_id;
         let stream = self.streams.lock().get(&call_id).cloned();
         match stream {
+            Some(stream) if frame.header.kind == FrameKind::Trailers => {
+                stream.fail(Status::internal(
+                    "stream protocol violation: the client sent trailers",
+                ));
+            }
             Some(stream) => {
                 if let Err(status) = stream.on_frame(frame) {
                     tracing::debug!(call_id, %status, "stream failed");

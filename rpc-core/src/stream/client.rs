@@ -9,7 +9,6 @@ use futures::{FutureExt, Stream, StreamExt};
 use prost::Message;
 
 use super::send::Outgoing;
-use super::streaming::OnDrop;
 use super::{window_update_header, Link, StreamShared, Streaming};
 use crate::body::RawBody;
 use crate::client::{decode_response, Channel, PendingCall};
@@ -27,40 +26,41 @@ struct Opening {
     guard: StreamGuard,
 }
 
-/// Ends a client's streaming call when its last user lets go: stops its deadline, detaches
-/// its stream and, unless the server ended it, cancels it at the server.
+/// Ends a client's streaming call when dropped: stops its deadline, detaches its stream
+/// and, unless the server ended it (or answered), cancels it at the server. Held by the
+/// call until its headers, then by its [`Streaming`].
 struct StreamGuard {
     channel: Channel,
     id: u64,
     timer: Option<TimerKey>,
+    shared: Arc<StreamShared>,
+    /// The server answered: nothing to cancel.
+    quiet: bool,
 }
 
 impl StreamGuard {
-    fn release(&mut self, shared: &StreamShared) {
-        if let Some(key) = self.timer.take() {
-            DeadlineTimer::global().cancel(key);
-        }
-        self.channel.calls().detach_stream(self.id);
-        let ended_by_server = shared.is_over() && shared.failed().is_none();
-        if !ended_by_server && self.channel.calls().closed_status().is_none() {
-            let mut frame = OutgoingFrame::control(Header::new(FrameKind::Cancel, self.id));
-            if let Err(status) = self.channel.transport().send_control(&mut frame) {
-                tracing::debug!(call_id = self.id, %status, "could not cancel a stream");
-            }
-        }
-    }
-
-    fn into_on_drop(mut self) -> OnDrop {
-        Box::new(move |shared: &StreamShared| self.release(shared))
-    }
-
     /// The call got its unary response (client streaming): nothing more to send or read,
     /// and nothing to cancel.
     fn finish_quietly(mut self) {
+        self.quiet = true;
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
         if let Some(key) = self.timer.take() {
             DeadlineTimer::global().cancel(key);
         }
-        self.channel.calls().detach_stream(self.id);
+        let calls = self.channel.calls();
+        calls.detach_stream(self.id);
+        let ended_by_server = self.shared.is_over() && self.shared.failed().is_none();
+        if self.quiet || ended_by_server || calls.closed_status().is_some() {
+            return;
+        }
+        let mut frame = OutgoingFrame::control(Header::new(FrameKind::Cancel, self.id));
+        if let Err(status) = self.channel.transport().send_control(&mut frame) {
+            tracing::debug!(call_id = self.id, %status, "could not cancel a stream");
+        }
     }
 }
 
@@ -86,7 +86,7 @@ impl Channel {
             .deadline
             .map(|at| DeadlineTimer::global().schedule(at, self.calls(), id));
         let out = Outgoing::new(
-            shared,
+            shared.clone(),
             Link::Client(self.transport().clone()),
             id,
             config.max_message_size,
@@ -95,6 +95,8 @@ impl Channel {
             channel: self.clone(),
             id,
             timer,
+            shared,
+            quiet: false,
         };
         Ok((Opening { call, out, guard }, header))
     }
@@ -249,11 +251,14 @@ impl Channel {
         let (mut opening, header) = self.open_stream(method_id, &metadata, timeout)?;
         opening.send_opening_blocking(header, &metadata)?;
         for message in messages {
-            // A server that answered early has stopped reading: its answer counts.
-            if opening.out.shared().is_over() {
-                break;
+            // A server that answered early reads no more (the stream failed with a note of
+            // it): its answer counts.
+            if let Err(status) = opening.out.send_blocking(&message) {
+                if opening.out.shared().is_over() {
+                    break;
+                }
+                return Err(status);
             }
-            opening.out.send_blocking(&message)?;
         }
         if !opening.out.shared().is_over() {
             opening
@@ -390,7 +395,7 @@ fn streaming_response<Resp>(
 ) -> Result<Response<Streaming<Resp>>, Status> {
     let (metadata, ()) = headers_of(frame)?.into_parts();
     let link = Link::Client(guard.channel.transport().clone());
-    let mut stream = Streaming::new(shared, link, id, Some(guard.into_on_drop()));
+    let mut stream = Streaming::new(shared, link, id, Some(Box::new(guard)));
     if let Some(pump) = pump {
         stream = stream.with_pump(pump);
     }

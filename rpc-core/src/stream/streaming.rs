@@ -18,9 +18,9 @@ use crate::frame::OutgoingFrame;
 use crate::metadata::MetadataMap;
 use crate::status::{Code, Status};
 
-/// Runs when a [`Streaming`] is dropped (a client's stream cancels its call unless it
-/// ended).
-pub(crate) type OnDrop = Box<dyn FnOnce(&StreamShared) + Send + Sync>;
+/// Dropped when a [`Streaming`] ends or is dropped: a client's guard, which detaches the
+/// stream and cancels the call unless the server ended it.
+pub(crate) type OnDrop = Box<dyn std::any::Any + Send + Sync>;
 
 /// Work a stream does while it is read: the request side of a client's bidirectional call
 /// when no runtime was there to run it.
@@ -145,6 +145,9 @@ impl<T> Streaming<T> {
     fn finish(&mut self) {
         self.link.stop_driving(&mut self.driving);
         self.pump = None;
+        if self.done {
+            self.on_drop = None;
+        }
     }
 }
 
@@ -205,9 +208,8 @@ impl<T> Drop for Streaming<T> {
         if !self.done {
             self.shared.reader_gone();
         }
-        if let Some(on_drop) = self.on_drop.take() {
-            on_drop(&self.shared);
-        }
+        // The guard goes after the reader: it decides whether to cancel from the state.
+        self.on_drop = None;
     }
 }
 
