@@ -101,6 +101,24 @@ impl Channel {
         Ok((Opening { call, out, guard }, header))
     }
 
+    /// Opens a streaming call for `request`'s messages: sends the opening, and returns the
+    /// call, the future that sends the messages and the half-close, and the guard.
+    async fn start_stream<S, Req>(
+        &self,
+        method_id: u32,
+        request: Request<S>,
+    ) -> Result<(PendingCall, Sending, StreamGuard), Status>
+    where
+        S: Stream<Item = Req> + Send + 'static,
+        Req: Message + Send + Sync + 'static,
+    {
+        let (metadata, messages, timeout) = request.into_parts();
+        let (mut opening, header) = self.open_stream(method_id, &metadata, timeout)?;
+        opening.send_opening(header, &metadata).await?;
+        let Opening { call, out, guard } = opening;
+        Ok((call, pump(out, messages), guard))
+    }
+
     /// Calls a server-streaming method: sends `request`, then resolves to the server's
     /// headers and the stream of its messages. The deadline covers the whole stream;
     /// dropping the stream before its end cancels the call.
@@ -115,22 +133,10 @@ impl Channel {
     {
         let channel = self.clone();
         async move {
-            let (metadata, message, timeout) = request.into_parts();
-            let (mut opening, header) = channel.open_stream(method_id, &metadata, timeout)?;
-            opening.send_opening(header, &metadata).await?;
-            let Opening {
-                mut call,
-                mut out,
-                guard,
-            } = opening;
-            let shared = out.shared().clone();
-            let sending = async move {
-                poll_fn(|cx| out.poll_send(cx, &message)).await?;
-                let half_close = out.half_close();
-                poll_fn(|cx| out.poll_control(cx, half_close)).await
-            };
-            let headers = await_headers(&mut call, sending.boxed()).await?;
-            streaming_response(headers, call.id, shared, guard, None)
+            let request = request.map(|message| futures::stream::iter(Some(message)));
+            let (mut call, sending, guard) = channel.start_stream(method_id, request).await?;
+            let headers = await_headers(&mut call, sending).await?;
+            streaming_response(headers, call.id, guard, None)
         }
     }
 
@@ -149,15 +155,8 @@ impl Channel {
     {
         let channel = self.clone();
         async move {
-            let (metadata, messages, timeout) = request.into_parts();
-            let (mut opening, header) = channel.open_stream(method_id, &metadata, timeout)?;
-            opening.send_opening(header, &metadata).await?;
-            let Opening {
-                mut call,
-                out,
-                guard,
-            } = opening;
-            let frame = await_headers(&mut call, pump(out, messages)).await;
+            let (mut call, sending, guard) = channel.start_stream(method_id, request).await?;
+            let frame = await_headers(&mut call, sending).await;
             guard.finish_quietly();
             decode_response(frame?)
         }
@@ -179,19 +178,10 @@ impl Channel {
     {
         let channel = self.clone();
         async move {
-            let (metadata, messages, timeout) = request.into_parts();
-            let (mut opening, header) = channel.open_stream(method_id, &metadata, timeout)?;
-            opening.send_opening(header, &metadata).await?;
-            let Opening {
-                mut call,
-                out,
-                guard,
-            } = opening;
-            let shared = out.shared().clone();
-            let mut sending = pump(out, messages);
+            let (mut call, mut sending, guard) = channel.start_stream(method_id, request).await?;
             let headers = await_headers(&mut call, &mut sending).await?;
             // The requests go on after the headers; a failure to send them fails the call.
-            let failed = shared.clone();
+            let failed = guard.shared.clone();
             let rest = async move {
                 if let Err(status) = sending.await {
                     failed.fail(status);
@@ -205,7 +195,7 @@ impl Channel {
                 }
                 Err(_) => Some(rest),
             };
-            streaming_response(headers, call.id, shared, guard, pump)
+            streaming_response(headers, call.id, guard, pump)
         }
     }
 
@@ -227,10 +217,10 @@ impl Channel {
         opening
             .out
             .send_control_blocking(opening.out.half_close())?;
-        let Opening { call, out, guard } = opening;
+        let Opening { call, guard, .. } = opening;
         let id = call.id;
         let frame = call.wait_blocking()?;
-        let response = streaming_response(frame, id, out.shared().clone(), guard, None)?;
+        let response = streaming_response(frame, id, guard, None)?;
         let (metadata, stream) = response.into_parts();
         Ok(Response::from_parts(metadata, stream.into_blocking()))
     }
@@ -316,6 +306,9 @@ impl Opening {
     }
 }
 
+/// The future sending a client's messages and its half-close.
+type Sending = futures::future::BoxFuture<'static, Result<(), Status>>;
+
 /// Sends every message of `messages`, then the half-close; stops early (successfully) if
 /// the call ended meanwhile.
 fn pump<S, Req>(
@@ -389,12 +382,12 @@ fn headers_of(frame: InboundFrame) -> Result<Response<()>, Status> {
 fn streaming_response<Resp>(
     frame: InboundFrame,
     id: u64,
-    shared: Arc<StreamShared>,
     guard: StreamGuard,
     pump: Option<super::streaming::Pump>,
 ) -> Result<Response<Streaming<Resp>>, Status> {
     let (metadata, ()) = headers_of(frame)?.into_parts();
     let link = Link::Client(guard.channel.transport().clone());
+    let shared = guard.shared.clone();
     let mut stream = Streaming::new(shared, link, id, Some(Box::new(guard)));
     if let Some(pump) = pump {
         stream = stream.with_pump(pump);
