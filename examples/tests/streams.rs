@@ -165,19 +165,19 @@ async fn slow_reader_holds_back_only_its_stream(url: &str) {
     // The default window: 256 messages and 1 MiB (about 1000 of these chunks).
     assert!(produced <= 260, "the server ran {produced} messages ahead");
 
+    // Every unary call still completes: one held up behind the stalled stream would wait
+    // for ever and fail at its (generous) deadline instead.
     let echo = EchoClient::new(channel.clone());
-    let started = Instant::now();
     for seq in 0..50 {
-        let request = EchoRequest {
+        let mut request = Request::new(EchoRequest {
             payload: vec![1; 100].into(),
             seq,
-        };
-        echo.echo(request).await.unwrap();
+        });
+        request.set_timeout(Duration::from_secs(10));
+        echo.echo(request)
+            .await
+            .expect("a unary call beside a stalled stream");
     }
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "unary calls held up"
-    );
 
     drop(stream);
     eventually("the server stops producing", || {
