@@ -14,100 +14,26 @@ use futures::future::{AbortHandle, Abortable};
 use futures::FutureExt;
 use parking_lot::Mutex;
 
-use crate::auth::{AuthConfig, Peer};
+use crate::auth::Peer;
 use crate::body::RawBody;
 use crate::error::Error;
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
 use crate::metadata::MetadataMap;
 use crate::server::calls::Calls;
+pub use crate::server::config::{
+    ServerConfig, DEFAULT_MAX_CALLS, DEFAULT_MAX_CALLS_PER_CONNECTION,
+};
 use crate::server::in_flight::InFlight;
 use crate::server::router::Router;
 use crate::server::service::{InboundStream, ServerCall, ServerReply};
-use crate::server::stream_reply::StreamReply;
+pub use crate::server::sink::ReplySink;
 use crate::status::{Code, Status};
 use crate::stream::Outgoing;
-use crate::stream::{is_stream_frame, Link, StreamShared, Window, DEFAULT_STREAM_WINDOW};
+use crate::stream::{is_stream_frame, Link, StreamShared};
 
 /// Longest status message sent on the wire; longer ones are cut at a char boundary.
 const MAX_STATUS_MESSAGE: usize = 4096;
-
-/// Server settings.
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    /// Largest encoded request accepted and response sent.
-    pub max_message_size: usize,
-    /// Poll each handler once on the thread that received its request; a handler that
-    /// completes without waiting answers with no thread hand-off. Turn off for handlers that
-    /// do heavy synchronous work before their first `.await`.
-    pub inline_handlers: bool,
-    /// Worker threads of the runtime the server creates when it is not given one.
-    pub worker_threads: usize,
-    /// Calls one connection may have in progress at once (handlers running, answers waiting
-    /// for room to be sent), in the spirit of HTTP/2's `MAX_CONCURRENT_STREAMS`. Requests
-    /// beyond it are answered `RESOURCE_EXHAUSTED` without running.
-    pub max_calls_per_connection: usize,
-    /// Calls all connections of the server may have in progress at once; requests beyond it
-    /// are answered `RESOURCE_EXHAUSTED` without running.
-    pub max_calls: usize,
-    /// Who may connect ([`crate::auth`]); `None`: anyone who reaches the port.
-    pub auth: Option<AuthConfig>,
-    /// What a client may send on one stream before its handler reads it (never less than
-    /// [`crate::stream::INITIAL_WINDOW`]): per stream, at most `bytes` plus
-    /// `max_message_size` are buffered.
-    pub stream_window: Window,
-}
-
-/// Calls one connection may have in progress, unless [`ServerConfig::max_calls_per_connection`]
-/// says otherwise.
-pub const DEFAULT_MAX_CALLS_PER_CONNECTION: usize = 1024;
-/// Calls a server may have in progress, unless [`ServerConfig::max_calls`] says otherwise.
-pub const DEFAULT_MAX_CALLS: usize = 16 * 1024;
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            max_message_size: crate::client::DEFAULT_MAX_MESSAGE_SIZE,
-            inline_handlers: true,
-            worker_threads: 2,
-            max_calls_per_connection: DEFAULT_MAX_CALLS_PER_CONNECTION,
-            max_calls: DEFAULT_MAX_CALLS,
-            auth: None,
-            stream_window: DEFAULT_STREAM_WINDOW,
-        }
-    }
-}
-
-/// Where a connection's response frames go; implemented by transports.
-pub trait ReplySink: Send + Sync + 'static {
-    /// Writes and sends one frame.
-    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status>;
-
-    /// Sends one frame without blocking: with no room for it now, returns `Pending` and
-    /// wakes `cx` once there may be. A `Pending` attempt leaves nothing behind. The default
-    /// calls [`ReplySink::send`].
-    fn poll_send(
-        &self,
-        _cx: &mut Context<'_>,
-        frame: &mut OutgoingFrame<'_>,
-    ) -> Poll<Result<(), Status>> {
-        Poll::Ready(self.send(frame))
-    }
-
-    /// Like [`ReplySink::poll_send`], but the frame may wait in the transport, with others
-    /// sent the same way, until [`ReplySink::flush`]: a stream's messages sent back to back
-    /// leave together. The default sends at once.
-    fn poll_send_more(
-        &self,
-        cx: &mut Context<'_>,
-        frame: &mut OutgoingFrame<'_>,
-    ) -> Poll<Result<(), Status>> {
-        self.poll_send(cx, frame)
-    }
-
-    /// Sends what [`ReplySink::poll_send_more`] left waiting. Never blocks.
-    fn flush(&self) {}
-}
 
 /// What a call is answered with.
 pub(crate) enum Answer {
@@ -126,13 +52,13 @@ impl From<Result<ServerReply, Status>> for Answer {
     }
 }
 
-enum RuntimeSlot {
+pub(super) enum RuntimeSlot {
     Owned(Option<tokio::runtime::Runtime>),
     Shared(tokio::runtime::Handle),
 }
 
 impl RuntimeSlot {
-    fn handle(&self) -> &tokio::runtime::Handle {
+    pub(super) fn handle(&self) -> &tokio::runtime::Handle {
         match self {
             RuntimeSlot::Owned(Some(rt)) => rt.handle(),
             RuntimeSlot::Shared(handle) => handle,
@@ -155,7 +81,7 @@ impl Drop for RuntimeSlot {
 
 /// Leaves [`InFlight`] and its connection's count when a spawned handler run or answer
 /// ends, however it ends.
-struct InFlightGuard(Arc<ConnectionDispatch>);
+pub(super) struct InFlightGuard(Arc<ConnectionDispatch>);
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
@@ -168,7 +94,7 @@ impl Drop for InFlightGuard {
 pub struct Dispatcher {
     router: Router,
     config: ServerConfig,
-    runtime: RuntimeSlot,
+    pub(super) runtime: RuntimeSlot,
     in_flight: InFlight,
 }
 
@@ -237,14 +163,14 @@ impl Dispatcher {
 
 /// The server side of one connection: runs its requests and cancels them.
 pub struct ConnectionDispatch {
-    dispatcher: Arc<Dispatcher>,
+    pub(super) dispatcher: Arc<Dispatcher>,
     /// Who is on the other end, for handlers ([`crate::Request::peer`]).
     peer: Arc<Peer>,
     sink: Arc<dyn ReplySink>,
-    running: Mutex<Calls>,
+    pub(super) running: Mutex<Calls>,
     /// Streaming calls running, for their stream frames (keyed by peer-chosen ids: std's
     /// keyed hasher).
-    streams: Mutex<std::collections::HashMap<u64, Arc<StreamShared>>>,
+    pub(super) streams: Mutex<std::collections::HashMap<u64, Arc<StreamShared>>>,
     /// Spawned handler runs and answers of this connection not finished yet.
     in_progress: AtomicUsize,
     /// New requests are refused (the server is shutting down); running ones finish.
@@ -296,29 +222,6 @@ impl ConnectionDispatch {
         }
     }
 
-    /// Feeds a frame of a running streaming call to its stream. Frames of calls that ended
-    /// (or were never started) are dropped; one that breaks the stream's rules fails the
-    /// stream, and the call ends with that status.
-    fn on_stream_frame(&self, frame: InboundFrame) {
-        let call_id = frame.header.call_id;
-        let stream = self.streams.lock().get(&call_id).cloned();
-        match stream {
-            Some(stream) if frame.header.kind == FrameKind::Trailers => {
-                stream.fail(Status::internal(
-                    "stream protocol violation: the client sent trailers",
-                ));
-            }
-            Some(stream) => {
-                if let Err(status) = stream.on_frame(frame) {
-                    tracing::debug!(call_id, %status, "stream failed");
-                }
-            }
-            None => {
-                tracing::debug!(call_id, kind = ?frame.header.kind, "stream frame for no running call")
-            }
-        }
-    }
-
     /// Answers a request the transport refused to read because its declared size exceeds
     /// the limit.
     pub fn reject_oversized(self: &Arc<Self>, header: &Header, declared: u64) {
@@ -362,7 +265,7 @@ impl ConnectionDispatch {
     }
 
     /// Counts a spawned handler run or answer until the guard drops.
-    fn enter(self: &Arc<Self>) -> InFlightGuard {
+    pub(super) fn enter(self: &Arc<Self>) -> InFlightGuard {
         self.in_progress.fetch_add(1, Ordering::AcqRel);
         self.dispatcher.in_flight.enter();
         InFlightGuard(self.clone())
@@ -516,42 +419,6 @@ impl ConnectionDispatch {
         // Registered before spawning, so the task's own removal can never precede it.
         self.running.lock().start(call_id, abort);
         dispatcher.runtime.handle().spawn(task);
-    }
-
-    /// Runs a streaming call on the runtime: the handler, then its messages, then the
-    /// trailers, all within the call's deadline.
-    fn spawn_stream(
-        self: &Arc<Self>,
-        call_id: u64,
-        method_id: u32,
-        path: &'static str,
-        timeout: Option<Duration>,
-        handler: futures::future::BoxFuture<'static, Result<ServerReply, Status>>,
-        out: Outgoing,
-    ) {
-        let handler = AssertUnwindSafe(handler)
-            .catch_unwind()
-            .map(move |outcome| {
-                outcome.unwrap_or_else(|_| Err(Status::internal(format!("{path} panicked"))))
-            });
-        let guard = self.enter();
-        let conn = self.clone();
-        let run = async move {
-            let mut out = out;
-            let mut sender = StreamReply::new(&conn, &mut out);
-            let reply = sender.run(handler, timeout, path).await;
-            sender.finish(method_id, reply).await;
-            drop(guard);
-        };
-        let (abort, registration) = AbortHandle::new_pair();
-        let conn = self.clone();
-        let task = Abortable::new(run, registration).map(move |_| {
-            conn.running.lock().finish(call_id);
-            let stream = conn.streams.lock().remove(&call_id);
-            drop(stream);
-        });
-        self.running.lock().start(call_id, abort);
-        self.dispatcher.runtime.handle().spawn(task);
     }
 
     /// Answers `call_id` from the thread that received its request: sends the answer at

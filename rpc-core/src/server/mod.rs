@@ -11,10 +11,12 @@
 //! ```
 
 mod calls;
+mod config;
 mod dispatch;
 mod in_flight;
 mod router;
 mod service;
+mod sink;
 mod stream_reply;
 #[cfg(test)]
 mod tests;

@@ -2,17 +2,21 @@
 //! the client's window, then the trailers, all under the call's deadline.
 
 use std::future::poll_fn;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::{AbortHandle, Abortable};
+use futures::FutureExt;
+
 use super::dispatch::{Answer, ConnectionDispatch};
 use super::service::ServerReply;
-use crate::body::{EmptyBody, RawBody};
-use crate::frame::OutgoingFrame;
+use crate::body::EmptyBody;
+use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
 use crate::metadata::MetadataMap;
 use crate::status::Status;
-use crate::stream::{window_update_header, Outgoing};
+use crate::stream::Outgoing;
 
 /// How a streaming call's handler finished.
 pub(crate) enum Finished {
@@ -63,19 +67,10 @@ impl<'a> StreamReply<'a> {
         let Some(update) = self.out.shared().initial_update() else {
             return;
         };
-        let payload = update.encode();
-        let body = RawBody(&payload);
-        let empty = MetadataMap::new();
         let call_id = self.out.call_id();
         let sink = self.conn.sink();
-        let sent = poll_fn(|cx| {
-            let header = window_update_header(call_id);
-            match OutgoingFrame::new(header, &empty, &body) {
-                Ok(mut frame) => sink.poll_send(cx, &mut frame),
-                Err(e) => std::task::Poll::Ready(Err(Status::internal(e.to_string()))),
-            }
-        })
-        .await;
+        let sent =
+            poll_fn(|cx| update.with_frame(call_id, |frame| sink.poll_send(cx, frame))).await;
         if let Err(status) = sent {
             tracing::debug!(call_id, %status, "stream window not granted");
         }
@@ -156,5 +151,67 @@ impl<'a> StreamReply<'a> {
         };
         let conn = self.conn;
         poll_fn(|cx| conn.poll_answer(cx, call_id, method_id, &mut answer)).await;
+    }
+}
+
+/// Streaming calls of a connection: their frames and their runs.
+impl ConnectionDispatch {
+    /// Feeds a frame of a running streaming call to its stream. Frames of calls that ended
+    /// (or were never started) are dropped; one that breaks the stream's rules fails the
+    /// stream, and the call ends with that status.
+    pub(super) fn on_stream_frame(&self, frame: InboundFrame) {
+        let call_id = frame.header.call_id;
+        let stream = self.streams.lock().get(&call_id).cloned();
+        match stream {
+            Some(stream) if frame.header.kind == FrameKind::Trailers => {
+                stream.fail(Status::internal(
+                    "stream protocol violation: the client sent trailers",
+                ));
+            }
+            Some(stream) => {
+                if let Err(status) = stream.on_frame(frame) {
+                    tracing::debug!(call_id, %status, "stream failed");
+                }
+            }
+            None => {
+                tracing::debug!(call_id, kind = ?frame.header.kind, "stream frame for no running call")
+            }
+        }
+    }
+
+    /// Runs a streaming call on the runtime: the handler, then its messages, then the
+    /// trailers, all within the call's deadline.
+    pub(super) fn spawn_stream(
+        self: &Arc<Self>,
+        call_id: u64,
+        method_id: u32,
+        path: &'static str,
+        timeout: Option<Duration>,
+        handler: futures::future::BoxFuture<'static, Result<ServerReply, Status>>,
+        out: Outgoing,
+    ) {
+        let handler = AssertUnwindSafe(handler)
+            .catch_unwind()
+            .map(move |outcome| {
+                outcome.unwrap_or_else(|_| Err(Status::internal(format!("{path} panicked"))))
+            });
+        let guard = self.enter();
+        let conn = self.clone();
+        let run = async move {
+            let mut out = out;
+            let mut sender = StreamReply::new(&conn, &mut out);
+            let reply = sender.run(handler, timeout, path).await;
+            sender.finish(method_id, reply).await;
+            drop(guard);
+        };
+        let (abort, registration) = AbortHandle::new_pair();
+        let conn = self.clone();
+        let task = Abortable::new(run, registration).map(move |_| {
+            conn.running.lock().finish(call_id);
+            let stream = conn.streams.lock().remove(&call_id);
+            drop(stream);
+        });
+        self.running.lock().start(call_id, abort);
+        self.dispatcher.runtime.handle().spawn(task);
     }
 }

@@ -9,8 +9,7 @@ use futures::{FutureExt, Stream, StreamExt};
 use prost::Message;
 
 use super::send::Outgoing;
-use super::{window_update_header, Link, StreamShared, Streaming};
-use crate::body::RawBody;
+use super::{Link, StreamShared, Streaming};
 use crate::client::{decode_response, Channel, PendingCall};
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
@@ -270,12 +269,9 @@ impl Opening {
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         poll_fn(|cx| self.call.poll_send(cx, &mut frame)).await?;
         if let Some(update) = self.out.shared().initial_update() {
-            let payload = update.encode();
-            let body = RawBody(&payload);
-            let empty = MetadataMap::new();
-            let mut frame = OutgoingFrame::new(window_update_header(self.call.id), &empty, &body)
-                .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-            poll_fn(|cx| self.call.poll_send(cx, &mut frame)).await?;
+            let id = self.call.id;
+            let call = &mut self.call;
+            poll_fn(|cx| update.with_frame(id, |frame| call.poll_send(cx, frame))).await?;
         }
         Ok(())
     }
@@ -291,12 +287,7 @@ impl Opening {
         let sent = self.channel_send(&mut frame);
         self.call.sent(sent)?;
         if let Some(update) = self.out.shared().initial_update() {
-            let payload = update.encode();
-            let body = RawBody(&payload);
-            let empty = MetadataMap::new();
-            let mut frame = OutgoingFrame::new(window_update_header(self.call.id), &empty, &body)
-                .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-            self.channel_send(&mut frame)?;
+            update.with_frame(self.call.id, |frame| self.channel_send(frame))?;
         }
         Ok(())
     }

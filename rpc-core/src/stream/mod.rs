@@ -27,7 +27,10 @@ pub(crate) use send::{Outgoing, TypedMessages};
 pub(crate) use shared::StreamShared;
 pub use streaming::{BlockingStreaming, Streaming};
 
+use crate::body::RawBody;
+use crate::frame::OutgoingFrame;
 use crate::header::{FrameKind, Header};
+use crate::metadata::MetadataMap;
 
 /// A stream's flow-control window: what a sender may have sent and not yet had returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,7 +123,19 @@ pub fn is_stream_frame(kind: FrameKind) -> bool {
     )
 }
 
-/// The header of a window update for `call_id`.
-pub(crate) fn window_update_header(call_id: u64) -> Header {
-    Header::new(FrameKind::WindowUpdate, call_id)
+impl WindowUpdate {
+    /// Runs `send` on the frame that returns this room to the sender of stream `call_id`.
+    pub(crate) fn with_frame<R>(
+        &self,
+        call_id: u64,
+        send: impl FnOnce(&mut OutgoingFrame<'_>) -> R,
+    ) -> R {
+        let payload = self.encode();
+        let body = RawBody(&payload);
+        let empty = MetadataMap::new();
+        let header = Header::new(FrameKind::WindowUpdate, call_id);
+        // 12 bytes of payload and no metadata: within every length field.
+        let mut frame = OutgoingFrame::new(header, &empty, &body).expect("a window update fits");
+        send(&mut frame)
+    }
 }

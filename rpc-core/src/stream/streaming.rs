@@ -11,10 +11,8 @@ use futures::{FutureExt, Stream};
 use prost::Message;
 
 use super::shared::{Next, StreamEnd, StreamShared};
-use super::{window_update_header, Link, WindowUpdate};
-use crate::body::RawBody;
+use super::{Link, WindowUpdate};
 use crate::client::Drive;
-use crate::frame::OutgoingFrame;
 use crate::metadata::MetadataMap;
 use crate::status::{Code, Status};
 
@@ -100,14 +98,8 @@ impl<T> Streaming<T> {
         let Some(update) = self.unsent else {
             return;
         };
-        let payload = update.encode();
-        let body = RawBody(&payload);
-        let empty = MetadataMap::new();
-        let Ok(mut frame) = OutgoingFrame::new(window_update_header(self.call_id), &empty, &body)
-        else {
-            return;
-        };
-        match self.link.poll_send(cx, &mut frame) {
+        let link = &self.link;
+        match update.with_frame(self.call_id, |frame| link.poll_send(cx, frame)) {
             Poll::Pending => {}
             // A failed send means the connection is gone: the stream fails on its own.
             Poll::Ready(_) => self.unsent = None,
@@ -252,11 +244,6 @@ impl<T: Message + Default> Iterator for BlockingStreaming<T> {
 }
 
 fn send_update_blocking(link: &Link, call_id: u64, update: WindowUpdate) {
-    let payload = update.encode();
-    let body = RawBody(&payload);
-    let empty = MetadataMap::new();
-    if let Ok(mut frame) = OutgoingFrame::new(window_update_header(call_id), &empty, &body) {
-        // A failed send means the connection is gone: the stream fails on its own.
-        let _ = link.send(&mut frame);
-    }
+    // A failed send means the connection is gone: the stream fails on its own.
+    let _ = update.with_frame(call_id, |frame| link.send(frame));
 }
