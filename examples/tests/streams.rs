@@ -147,6 +147,51 @@ async fn client_and_bidi_streams(url: &str) {
     assert_eq!(next, 400);
 }
 
+/// Messages too large for an RDMA slot go by RDMA WRITE, each with its own rendezvous,
+/// mixed with small ones that overtake them on the wire: all arrive whole and in order, in
+/// every kind of stream.
+async fn large_messages_stream(url: &str) {
+    const SIZES: [usize; 5] = [100, 300_000, 10, 1 << 20, 5000];
+    let client = StreamerClient::new(connect(url).await);
+    let mut stream = client
+        .produce(produce(12, 1 << 20))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut next = 0;
+    while let Some(chunk) = stream.message().await.unwrap() {
+        assert_eq!(chunk.index, next);
+        assert!(
+            chunk.payload == bulk_pattern(1 << 20, 0),
+            "chunk {next} corrupted"
+        );
+        next += 1;
+    }
+    assert_eq!(next, 12);
+
+    let sizes = move |i: u64| SIZES[i as usize % SIZES.len()];
+    let chunks = futures::stream::iter((0..20).map(move |i| chunk(i, sizes(i))));
+    let summary = client.consume(chunks).await.unwrap().into_inner();
+    let total: usize = (0..20).map(sizes).sum();
+    assert_eq!(
+        (summary.chunks, summary.bytes, summary.in_order),
+        (20, total as u64, true)
+    );
+
+    let requests = futures::stream::iter((0..20).map(move |i| chunk(i, sizes(i))));
+    let mut echoes = client.chat(requests).await.unwrap().into_inner();
+    let mut next = 0;
+    while let Some(chunk) = echoes.message().await.unwrap() {
+        assert_eq!(chunk.index, next);
+        assert!(
+            chunk.payload == bulk_pattern(sizes(next), 0),
+            "echo {next} corrupted"
+        );
+        next += 1;
+    }
+    assert_eq!(next, 20);
+}
+
 /// A stream whose reader stalls stops its sender at the window without holding up other
 /// calls on the connection; dropping the stream cancels it at the server promptly.
 async fn slow_reader_holds_back_only_its_stream(url: &str) {
@@ -238,6 +283,12 @@ async fn tcp_client_and_bidi_streams() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_large_messages_stream() {
+    let server = tcp_server(&Streamer::default());
+    large_messages_stream(server.local_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_slow_reader_holds_back_only_its_stream() {
     slow_reader_holds_back_only_its_stream("tcp://").await;
 }
@@ -259,6 +310,13 @@ async fn rdma_server_streams() {
 async fn rdma_client_and_bidi_streams() {
     let server = rdma_server(&Streamer::default());
     client_and_bidi_streams(server.local_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+async fn rdma_large_messages_stream() {
+    let server = rdma_server(&Streamer::default());
+    large_messages_stream(server.local_url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

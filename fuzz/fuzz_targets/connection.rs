@@ -8,7 +8,9 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use rpc_core::{Code, Flags, FrameKind, Header, RemoteBuffer, HEADER_LEN};
-use rpc_rdma_protocol::{Config, Connection, Geometry, LocalBuffer, SendTarget, WorkId};
+use rpc_rdma_protocol::{
+    BodyId, Config, Connection, Geometry, LocalBuffer, SendTarget, WorkId,
+};
 
 const SLOTS: u32 = 4;
 const SLOT: usize = 256;
@@ -21,12 +23,15 @@ enum Kind {
     CreditOnly,
     LargeRequest,
     LargeGrant,
+    Message,
 }
 
 #[derive(Debug, Arbitrary)]
 struct Fields {
     kind: Kind,
     call_id: u8,
+    /// The method id, or a stream frame's sequence number.
+    seq: u8,
     large_payload: bool,
     response_buffer: bool,
     credits: u8,
@@ -66,10 +71,12 @@ enum Step {
     Release(u8),
     Grant {
         call_id: u8,
+        seq: u8,
         len: u32,
     },
     Refuse {
         call_id: u8,
+        seq: u8,
     },
     Send {
         payload_len: u8,
@@ -78,6 +85,8 @@ enum Step {
     StartLarge {
         payload_len: u32,
         call_id: u8,
+        /// A stream message's sequence number; 0 sends a request.
+        seq: u8,
     },
     Advertise {
         call_id: u8,
@@ -91,6 +100,13 @@ enum Step {
     PeerDisconnected,
 }
 
+fn body(call_id: u8, seq: u8) -> BodyId {
+    BodyId {
+        call_id: u64::from(call_id),
+        seq: u32::from(seq),
+    }
+}
+
 fn header(f: &Fields) -> Header {
     let kind = match f.kind {
         Kind::Request => FrameKind::Request,
@@ -99,8 +115,9 @@ fn header(f: &Fields) -> Header {
         Kind::CreditOnly => FrameKind::CreditOnly,
         Kind::LargeRequest => FrameKind::LargeRequest,
         Kind::LargeGrant => FrameKind::LargeGrant,
+        Kind::Message => FrameKind::Message,
     };
-    let mut h = Header::new(kind, u64::from(f.call_id));
+    let mut h = Header::stream(kind, u64::from(f.call_id), u32::from(f.seq));
     let mut flags = Flags::NONE;
     if f.large_payload {
         flags = flags.with(Flags::LARGE_PAYLOAD);
@@ -186,12 +203,12 @@ fuzz_target!(|steps: Vec<Step>| {
                 Ok(())
             }
             Step::Release(slot) => c.release_recv(slot_of(*slot)),
-            Step::Grant { call_id, len } => {
-                c.grant(u64::from(*call_id), 0x10_0000, 7, u64::from(*len));
+            Step::Grant { call_id, seq, len } => {
+                c.grant(body(*call_id, *seq), 0x10_0000, 7, u64::from(*len));
                 Ok(())
             }
-            Step::Refuse { call_id } => {
-                c.refuse(u64::from(*call_id), Code::ResourceExhausted, 0);
+            Step::Refuse { call_id, seq } => {
+                c.refuse(body(*call_id, *seq), Code::ResourceExhausted, 0);
                 Ok(())
             }
             Step::Send {
@@ -208,8 +225,13 @@ fuzz_target!(|steps: Vec<Step>| {
             Step::StartLarge {
                 payload_len,
                 call_id,
+                seq,
             } => {
-                let mut h = Header::new(FrameKind::Request, u64::from(*call_id));
+                let kind = match seq {
+                    0 => FrameKind::Request,
+                    _ => FrameKind::Message,
+                };
+                let mut h = Header::stream(kind, u64::from(*call_id), u32::from(*seq));
                 h.payload_len = *payload_len;
                 let local = LocalBuffer {
                     addr: 0x1000,

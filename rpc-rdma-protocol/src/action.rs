@@ -4,6 +4,8 @@ use std::ops::Range;
 
 use rpc_core::{Code, FrameKind, Header};
 
+use crate::large::BodyId;
+
 /// Byte offset of the `credits` field inside an encoded header.
 pub const CREDITS_OFFSET: usize = 28;
 
@@ -180,12 +182,12 @@ pub enum Action {
         /// The most the peer says it could accept (0: not said).
         limit: u64,
     },
-    /// The peer asks for a buffer of `len` bytes for `call_id`: lend one and call
-    /// [`crate::Connection::grant`], or call
-    /// [`crate::Connection::refuse`], before executing further actions.
+    /// The peer asks for a buffer of `len` bytes for `body` (a call's request or response,
+    /// or one message of its stream): lend one and call [`crate::Connection::grant`], or
+    /// call [`crate::Connection::refuse`], before executing further actions.
     GrantNeeded {
-        /// The call.
-        call_id: u64,
+        /// The body.
+        body: BodyId,
         /// Bytes of the body.
         len: u64,
     },

@@ -8,6 +8,8 @@
 
 use rpc_core::{FrameKind, HeaderError};
 
+use crate::large::BodyId;
+
 /// The peer or the completion stream contradicted the protocol. Fatal for the connection:
 /// the state machine closes itself before returning one of these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -116,17 +118,17 @@ pub enum ProtocolViolation {
     /// A send completion for the control buffer while no credit-only frame is outstanding.
     #[error("send completion for the control buffer, which has no send outstanding")]
     UnexpectedControlCompletion,
-    /// A buffer grant for a call that asked for none (or already has one).
-    #[error("peer granted a buffer for call {call_id}, which asked for none")]
+    /// A buffer grant for a body that asked for none (or already has one).
+    #[error("peer granted a buffer for {body}, which asked for none")]
     UnexpectedGrant {
-        /// Call named by the grant.
-        call_id: u64,
+        /// Body named by the grant.
+        body: BodyId,
     },
     /// A buffer grant smaller than the body it is for.
-    #[error("peer granted {granted} bytes for call {call_id}, whose body needs {needed}")]
+    #[error("peer granted {granted} bytes for {body}, whose body needs {needed}")]
     GrantTooSmall {
-        /// Call named by the grant.
-        call_id: u64,
+        /// Body named by the grant.
+        body: BodyId,
         /// Bytes granted.
         granted: u64,
         /// Bytes asked for.
@@ -143,11 +145,11 @@ pub enum ProtocolViolation {
         /// Its length.
         len: u64,
     },
-    /// A second buffer request for a call that has one pending or granted.
-    #[error("peer asked again for a buffer for call {call_id}")]
+    /// A second buffer request for a body that has one pending or granted.
+    #[error("peer asked again for a buffer for {body}")]
     DuplicateBufferRequest {
-        /// Call named by the request.
-        call_id: u64,
+        /// Body named by the request.
+        body: BodyId,
     },
     /// A request advertises a response buffer for a call that already has one.
     #[error("peer advertised a second response buffer for call {call_id}")]
@@ -155,17 +157,17 @@ pub enum ProtocolViolation {
         /// Call named by the request.
         call_id: u64,
     },
-    /// A frame says its body was written into a buffer, but none is granted for its call.
-    #[error("peer placed a body for call {call_id} without a grant")]
+    /// A frame says its body was written into a buffer, but none is granted for it.
+    #[error("peer placed a body for {body} without a grant")]
     PlacedWithoutGrant {
-        /// Call named by the frame.
-        call_id: u64,
+        /// Body named by the frame.
+        body: BodyId,
     },
     /// A frame says its body is larger than the buffer granted for it.
-    #[error("peer placed {len} bytes for call {call_id} in a grant of {granted}")]
+    #[error("peer placed {len} bytes for {body} in a grant of {granted}")]
     PlacedBeyondGrant {
-        /// Call named by the frame.
-        call_id: u64,
+        /// Body named by the frame.
+        body: BodyId,
         /// Body length the frame declares.
         len: u64,
         /// Bytes granted.
@@ -209,11 +211,11 @@ pub enum SendError {
     /// callers may not send them.
     #[error("{0:?} frames and placed bodies are emitted by the protocol, not by callers")]
     ReservedKind(FrameKind),
-    /// A large transfer for this call is already under way.
-    #[error("call {call_id} already has a large transfer under way")]
+    /// A large transfer for this body is already under way.
+    #[error("{body} already has a large transfer under way")]
     DuplicateTransfer {
-        /// The call.
-        call_id: u64,
+        /// The body.
+        body: BodyId,
     },
     /// A large transfer needs a body larger than a slot frame.
     #[error("a large transfer of {len} bytes is too small for the rendezvous")]

@@ -6,11 +6,11 @@ use rpc_core::{Code, Flags, Header, RemoteBuffer};
 
 use super::Connection;
 use crate::error::{ProtocolViolation, SendError};
-use crate::large::LocalBuffer;
+use crate::large::{BodyId, LocalBuffer};
 
 impl Connection {
-    /// Starts sending a body too large for a slot: `notice` is the request or response
-    /// header (lengths describe the body: metadata, then payload), `local` the registered
+    /// Starts sending a body too large for a slot: `notice` is the request, response or
+    /// stream message header (lengths describe the body: metadata, then payload), `local` the registered
     /// memory the body was encoded into, which the driver keeps until
     /// [`Action::TransferDone`] or [`Action::TransferFailed`] names the returned transfer.
     pub fn start_large(&mut self, notice: &Header, local: LocalBuffer) -> Result<u32, SendError> {
@@ -64,13 +64,11 @@ impl Connection {
     /// Answers [`Action::GrantNeeded`]: the driver lent `len` bytes at `addr` and will bind a
     /// memory window over them with `rkey` ([`Action::BindWindow`] follows). `None` if the
     /// request went away meanwhile (its call was cancelled): take the buffer back.
-    pub fn grant(&mut self, call_id: u64, addr: u64, rkey: u32, len: u64) -> Option<u32> {
+    pub fn grant(&mut self, body: BodyId, addr: u64, rkey: u32, len: u64) -> Option<u32> {
         if self.closed.is_some() {
             return None;
         }
-        let id = self
-            .large
-            .grant(call_id, addr, rkey, len, &mut self.actions)?;
+        let id = self.large.grant(body, addr, rkey, len, &mut self.actions)?;
         self.flush();
         Some(id)
     }
@@ -78,11 +76,11 @@ impl Connection {
     /// Answers [`Action::GrantNeeded`] with a refusal (`status`, e.g. `RESOURCE_EXHAUSTED`
     /// when the buffer budget is spent, and the most that could be lent, 0 if unknown); the
     /// peer fails the call with it.
-    pub fn refuse(&mut self, call_id: u64, status: Code, limit: u64) {
+    pub fn refuse(&mut self, body: BodyId, status: Code, limit: u64) {
         if self.closed.is_some() {
             return;
         }
-        self.large.refuse(call_id, status, limit, &mut self.actions);
+        self.large.refuse(body, status, limit, &mut self.actions);
         self.flush();
     }
 

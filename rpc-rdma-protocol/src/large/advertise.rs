@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 
 use rpc_core::{FrameKind, Header, RemoteBuffer};
 
-use super::{GrantState, Large};
+use super::{BodyId, GrantState, Large};
 use crate::action::Action;
 use crate::error::{ProtocolViolation, SendError};
 
@@ -45,10 +45,11 @@ impl Large {
         if len == 0 || open >= self.config.max_grants as usize {
             return None;
         }
-        if self.grant_by_call.contains_key(&call_id) {
+        let body = BodyId { call_id, seq: 0 };
+        if self.grant_by_body.contains_key(&body) {
             return None;
         }
-        let id = self.open_grant(call_id, rkey, len, true, out);
+        let id = self.open_grant(body, rkey, len, true, out);
         self.counters.advertised += 1;
         Some(RemoteBuffer {
             addr,
@@ -63,8 +64,8 @@ impl Large {
     pub(crate) fn check_advertised(&self, request: &Header) -> Result<(), SendError> {
         let call_id = request.call_id;
         let matches = self
-            .grant_by_call
-            .get(&call_id)
+            .grant_by_body
+            .get(&BodyId { call_id, seq: 0 })
             .and_then(|id| Some((*id, self.grants.get(id)?)))
             .is_some_and(|(id, grant)| {
                 grant.advertised
@@ -83,13 +84,14 @@ impl Large {
     /// The request advertising a buffer for `call_id` will not be sent after all (or its
     /// answer came): the buffer is revoked.
     pub(crate) fn end_advertisement(&mut self, call_id: u64, out: &mut VecDeque<Action>) {
+        let body = BodyId { call_id, seq: 0 };
         let advertised = self
-            .grant_by_call
-            .get(&call_id)
+            .grant_by_body
+            .get(&body)
             .and_then(|id| self.grants.get(id))
             .is_some_and(|g| g.advertised);
         if advertised {
-            self.revoke(call_id, out);
+            self.revoke(body, out);
         }
     }
 

@@ -18,13 +18,21 @@
 //! receiver sees it. WRITEs are cut into chunks with a bounded number outstanding, so small
 //! frames posted meanwhile wait for at most `write_window` chunks, not for the whole body.
 //!
+//! Each body has its own rendezvous, named by a [`BodyId`]: the call and, for a stream
+//! message, its sequence number, which `LargeRequest` and `LargeGrant` carry in their
+//! `method_id` field (0 for the body of a request or response). So the messages of one
+//! stream pipeline their transfers, and a `Cancel` ends every transfer and grant of its
+//! call.
+//!
 //! A grant ends, and its rkey is invalidated, exactly when the writer can no longer write
 //! to it: the notification arrived (the body is complete), or the writer's `Cancel` for the
 //! call arrived (a writer never writes after cancelling, and RC delivers its earlier WRITEs
 //! first). Only after the invalidation completes is the body handed up or the buffer reused,
 //! so a late or forged WRITE fails at the device instead of landing in another call's data.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fmt;
+use std::ops::RangeInclusive;
 
 use rpc_core::{Code, Flags, FrameKind, Header, RemoteBuffer};
 
@@ -61,6 +69,53 @@ impl Default for LargeConfig {
             max_grants: 16,
             max_queued: 256,
             max_message: 2 << 30,
+        }
+    }
+}
+
+/// Which body a rendezvous is for: its call and, for a stream message, the message's
+/// sequence number (0 for the body of a request or response, whose frames use `method_id`
+/// for the method). Ordered by call first, so a call's bodies form one range of a map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BodyId {
+    /// The call.
+    pub call_id: u64,
+    /// The stream message's sequence number; 0 for a request's or response's body.
+    pub seq: u32,
+}
+
+impl BodyId {
+    /// The body a frame is about: a placed body's notification, or a rendezvous frame.
+    pub fn of(header: &Header) -> Self {
+        let seq = match header.kind {
+            FrameKind::Message | FrameKind::LargeRequest | FrameKind::LargeGrant => header.seq(),
+            _ => 0,
+        };
+        BodyId {
+            call_id: header.call_id,
+            seq,
+        }
+    }
+
+    /// Every body of `call_id`.
+    fn of_call(call_id: u64) -> RangeInclusive<BodyId> {
+        BodyId { call_id, seq: 0 }..=BodyId {
+            call_id,
+            seq: u32::MAX,
+        }
+    }
+
+    /// A header-only rendezvous frame about this body.
+    fn frame(self, kind: FrameKind) -> Header {
+        Header::stream(kind, self.call_id, self.seq)
+    }
+}
+
+impl fmt::Display for BodyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.seq {
+            0 => write!(f, "call {}", self.call_id),
+            seq => write!(f, "call {} message {seq}", self.call_id),
         }
     }
 }
@@ -107,7 +162,7 @@ enum TransferState {
 
 #[derive(Debug)]
 struct Transfer {
-    call_id: u64,
+    body: BodyId,
     /// The frame that announces the placed body.
     notice: Header,
     local: LocalBuffer,
@@ -142,22 +197,23 @@ pub(crate) struct Large {
     config: LargeConfig,
     next_transfer: u32,
     transfers: HashMap<u32, Transfer>,
-    transfer_by_call: HashMap<u64, u32>,
-    /// Calls cancelled while their buffer request was on the wire: the grant that may
-    /// still come is expected, and ignored (the receiver revokes it on our Cancel).
-    abandoned: HashSet<u64>,
+    transfer_by_body: BTreeMap<BodyId, u32>,
+    /// Bodies whose call was cancelled while their buffer request was on the wire: the
+    /// answer that may still come is expected, and ignored (the receiver revokes the grant
+    /// on our Cancel).
+    abandoned: BTreeSet<BodyId>,
     /// Transfers with chunks left to post, served round robin.
     writing: VecDeque<u32>,
     writes_in_flight: u32,
     next_grant: u32,
     grants: HashMap<u32, Grant>,
-    grant_by_call: HashMap<u64, u32>,
+    grant_by_body: BTreeMap<BodyId, u32>,
     /// Buffer requests handed to the driver (`GrantNeeded`) and not yet answered.
-    asked: HashSet<u64>,
+    asked: BTreeSet<BodyId>,
     /// Buffer requests beyond `max_grants`, in arrival order (at most `max_queued`).
-    waiting: VecDeque<u64>,
-    /// The lengths asked for by the calls in `waiting`, for membership in O(1).
-    waiting_len: HashMap<u64, u64>,
+    waiting: VecDeque<BodyId>,
+    /// The lengths asked for by the bodies in `waiting`, for membership without a scan.
+    waiting_len: BTreeMap<BodyId, u64>,
     /// Response buffers the peer advertised with requests we have not answered yet.
     offers: HashMap<u64, RemoteBuffer>,
     /// Header-only frames to send, in order.
@@ -171,16 +227,16 @@ impl Large {
             config,
             next_transfer: 0,
             transfers: HashMap::new(),
-            transfer_by_call: HashMap::new(),
-            abandoned: HashSet::new(),
+            transfer_by_body: BTreeMap::new(),
+            abandoned: BTreeSet::new(),
             writing: VecDeque::new(),
             writes_in_flight: 0,
             next_grant: 0,
             grants: HashMap::new(),
-            grant_by_call: HashMap::new(),
-            asked: HashSet::new(),
+            grant_by_body: BTreeMap::new(),
+            asked: BTreeSet::new(),
             waiting: VecDeque::new(),
-            waiting_len: HashMap::new(),
+            waiting_len: BTreeMap::new(),
             offers: HashMap::new(),
             frames: VecDeque::new(),
             counters: LargeCounts::default(),
@@ -222,19 +278,23 @@ impl Large {
 
     // ---- writer ----
 
-    /// Starts sending the body announced by `notice` (a request or response whose lengths
-    /// describe the body) from `local`: queues the buffer request.
+    /// Starts sending the body announced by `notice` (a request, response or stream
+    /// message whose lengths describe the body) from `local`: queues the buffer request.
     pub(crate) fn start(&mut self, notice: Header, local: LocalBuffer) -> Result<u32, SendError> {
-        let call_id = notice.call_id;
-        if !matches!(notice.kind, FrameKind::Request | FrameKind::Response) {
+        let body = BodyId::of(&notice);
+        let call_id = body.call_id;
+        if !matches!(
+            notice.kind,
+            FrameKind::Request | FrameKind::Response | FrameKind::Message
+        ) {
             return Err(SendError::ReservedKind(notice.kind));
         }
         let total = notice.message_len();
         if total == 0 {
             return Err(SendError::NotLarge { len: total });
         }
-        if self.transfer_by_call.contains_key(&call_id) {
-            return Err(SendError::DuplicateTransfer { call_id });
+        if self.transfer_by_body.contains_key(&body) {
+            return Err(SendError::DuplicateTransfer { body });
         }
         let notice = Header {
             flags: notice.flags.with(Flags::LARGE_PAYLOAD),
@@ -247,7 +307,7 @@ impl Large {
             self.next_transfer = self.next_transfer.wrapping_add(1);
         }
         let id = self.next_transfer;
-        self.abandoned.remove(&call_id);
+        self.abandoned.remove(&body);
         // A response goes straight into the buffer its request advertised when it fits;
         // otherwise the rendezvous below also tells the peer to take its buffer back.
         let offer = match notice.kind {
@@ -262,7 +322,7 @@ impl Large {
             }
             _ => {
                 self.counters.rendezvous += 1;
-                let mut ask = Header::new(FrameKind::LargeRequest, call_id);
+                let mut ask = body.frame(FrameKind::LargeRequest);
                 ask.remote.len = total;
                 self.frames.push_back(ask);
                 TransferState::AwaitingGrant
@@ -271,7 +331,7 @@ impl Large {
         self.transfers.insert(
             id,
             Transfer {
-                call_id,
+                body,
                 notice,
                 local,
                 total,
@@ -279,7 +339,7 @@ impl Large {
                 state,
             },
         );
-        self.transfer_by_call.insert(call_id, id);
+        self.transfer_by_body.insert(body, id);
         Ok(id)
     }
 
@@ -289,28 +349,28 @@ impl Large {
         grant: &Header,
         out: &mut VecDeque<Action>,
     ) -> Result<(), ProtocolViolation> {
-        let call_id = grant.call_id;
-        if self.abandoned.remove(&call_id) {
+        let body = BodyId::of(grant);
+        if self.abandoned.remove(&body) {
             return Ok(());
         }
         let transfer = self
-            .transfer_by_call
-            .get(&call_id)
+            .transfer_by_body
+            .get(&body)
             .and_then(|id| Some((*id, self.transfers.get_mut(id)?)));
         let Some((id, transfer)) = transfer else {
-            return Err(ProtocolViolation::UnexpectedGrant { call_id });
+            return Err(ProtocolViolation::UnexpectedGrant { body });
         };
         if !matches!(transfer.state, TransferState::AwaitingGrant) {
-            return Err(ProtocolViolation::UnexpectedGrant { call_id });
+            return Err(ProtocolViolation::UnexpectedGrant { body });
         }
         if grant.status != Code::Ok {
             let kind = transfer.notice.kind;
             let transfer_len = transfer.total;
             self.transfers.remove(&id);
-            self.transfer_by_call.remove(&call_id);
+            self.transfer_by_body.remove(&body);
             out.push_back(Action::TransferFailed {
                 transfer: id,
-                call_id,
+                call_id: body.call_id,
                 kind,
                 status: grant.status,
                 len: transfer_len,
@@ -318,10 +378,10 @@ impl Large {
             });
             return Ok(());
         }
-        check_range(call_id, &grant.remote)?;
+        check_range(body.call_id, &grant.remote)?;
         if grant.remote.len < transfer.total {
             return Err(ProtocolViolation::GrantTooSmall {
-                call_id,
+                body,
                 granted: grant.remote.len,
                 needed: transfer.total,
             });
@@ -385,10 +445,10 @@ impl Large {
         self.writes_in_flight -= 1;
         let finished = matches!(t.state, TransferState::Written | TransferState::Aborted);
         if finished && t.in_flight == 0 {
-            let call_id = t.call_id;
+            let body = t.body;
             self.transfers.remove(&id);
-            if self.transfer_by_call.get(&call_id) == Some(&id) {
-                self.transfer_by_call.remove(&call_id);
+            if self.transfer_by_body.get(&body) == Some(&id) {
+                self.transfer_by_body.remove(&body);
             }
             out.push_back(Action::TransferDone { transfer: id });
         }
@@ -396,11 +456,19 @@ impl Large {
     }
 
     /// The upper layer cancelled `call_id` (its Cancel frame is being committed): stop
-    /// writing its body. Chunks already posted precede the Cancel on the wire.
+    /// writing its bodies. Chunks already posted precede the Cancel on the wire.
     pub(crate) fn abort(&mut self, call_id: u64, out: &mut VecDeque<Action>) {
-        let Some(&id) = self.transfer_by_call.get(&call_id) else {
-            return;
-        };
+        let bodies: Vec<(BodyId, u32)> = self
+            .transfer_by_body
+            .range(BodyId::of_call(call_id))
+            .map(|(&body, &id)| (body, id))
+            .collect();
+        for (body, id) in bodies {
+            self.abort_transfer(body, id, out);
+        }
+    }
+
+    fn abort_transfer(&mut self, body: BodyId, id: u32, out: &mut VecDeque<Action>) {
         let Some(t) = self.transfers.get_mut(&id) else {
             return;
         };
@@ -409,24 +477,24 @@ impl Large {
                 let queued = self
                     .frames
                     .iter()
-                    .position(|h| h.kind == FrameKind::LargeRequest && h.call_id == call_id);
+                    .position(|h| h.kind == FrameKind::LargeRequest && BodyId::of(h) == body);
                 match queued {
                     Some(at) => {
                         self.frames.remove(at);
                     }
                     None => {
-                        self.abandoned.insert(call_id);
+                        self.abandoned.insert(body);
                     }
                 }
                 self.transfers.remove(&id);
-                self.transfer_by_call.remove(&call_id);
+                self.transfer_by_body.remove(&body);
                 out.push_back(Action::TransferDone { transfer: id });
             }
             TransferState::Writing { .. } => {
                 self.writing.retain(|&w| w != id);
                 if t.in_flight == 0 {
                     self.transfers.remove(&id);
-                    self.transfer_by_call.remove(&call_id);
+                    self.transfer_by_body.remove(&body);
                     out.push_back(Action::TransferDone { transfer: id });
                 } else {
                     t.state = TransferState::Aborted;

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 
 use rpc_core::{Code, FrameKind, Header, RemoteBuffer};
 
-use super::{Grant, GrantState, Large};
+use super::{BodyId, Grant, GrantState, Large};
 use crate::action::Action;
 use crate::error::ProtocolViolation;
 
@@ -16,63 +16,65 @@ impl Large {
         ask: &Header,
         out: &mut VecDeque<Action>,
     ) -> Result<(), ProtocolViolation> {
-        let call_id = ask.call_id;
-        // The response outgrew the buffer we advertised for it: the peer will not write
-        // there, so the buffer is revoked and the request handled like any other.
-        self.end_advertisement(call_id, out);
-        let known = self.asked.contains(&call_id)
-            || self.grant_by_call.contains_key(&call_id)
-            || self.waiting_len.contains_key(&call_id);
+        let body = BodyId::of(ask);
+        if body.seq == 0 {
+            // The response outgrew the buffer we advertised for it: the peer will not write
+            // there, so the buffer is revoked and the request handled like any other.
+            self.end_advertisement(body.call_id, out);
+        }
+        let known = self.asked.contains(&body)
+            || self.grant_by_body.contains_key(&body)
+            || self.waiting_len.contains_key(&body);
         if known {
-            return Err(ProtocolViolation::DuplicateBufferRequest { call_id });
+            return Err(ProtocolViolation::DuplicateBufferRequest { body });
         }
         let len = ask.remote.len;
         if len > self.config.max_message {
-            self.push_refusal(call_id, Code::ResourceExhausted, self.config.max_message);
+            self.push_refusal(body, Code::ResourceExhausted, self.config.max_message);
             return Ok(());
         }
         let busy = self.grants.len() + self.asked.len() >= self.config.max_grants as usize;
         if busy && self.waiting.len() >= self.config.max_queued as usize {
             self.counters.queue_refusals += 1;
-            self.push_refusal(call_id, Code::ResourceExhausted, 0);
+            self.push_refusal(body, Code::ResourceExhausted, 0);
             return Ok(());
         }
-        self.waiting.push_back(call_id);
-        self.waiting_len.insert(call_id, len);
+        self.waiting.push_back(body);
+        self.waiting_len.insert(body, len);
         self.admit_waiting(out);
         Ok(())
     }
 
     fn admit_waiting(&mut self, out: &mut VecDeque<Action>) {
         while (self.grants.len() + self.asked.len()) < self.config.max_grants as usize {
-            let Some(call_id) = self.waiting.pop_front() else {
+            let Some(body) = self.waiting.pop_front() else {
                 return;
             };
             let len = self
                 .waiting_len
-                .remove(&call_id)
-                .expect("queued calls have a length");
-            self.asked.insert(call_id);
-            out.push_back(Action::GrantNeeded { call_id, len });
+                .remove(&body)
+                .expect("queued bodies have a length");
+            self.asked.insert(body);
+            out.push_back(Action::GrantNeeded { body, len });
         }
     }
 
-    /// The driver lent a buffer for `call_id` and will bind a window over it with `rkey`.
+    /// The driver lent a buffer for `body` and will bind a window over it with `rkey`.
     /// Returns the grant id, or `None` if the request is gone (cancelled meanwhile): the
     /// driver takes its buffer back.
     pub(crate) fn grant(
         &mut self,
-        call_id: u64,
+        body: BodyId,
         addr: u64,
         rkey: u32,
         len: u64,
         out: &mut VecDeque<Action>,
     ) -> Option<u32> {
-        if !self.asked.remove(&call_id) {
+        if !self.asked.remove(&body) {
             return None;
         }
-        let id = self.open_grant(call_id, rkey, len, false, out);
-        let mut frame = Header::new(FrameKind::LargeGrant, call_id);
+        let id = self.open_grant(body, rkey, len, false, out);
+        let mut frame = body.frame(FrameKind::LargeGrant);
         frame.remote = RemoteBuffer {
             addr,
             rkey,
@@ -83,11 +85,11 @@ impl Large {
         Some(id)
     }
 
-    /// Opens a grant for `call_id` under a fresh id (never 0, so a descriptor's generation
+    /// Opens a grant for `body` under a fresh id (never 0, so a descriptor's generation
     /// is never empty) and asks the driver to bind its window.
     pub(super) fn open_grant(
         &mut self,
-        call_id: u64,
+        body: BodyId,
         rkey: u32,
         len: u64,
         advertised: bool,
@@ -107,30 +109,30 @@ impl Large {
                 advertised,
             },
         );
-        self.grant_by_call.insert(call_id, id);
+        self.grant_by_body.insert(body, id);
         out.push_back(Action::BindWindow { grant: id });
         id
     }
 
-    /// The driver cannot lend a buffer for `call_id` (budget, registration failure);
+    /// The driver cannot lend a buffer for `body` (budget, registration failure);
     /// `limit` tells the writer the most it could have lent, 0 if unknown.
     pub(crate) fn refuse(
         &mut self,
-        call_id: u64,
+        body: BodyId,
         status: Code,
         limit: u64,
         out: &mut VecDeque<Action>,
     ) {
-        if self.asked.remove(&call_id) {
-            self.push_refusal(call_id, status, limit);
+        if self.asked.remove(&body) {
+            self.push_refusal(body, status, limit);
             self.admit_waiting(out);
         }
     }
 
     /// A refusal is a grant with an error status and no buffer; its length carries the
     /// receiver's limit, so the writer's error can name both sizes.
-    fn push_refusal(&mut self, call_id: u64, status: Code, limit: u64) {
-        let mut frame = Header::new(FrameKind::LargeGrant, call_id);
+    fn push_refusal(&mut self, body: BodyId, status: Code, limit: u64) {
+        let mut frame = body.frame(FrameKind::LargeGrant);
         frame.status = if status == Code::Ok {
             Code::ResourceExhausted
         } else {
@@ -140,24 +142,24 @@ impl Large {
         self.frames.push_back(frame);
     }
 
-    /// A frame announces that its body was written into the grant of its call.
+    /// A frame announces that its body was written into the grant of its body.
     pub(crate) fn on_placed(
         &mut self,
         notice: &Header,
         out: &mut VecDeque<Action>,
     ) -> Result<(), ProtocolViolation> {
-        let call_id = notice.call_id;
+        let body = BodyId::of(notice);
         let grant = self
-            .grant_by_call
-            .get(&call_id)
+            .grant_by_body
+            .get(&body)
             .and_then(|id| Some((*id, self.grants.get_mut(id)?)));
         let Some((id, grant)) = grant else {
-            return Err(ProtocolViolation::PlacedWithoutGrant { call_id });
+            return Err(ProtocolViolation::PlacedWithoutGrant { body });
         };
         let len = notice.message_len();
         if len > grant.len {
             return Err(ProtocolViolation::PlacedBeyondGrant {
-                call_id,
+                body,
                 len,
                 granted: grant.len,
             });
@@ -166,7 +168,7 @@ impl Large {
             self.counters.advertised_filled += 1;
         }
         grant.state = GrantState::Arrived(*notice);
-        self.grant_by_call.remove(&call_id);
+        self.grant_by_body.remove(&body);
         out.push_back(Action::Invalidate {
             grant: id,
             rkey: grant.rkey,
@@ -174,27 +176,51 @@ impl Large {
         Ok(())
     }
 
-    /// The peer cancelled `call_id`: it will not write for it any more. A buffer request
-    /// not granted yet is answered with a refusal, so that every request gets one answer.
+    /// The peer cancelled `call_id`: it will not write for it any more. Buffer requests
+    /// of the call not granted yet are answered with refusals, so that every request gets
+    /// one answer, and its open grants are revoked.
     pub(crate) fn on_peer_cancel(&mut self, call_id: u64, out: &mut VecDeque<Action>) {
         self.release_offer(call_id);
-        let was_waiting = self.waiting_len.remove(&call_id).is_some();
-        if self.asked.remove(&call_id) || was_waiting {
-            if was_waiting {
-                // At most `max_queued` long.
-                self.waiting.retain(|&c| c != call_id);
-            }
-            self.push_refusal(call_id, Code::Cancelled, 0);
-            self.admit_waiting(out);
-            return;
+        let waiting: Vec<BodyId> = self
+            .waiting_len
+            .range(BodyId::of_call(call_id))
+            .map(|(&body, _)| body)
+            .collect();
+        if !waiting.is_empty() {
+            // At most `max_queued` long.
+            self.waiting.retain(|body| body.call_id != call_id);
         }
-        self.revoke(call_id, out);
+        let asked: Vec<BodyId> = self
+            .asked
+            .range(BodyId::of_call(call_id))
+            .copied()
+            .collect();
+        for body in waiting.iter().chain(&asked) {
+            self.waiting_len.remove(body);
+            self.asked.remove(body);
+            self.push_refusal(*body, Code::Cancelled, 0);
+        }
+        self.revoke_call(call_id, out);
+        self.admit_waiting(out);
     }
 
-    /// Ends the open grant of `call_id`, if any: its rkey is invalidated, then the buffer
+    /// Ends every open grant of `call_id`: their rkeys are invalidated, then the buffers
+    /// go back to the driver.
+    fn revoke_call(&mut self, call_id: u64, out: &mut VecDeque<Action>) {
+        let bodies: Vec<BodyId> = self
+            .grant_by_body
+            .range(BodyId::of_call(call_id))
+            .map(|(&body, _)| body)
+            .collect();
+        for body in bodies {
+            self.revoke(body, out);
+        }
+    }
+
+    /// Ends the open grant of `body`, if any: its rkey is invalidated, then the buffer
     /// goes back to the driver.
-    pub(super) fn revoke(&mut self, call_id: u64, out: &mut VecDeque<Action>) {
-        let Some(id) = self.grant_by_call.remove(&call_id) else {
+    pub(super) fn revoke(&mut self, body: BodyId, out: &mut VecDeque<Action>) {
+        let Some(id) = self.grant_by_body.remove(&body) else {
             return;
         };
         if let Some(grant) = self.grants.get_mut(&id) {

@@ -5,7 +5,8 @@ use proptest::prelude::*;
 use rpc_core::{FrameKind, Header, HeaderError};
 
 use crate::{
-    Action, CloseReason, Config, Connection, Geometry, ProtocolViolation, SendError, SendTarget,
+    Action, BodyId, CloseReason, Config, Connection, Geometry, ProtocolViolation, SendError,
+    SendTarget,
 };
 
 const SLOT: usize = 256;
@@ -25,6 +26,11 @@ fn conn() -> Connection {
         "the receive ring is posted by the driver"
     );
     conn
+}
+
+/// The body of a request or response of `call_id`.
+fn unary(call_id: u64) -> BodyId {
+    BodyId { call_id, seq: 0 }
 }
 
 fn frame(h: &Header) -> Vec<u8> {
@@ -362,7 +368,7 @@ fn grant_of(call_id: u64, len: u64) -> Header {
 #[test]
 fn a_body_placed_without_a_grant_is_a_violation() {
     let mut c = conn();
-    let expected = ProtocolViolation::PlacedWithoutGrant { call_id: 9 };
+    let expected = ProtocolViolation::PlacedWithoutGrant { body: unary(9) };
     expect_feed_violation(&mut c, 0, &placed(9, 1000), expected);
 }
 
@@ -373,14 +379,14 @@ fn a_body_larger_than_its_grant_is_a_violation() {
     assert_eq!(
         c.poll_action(),
         Some(Action::GrantNeeded {
-            call_id: 3,
+            body: unary(3),
             len: 1000
         })
     );
-    c.grant(3, 0x10_0000, 0x77, 1000).expect("granted");
+    c.grant(unary(3), 0x10_0000, 0x77, 1000).expect("granted");
     while c.poll_action().is_some() {}
     let expected = ProtocolViolation::PlacedBeyondGrant {
-        call_id: 3,
+        body: unary(3),
         len: 1001,
         granted: 1000,
     };
@@ -391,8 +397,49 @@ fn a_body_larger_than_its_grant_is_a_violation() {
 fn a_second_buffer_request_for_a_call_is_a_violation() {
     let mut c = conn();
     feed(&mut c, 0, &ask(5, 1000)).expect("buffer request");
-    let expected = ProtocolViolation::DuplicateBufferRequest { call_id: 5 };
+    let expected = ProtocolViolation::DuplicateBufferRequest { body: unary(5) };
     expect_feed_violation(&mut c, 1, &ask(5, 1000), expected);
+}
+
+#[test]
+fn each_message_of_a_stream_has_its_own_buffer_request_and_grant() {
+    let mut c = conn();
+    let message = |seq| BodyId { call_id: 7, seq };
+    let mut first = ask(7, 1000);
+    first.method_id = 1;
+    let mut second = ask(7, 2000);
+    second.method_id = 2;
+    feed(&mut c, 0, &first).expect("buffer request for message 1");
+    feed(&mut c, 1, &second).expect("message 2 asks separately");
+    let asked: Vec<Action> = std::iter::from_fn(|| c.poll_action())
+        .filter(|a| matches!(a, Action::GrantNeeded { .. }))
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            Action::GrantNeeded {
+                body: message(1),
+                len: 1000
+            },
+            Action::GrantNeeded {
+                body: message(2),
+                len: 2000
+            },
+        ]
+    );
+    c.grant(message(1), 0x10_0000, 0x77, 1000).expect("granted");
+    while c.poll_action().is_some() {}
+    // Message 2 claims the buffer granted to message 1.
+    let mut wrong = placed(7, 900);
+    wrong.kind = FrameKind::Message;
+    wrong.method_id = 2;
+    let expected = ProtocolViolation::PlacedWithoutGrant { body: message(2) };
+    expect_feed_violation(&mut c, 2, &wrong, expected);
+
+    let mut c = conn();
+    feed(&mut c, 0, &second).expect("buffer request");
+    let expected = ProtocolViolation::DuplicateBufferRequest { body: message(2) };
+    expect_feed_violation(&mut c, 1, &second, expected);
 }
 
 #[test]
@@ -414,7 +461,7 @@ fn a_response_placed_beyond_the_advertised_buffer_is_a_violation() {
     let mut response = placed(8, 1001);
     response.kind = FrameKind::Response;
     let expected = ProtocolViolation::PlacedBeyondGrant {
-        call_id: 8,
+        body: unary(8),
         len: 1001,
         granted: 1000,
     };
@@ -424,7 +471,7 @@ fn a_response_placed_beyond_the_advertised_buffer_is_a_violation() {
 #[test]
 fn grants_nobody_asked_for_or_too_small_are_violations() {
     let mut c = conn();
-    let expected = ProtocolViolation::UnexpectedGrant { call_id: 4 };
+    let expected = ProtocolViolation::UnexpectedGrant { body: unary(4) };
     expect_feed_violation(&mut c, 0, &grant_of(4, 1000), expected);
 
     let mut c = conn();
@@ -439,7 +486,7 @@ fn grants_nobody_asked_for_or_too_small_are_violations() {
     )
     .expect("start");
     let expected = ProtocolViolation::GrantTooSmall {
-        call_id: 4,
+        body: unary(4),
         granted: 100,
         needed: 5000,
     };

@@ -5,6 +5,7 @@ mod advertise;
 pub(crate) mod fabric;
 mod hostile;
 pub(crate) mod large;
+mod large_stream;
 mod lending;
 mod random;
 mod scenarios;

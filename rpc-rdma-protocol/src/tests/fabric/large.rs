@@ -34,6 +34,8 @@ pub(crate) struct LargeSide {
     lent: u64,
     /// Call ids whose large body was handed up, with their lengths.
     pub(crate) delivered: Vec<(u64, u64)>,
+    /// Stream messages among them: (call, sequence number, length).
+    pub(crate) messages: Vec<(u64, u32, u64)>,
     /// Grants revoked by a cancel.
     pub(crate) released: u32,
     /// Transfers the peer refused: (call, status).
@@ -94,6 +96,18 @@ impl Endpoint {
         Ok(call_id)
     }
 
+    /// Sends message `seq` of `call_id`'s stream, `len` bytes, by the large-body path.
+    pub(crate) fn send_large_message(
+        &mut self,
+        call_id: u64,
+        seq: u32,
+        len: u64,
+    ) -> Result<(), SendError> {
+        let mut notice = Header::stream(FrameKind::Message, call_id, seq);
+        notice.payload_len = u32::try_from(len).expect("test bodies fit u32");
+        self.start_body(&notice)
+    }
+
     /// Answers the peer's `call_id` with a response of `len` payload bytes by the
     /// large-body path (into its advertised buffer, or by rendezvous).
     pub(crate) fn respond_large(&mut self, call_id: u64, len: u64) -> Result<(), SendError> {
@@ -105,12 +119,12 @@ impl Endpoint {
     /// Encodes the body `notice` describes (a pattern of its call) into a fresh registered
     /// buffer and starts sending it.
     fn start_body(&mut self, notice: &Header) -> Result<(), SendError> {
-        let call_id = notice.call_id;
+        let seed = pattern_seed(notice);
         let len = notice.message_len();
         let addr = self.large.alloc(len);
         let buf = self.large.mem.get_mut(&addr).expect("just allocated");
         for (i, b) in buf.iter_mut().enumerate() {
-            *b = pattern(call_id, i);
+            *b = pattern(seed, i);
         }
         match self.conn.start_large(notice, LocalBuffer { addr, lkey: 1 }) {
             Ok(transfer) => {
@@ -205,13 +219,13 @@ impl Endpoint {
                 self.free_source(transfer);
                 self.large.failed.push((call_id, status));
             }
-            Action::GrantNeeded { call_id, len } => {
+            Action::GrantNeeded { body, len } => {
                 if self.large.budget.is_some_and(|b| self.large.lent + len > b) {
                     let budget = self.large.budget.unwrap_or(0);
-                    self.conn.refuse(call_id, Code::ResourceExhausted, budget);
+                    self.conn.refuse(body, Code::ResourceExhausted, budget);
                 } else {
                     let (addr, rkey) = self.large.new_window(len);
-                    match self.conn.grant(call_id, addr, rkey, len) {
+                    match self.conn.grant(body, addr, rkey, len) {
                         Some(grant) => self.large.lend(grant, addr, rkey, len),
                         None => self.large.forget_window(addr, rkey),
                     }
@@ -241,13 +255,19 @@ impl Endpoint {
                 let len = header.message_len();
                 assert!(matches!(
                     header.kind,
-                    FrameKind::Request | FrameKind::Response
+                    FrameKind::Request | FrameKind::Response | FrameKind::Message
                 ));
+                let seed = pattern_seed(&header);
                 for (i, &b) in buf[..len as usize].iter().enumerate() {
-                    assert_eq!(b, pattern(header.call_id, i), "large body corrupted");
+                    assert_eq!(b, pattern(seed, i), "large body corrupted");
                 }
                 self.large.lent -= buf.len() as u64;
                 self.large.delivered.push((header.call_id, len));
+                if header.kind == FrameKind::Message {
+                    self.large
+                        .messages
+                        .push((header.call_id, header.seq(), len));
+                }
             }
             Action::ReleaseGrant { grant } => {
                 let (addr, rkey) = self.large.grants.remove(&grant).expect("known grant");
@@ -261,6 +281,15 @@ impl Endpoint {
             }
             other => unreachable!("not a large-body action: {other:?}"),
         }
+    }
+}
+
+/// What a body's bytes are derived from: its call, and a stream message's place, so that a
+/// message written into another message's buffer is caught.
+fn pattern_seed(notice: &Header) -> u64 {
+    match notice.kind {
+        FrameKind::Message => notice.call_id + 77 * u64::from(notice.seq()),
+        _ => notice.call_id,
     }
 }
 

@@ -11,7 +11,7 @@ use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::{Code, Flags, FrameKind, Header, Status};
 
 use super::{Conn, State};
-use crate::protocol::{Action, LocalBuffer, Received, WorkId};
+use crate::protocol::{Action, BodyId, LocalBuffer, Received, WorkId};
 use crate::transport::large_pool::{LargeBuffer, PoolError};
 use crate::verbs::{
     AccessFlags, MemoryWindow, RemoteAddr, SendFlags, SendOp, SendRequest, Sge, VerbsError,
@@ -19,7 +19,10 @@ use crate::verbs::{
 
 /// Kinds whose body may travel by RDMA WRITE.
 pub(super) fn is_body_kind(kind: FrameKind) -> bool {
-    matches!(kind, FrameKind::Request | FrameKind::Response)
+    matches!(
+        kind,
+        FrameKind::Request | FrameKind::Response | FrameKind::Message
+    )
 }
 
 /// A buffer the peer may be writing into, and the window that lets it. Field order is
@@ -96,7 +99,7 @@ pub(crate) enum Arrival {
 }
 
 impl Conn {
-    /// Sends a request or response whose frame exceeds a slot: encodes the body straight
+    /// Sends a request, response or stream message whose frame exceeds a slot: encodes the body straight
     /// into a leased registered buffer (metadata, then payload) and starts the rendezvous.
     /// Returns at once; the WRITEs go out when the peer grants a buffer.
     pub(super) fn send_large(self: &Arc<Self>, frame: &OutgoingFrame<'_>) -> Result<(), Status> {
@@ -227,10 +230,10 @@ impl Conn {
                 limit,
             } => {
                 state.large.sources.remove(&transfer);
-                let what = if kind == FrameKind::Request {
-                    "request"
-                } else {
-                    "response"
+                let what = match kind {
+                    FrameKind::Request => "request",
+                    FrameKind::Message => "stream message",
+                    _ => "response",
                 };
                 let limit = match limit {
                     0 => String::new(),
@@ -246,8 +249,8 @@ impl Conn {
                 state.large.failed.push((call_id, kind, status));
                 Ok(())
             }
-            Action::GrantNeeded { call_id, len } => {
-                self.lend_buffer(state, call_id, len);
+            Action::GrantNeeded { body, len } => {
+                self.lend_buffer(state, body, len);
                 Ok(())
             }
             Action::BindWindow { grant } => {
@@ -310,7 +313,7 @@ impl Conn {
     }
 
     /// Answers the peer's buffer request: lease, window, grant; or refuse.
-    fn lend_buffer(&self, state: &mut State, call_id: u64, len: u64) {
+    fn lend_buffer(&self, state: &mut State, body: BodyId, len: u64) {
         // The refusal names the connection's budget when that is what was short; another
         // cause (the process's limit, the device) has no size to tell the peer.
         let budget = self.res.large.budget();
@@ -338,15 +341,15 @@ impl Conn {
         let (buffer, window) = match leased {
             Ok(leased) => leased,
             Err((reason, limit)) => {
-                tracing::warn!(peer = %self.peer, call_id, len, %reason, "refusing a large body");
-                state.proto.refuse(call_id, Code::ResourceExhausted, limit);
+                tracing::warn!(peer = %self.peer, %body, len, %reason, "refusing a large body");
+                state.proto.refuse(body, Code::ResourceExhausted, limit);
                 return;
             }
         };
         let rkey = window.next_rkey();
         match state
             .proto
-            .grant(call_id, buffer.addr(), rkey, buffer.len() as u64)
+            .grant(body, buffer.addr(), rkey, buffer.len() as u64)
         {
             Some(grant) => {
                 let granted = Granted {

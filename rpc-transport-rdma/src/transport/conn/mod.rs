@@ -266,9 +266,9 @@ impl Conn {
             SendError::TooLarge { max, .. } => Status::resource_exhausted(format!(
                 "frame of {len} bytes exceeds the RDMA slot size of {max} bytes"
             )),
-            SendError::DuplicateTransfer { call_id } => Status::already_exists(format!(
-                "call {call_id} already has a large body on its way"
-            )),
+            SendError::DuplicateTransfer { body } => {
+                Status::already_exists(format!("{body} already has a large body on its way"))
+            }
             SendError::Closed => self.closed_status(),
             other => Status::internal(format!("rdma send: {other}")),
         }
