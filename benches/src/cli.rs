@@ -77,6 +77,11 @@ pub struct StreamArgs {
     /// Messages in the measured stream.
     #[arg(long, value_name = "N", default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub messages: u64,
+    /// The client's stream window in bytes (default: the library's, 1 MiB): how much the
+    /// server may send ahead of the reader. Bulk streams of large messages want several
+    /// messages' worth, so that transfers overlap.
+    #[arg(long, value_name = "BYTES")]
+    pub window_bytes: Option<u64>,
     /// Also stream through tonic over TCP loopback and print the ratio.
     #[arg(long)]
     pub tonic: bool,

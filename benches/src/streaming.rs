@@ -66,13 +66,19 @@ impl StreamResult {
 }
 
 /// Serves the streamer on `url` in this process and streams `messages` chunks of `size`
-/// bytes from it (after a warm-up stream).
+/// bytes from it (after a warm-up stream), the client granting `window_bytes` of stream
+/// window (the default when `None`).
 pub fn run_ours(
     url: &Endpoint,
     rdma: RdmaConfig,
     size: usize,
     messages: u64,
+    window_bytes: Option<u64>,
 ) -> Result<StreamResult, BenchError> {
+    let window = rdma_rpc::stream::Window {
+        bytes: window_bytes.unwrap_or(rdma_rpc::stream::DEFAULT_STREAM_WINDOW.bytes),
+        ..rdma_rpc::stream::DEFAULT_STREAM_WINDOW
+    };
     let server = Server::builder()
         .max_message_size(message_limit(size))
         .add_service(StreamerServer::new(Streamer::default()))
@@ -93,6 +99,7 @@ pub fn run_ours(
     runtime.block_on(async move {
         let channel = rdma_rpc::client()
             .max_message_size(message_limit(size))
+            .stream_window(window)
             .rdma_config(rdma)
             .connect(&local)
             .await

@@ -43,7 +43,13 @@ fn main() -> ExitCode {
 
 fn stream(args: &StreamArgs) -> Result<(), BenchError> {
     use rpc_bench::streaming;
-    let ours = streaming::run_ours(&args.url, args.rdma.config(), args.size, args.messages)?;
+    let ours = streaming::run_ours(
+        &args.url,
+        args.rdma.config(),
+        args.size,
+        args.messages,
+        args.window_bytes,
+    )?;
     let tonic = if args.tonic {
         Some(streaming::run_tonic(args.size, args.messages)?)
     } else {
