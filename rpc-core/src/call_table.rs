@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use crate::frame::InboundFrame;
 use crate::header::FrameKind;
 use crate::status::Status;
-use crate::stream::StreamShared;
+use crate::stream::{StreamShared, Wakes};
 
 type CallResult = Result<InboundFrame, Status>;
 
@@ -101,9 +101,10 @@ impl CallTable {
         drop(stream);
     }
 
-    /// Feeds a stream frame ([`crate::stream::is_stream_frame`]) to its call. Frames for
-    /// calls that ended are dropped; a frame that breaks the stream's rules fails the call.
-    pub fn on_stream_frame(&self, frame: InboundFrame) {
+    /// Feeds a stream frame ([`crate::stream::is_stream_frame`]) to its call, holding the
+    /// wakeup of its reader or writer in `wakes`. Frames for calls that ended are dropped; a
+    /// frame that breaks the stream's rules fails the call.
+    pub fn on_stream_frame(&self, frame: InboundFrame, wakes: &mut Wakes) {
         let id = frame.header.call_id;
         let (stream, awaiting_headers) = {
             let inner = self.inner.lock();
@@ -131,7 +132,7 @@ impl CallTable {
                     String::from_utf8_lossy(&frame.payload).into_owned(),
                 )
             });
-        if let Err(status) = stream.on_frame(frame) {
+        if let Err(status) = stream.on_frame(frame, wakes) {
             self.complete(id, Err(status));
         } else if let Some(status) = early_error {
             self.complete(id, Err(status));

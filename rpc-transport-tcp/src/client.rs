@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::ReplySink;
+use rpc_core::stream::Wakes;
 use rpc_core::{CallTable, ClientTransport, Code, FrameKind, Header, Status};
 
 use crate::conn::{Conn, Inbox, ReadPolicy};
@@ -106,7 +107,7 @@ struct Responses {
 }
 
 impl Inbox for Responses {
-    fn on_frame(&self, frame: InboundFrame) {
+    fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes) {
         match frame.header.kind {
             // Call id 0 is never a call's: a status for it is about the connection (a server
             // at its connection limit says so, then closes).
@@ -131,7 +132,9 @@ impl Inbox for Responses {
             FrameKind::Response => {
                 self.calls.complete(frame.header.call_id, Ok(frame));
             }
-            kind if rpc_core::stream::is_stream_frame(kind) => self.calls.on_stream_frame(frame),
+            kind if rpc_core::stream::is_stream_frame(kind) => {
+                self.calls.on_stream_frame(frame, wakes)
+            }
             kind => {
                 tracing::debug!(?kind, peer = %self.peer, "ignoring a frame clients do not act on")
             }

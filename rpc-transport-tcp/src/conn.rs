@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::ReplySink;
+use rpc_core::stream::Wakes;
 use rpc_core::{Header, Status};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -71,8 +72,9 @@ impl ReplySink for Conn {
 
 /// What a side does with what its peer sends.
 pub(crate) trait Inbox: Send + Sync + 'static {
-    /// A complete frame.
-    fn on_frame(&self, frame: InboundFrame);
+    /// A complete frame; wakeups it causes may be held in `wakes`, performed when the
+    /// frames of the read are handed up.
+    fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes);
     /// A frame over the payload limit, refused at its header.
     fn on_oversized(&self, header: &Header, declared: u64);
     /// Whether no call is in progress, so that a silent peer may be closed as idle.
@@ -253,6 +255,9 @@ impl Conn {
     async fn read_frames(&self, inbox: &impl Inbox, policy: ReadPolicy) -> (Status, bool) {
         let mut decoder = FrameDecoder::new(policy.max_payload);
         let mut buf = BytesMut::new();
+        // Held while the frames of one read are handed up: a stream's reader wakes once to
+        // all of its messages in the read, not once per message.
+        let mut wakes = Wakes::new();
         // When the frame being received started to arrive.
         let mut frame_started: Option<Instant> = None;
         let mut last_heard = Instant::now();
@@ -265,7 +270,7 @@ impl Conn {
                     poll_fn(|cx| self.outbox.poll_room(cx)).await;
                 }
                 match decoder.decode(&mut buf) {
-                    Ok(Some(Inbound::Frame(frame))) => inbox.on_frame(frame),
+                    Ok(Some(Inbound::Frame(frame))) => inbox.on_frame(frame, &mut wakes),
                     Ok(Some(Inbound::Oversized { header, declared })) => {
                         inbox.on_oversized(&header, declared)
                     }
@@ -278,10 +283,12 @@ impl Conn {
                 }
                 delivered += 1;
                 if delivered.is_multiple_of(FRAMES_PER_TURN) {
+                    wakes.wake_all();
                     // Inline handlers run here: let the other connections of this thread in.
                     tokio::task::yield_now().await;
                 }
             }
+            wakes.wake_all();
             if !decoder.mid_frame(&buf) {
                 frame_started = None;
             } else if delivered > 0 || frame_started.is_none() {

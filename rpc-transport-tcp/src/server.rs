@@ -13,6 +13,7 @@ use rpc_core::auth::{Checker, Peer};
 use rpc_core::body::RawBody;
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::{ConnectionDispatch, Dispatcher};
+use rpc_core::stream::Wakes;
 use rpc_core::{FrameKind, Header, MetadataMap, Status};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -312,8 +313,8 @@ struct Requests {
 }
 
 impl Inbox for Requests {
-    fn on_frame(&self, frame: InboundFrame) {
-        self.dispatch.on_frame(frame);
+    fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes) {
+        self.dispatch.on_frame(frame, wakes);
     }
 
     fn on_oversized(&self, header: &Header, declared: u64) {

@@ -30,7 +30,7 @@ use crate::server::service::{InboundStream, ServerCall, ServerReply};
 pub use crate::server::sink::ReplySink;
 use crate::status::{Code, Status};
 use crate::stream::Outgoing;
-use crate::stream::{is_stream_frame, Link, StreamShared};
+use crate::stream::{is_stream_frame, Link, StreamShared, Wakes};
 
 /// Longest status message sent on the wire; longer ones are cut at a char boundary.
 const MAX_STATUS_MESSAGE: usize = 4096;
@@ -212,12 +212,13 @@ impl ConnectionDispatch {
         &self.dispatcher.config
     }
 
-    /// Handles one frame from the client.
-    pub fn on_frame(self: &Arc<Self>, frame: InboundFrame) {
+    /// Handles one frame from the client; wakeups of streams' readers and writers are held
+    /// in `wakes` until the transport's batch of frames ends.
+    pub fn on_frame(self: &Arc<Self>, frame: InboundFrame, wakes: &mut Wakes) {
         match frame.header.kind {
             FrameKind::Request => self.on_request(frame),
             FrameKind::Cancel => self.running.lock().cancel(frame.header.call_id),
-            kind if is_stream_frame(kind) => self.on_stream_frame(frame),
+            kind if is_stream_frame(kind) => self.on_stream_frame(frame, wakes),
             kind => tracing::debug!(?kind, "ignoring a frame kind servers do not act on"),
         }
     }

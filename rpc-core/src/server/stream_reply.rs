@@ -16,7 +16,7 @@ use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
 use crate::metadata::MetadataMap;
 use crate::status::Status;
-use crate::stream::Outgoing;
+use crate::stream::{Outgoing, Wakes};
 
 /// How a streaming call's handler finished.
 pub(crate) enum Finished {
@@ -100,15 +100,16 @@ impl<'a> StreamReply<'a> {
         self.headers_sent = true;
         loop {
             // Room first: no message is taken from the handler that could not go.
-            let out = &*self.out;
+            let out = &mut *self.out;
             poll_fn(|cx| {
-                let ready = out.shared().poll_send_ready(cx);
+                let ready = out.poll_ready(cx);
                 if ready.is_pending() {
                     out.flush();
                 }
                 ready
             })
             .await?;
+            let out = &*self.out;
             // Messages sent back to back leave together; waiting for the next one flushes.
             let next = poll_fn(|cx| {
                 let next = messages.poll_next_message(cx);
@@ -159,7 +160,7 @@ impl ConnectionDispatch {
     /// Feeds a frame of a running streaming call to its stream. Frames of calls that ended
     /// (or were never started) are dropped; one that breaks the stream's rules fails the
     /// stream, and the call ends with that status.
-    pub(super) fn on_stream_frame(&self, frame: InboundFrame) {
+    pub(super) fn on_stream_frame(&self, frame: InboundFrame, wakes: &mut Wakes) {
         let call_id = frame.header.call_id;
         let stream = self.streams.lock().get(&call_id).cloned();
         match stream {
@@ -169,7 +170,7 @@ impl ConnectionDispatch {
                 ));
             }
             Some(stream) => {
-                if let Err(status) = stream.on_frame(frame) {
+                if let Err(status) = stream.on_frame(frame, wakes) {
                     tracing::debug!(call_id, %status, "stream failed");
                 }
             }

@@ -13,6 +13,7 @@ use super::{ServerReply, Service};
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{FrameKind, Header};
 use crate::status::{Code, Status};
+use crate::stream::Wakes;
 
 static HANG: [MethodDescriptor; 1] = [MethodDescriptor::new("/test.Hang/Hang")];
 
@@ -87,7 +88,7 @@ fn frame(kind: FrameKind, call_id: u64) -> InboundFrame {
 }
 
 fn request(conn: &Arc<ConnectionDispatch>, call_id: u64) {
-    conn.on_frame(frame(FrameKind::Request, call_id));
+    conn.on_frame(frame(FrameKind::Request, call_id), &mut Wakes::new());
 }
 
 fn wait_for(what: &str, done: impl Fn() -> bool) {
@@ -112,7 +113,7 @@ fn requests_beyond_the_per_connection_limit_are_refused() {
     request(&other, 1);
     assert!(other_answers.0.lock().is_empty());
     // A cancelled call makes room.
-    conn.on_frame(frame(FrameKind::Cancel, 1));
+    conn.on_frame(frame(FrameKind::Cancel, 1), &mut Wakes::new());
     wait_for("the cancelled call ends", || dispatcher.in_flight() == 2);
     request(&conn, 4);
     assert_eq!(answers.0.lock().len(), 1, "call 4 runs");
@@ -140,7 +141,7 @@ fn requests_beyond_the_server_limit_are_refused() {
 fn a_cancel_that_overtakes_its_request_cancels_it() {
     let (dispatcher, runs) = server(100, 100);
     let (conn, answers) = connection(&dispatcher);
-    conn.on_frame(frame(FrameKind::Cancel, 9));
+    conn.on_frame(frame(FrameKind::Cancel, 9), &mut Wakes::new());
     request(&conn, 9);
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler never ran");
     assert_eq!(conn.calls_running(), 0);
@@ -217,11 +218,12 @@ fn replies_waiting_for_credits_park_no_thread() {
     for call_id in 1..=100 {
         let mut header = Header::new(FrameKind::Request, call_id);
         header.method_id = QUICK[0].id;
-        conn.on_frame(InboundFrame {
+        let frame = InboundFrame {
             header,
             metadata: Bytes::new(),
             payload: Bytes::new(),
-        });
+        };
+        conn.on_frame(frame, &mut Wakes::new());
     }
     assert!(
         started.elapsed() < Duration::from_secs(1),

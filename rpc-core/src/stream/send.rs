@@ -25,6 +25,9 @@ pub(crate) struct Outgoing {
     call_id: u64,
     next_seq: u32,
     max_message: usize,
+    /// The last send found room for another message: the next need not ask the window.
+    /// (Room only grows between sends, and a failure is seen by the next send that asks.)
+    room_known: bool,
 }
 
 impl Outgoing {
@@ -40,6 +43,7 @@ impl Outgoing {
             call_id,
             next_seq: 1,
             max_message,
+            room_known: false,
         }
     }
 
@@ -71,7 +75,7 @@ impl Outgoing {
         message: &dyn EncodeBody,
     ) -> Poll<Result<(), Status>> {
         self.check(message)?;
-        if self.shared.poll_send_ready(cx)?.is_pending() {
+        if self.poll_ready(cx)?.is_pending() {
             self.link.flush();
             return Poll::Pending;
         }
@@ -104,13 +108,23 @@ impl Outgoing {
         Ok(())
     }
 
+    /// Whether the window lets a message go now; `Pending` with `cx` registered if not.
+    pub(crate) fn poll_ready(&mut self, cx: &Context<'_>) -> Poll<Result<(), Status>> {
+        if self.room_known {
+            return Poll::Ready(Ok(()));
+        }
+        let ready = self.shared.poll_send_ready(cx);
+        self.room_known = matches!(ready, Poll::Ready(Ok(())));
+        ready
+    }
+
     /// Sends the messages [`Outgoing::poll_send`] left waiting in the link.
     pub(crate) fn flush(&self) {
         self.link.flush();
     }
 
     fn sent(&mut self, len: usize) {
-        self.shared.on_sent(len);
+        self.room_known = self.shared.on_sent(len);
         self.next_seq += 1;
     }
 

@@ -1,13 +1,14 @@
 //! The state of one streaming call shared by the receive path (which feeds it frames) and
 //! the tasks or threads that read and write its messages.
 
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::thread::Thread;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::flow::{Inbox, Item, SendWindow, StreamError};
+use super::wake::{Waiter, Wakes};
 use super::{Window, WindowUpdate, INITIAL_WINDOW};
 use crate::frame::InboundFrame;
 use crate::header::FrameKind;
@@ -24,31 +25,6 @@ pub(crate) enum StreamEnd {
         status: Status,
         metadata: MetadataMap,
     },
-}
-
-#[derive(Debug, Default)]
-enum Waiter {
-    #[default]
-    None,
-    Task(Waker),
-    Thread(Thread),
-}
-
-impl Waiter {
-    fn set_task(&mut self, cx: &Context<'_>) {
-        match self {
-            Waiter::Task(w) if w.will_wake(cx.waker()) => {}
-            _ => *self = Waiter::Task(cx.waker().clone()),
-        }
-    }
-
-    fn wake(&mut self) {
-        match std::mem::take(self) {
-            Waiter::None => {}
-            Waiter::Task(w) => w.wake(),
-            Waiter::Thread(t) => t.unpark(),
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -97,9 +73,10 @@ impl StreamShared {
         self.state.lock().inbox.initial_update()
     }
 
-    /// Feeds a stream frame from the peer. A frame that breaks the stream's rules fails the
-    /// stream and is returned as the error, for the caller to end the call with.
-    pub(crate) fn on_frame(&self, frame: InboundFrame) -> Result<(), Status> {
+    /// Feeds a stream frame from the peer; the wakeup of a waiting reader or writer is held
+    /// in `wakes`. A frame that breaks the stream's rules fails the stream and is returned
+    /// as the error, for the caller to end the call with.
+    pub(crate) fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes) -> Result<(), Status> {
         let header = frame.header;
         let mut state = self.state.lock();
         if state.failed.is_some() {
@@ -124,7 +101,7 @@ impl StreamShared {
                 let updated = WindowUpdate::decode(&frame.payload)
                     .and_then(|update| state.send.on_update(update));
                 if updated.is_ok() {
-                    state.writer.wake();
+                    wakes.defer(&mut state.writer);
                 }
                 return updated.map_err(|e| fail(state, violation(e)));
             }
@@ -135,7 +112,7 @@ impl StreamShared {
         };
         match fed {
             Ok(()) => {
-                state.reader.wake();
+                wakes.defer(&mut state.reader);
                 Ok(())
             }
             Err(e) => Err(fail(state, violation(e))),
@@ -153,32 +130,30 @@ impl StreamShared {
         state.failed.is_some() || state.inbox.finished()
     }
 
-    /// The next item for the reader, or `Pending` with `cx` registered.
-    pub(crate) fn poll_next(&self, cx: &Context<'_>) -> Poll<Next> {
+    /// The next item for the reader, or `Pending` with `cx` registered; and the room to
+    /// return to the peer now that messages were taken, if enough is (one lock for both:
+    /// this runs once per message).
+    pub(crate) fn poll_next(&self, cx: &Context<'_>) -> (Poll<Next>, Option<WindowUpdate>) {
         let mut state = self.state.lock();
-        match take(&mut state) {
+        let next = match take(&mut state) {
             Some(next) => Poll::Ready(next),
             None => {
                 state.reader.set_task(cx);
                 Poll::Pending
             }
-        }
+        };
+        (next, state.inbox.take_update())
     }
 
     /// The next item for a blocked reader thread, or `None` with `thread` registered to be
-    /// unparked when one may be there.
-    pub(crate) fn next_or_park_on(&self, thread: &Thread) -> Option<Next> {
+    /// unparked when one may be there; and the room to return, as [`Self::poll_next`].
+    pub(crate) fn next_or_park_on(&self, thread: &Thread) -> (Option<Next>, Option<WindowUpdate>) {
         let mut state = self.state.lock();
         let next = take(&mut state);
-        if next.is_none() && !matches!(state.reader, Waiter::Thread(_)) {
+        if next.is_none() && !state.reader.is_thread() {
             state.reader = Waiter::Thread(thread.clone());
         }
-        next
-    }
-
-    /// Room to return to the peer now that messages were taken, if enough is.
-    pub(crate) fn take_update(&self) -> Option<WindowUpdate> {
-        self.state.lock().inbox.take_update()
+        (next, state.inbox.take_update())
     }
 
     /// The reader went away: messages that arrive from now on are dropped.
@@ -217,9 +192,13 @@ impl StreamShared {
         None
     }
 
-    /// A message of `len` bytes went out.
-    pub(crate) fn on_sent(&self, len: usize) {
-        self.state.lock().send.on_send(len);
+    /// A message of `len` bytes went out. Returns whether the next may go at once (the
+    /// window has room and the stream has not failed), so that a sender streaming back to
+    /// back takes this lock once per message.
+    pub(crate) fn on_sent(&self, len: usize) -> bool {
+        let mut state = self.state.lock();
+        state.send.on_send(len);
+        state.failed.is_none() && state.send.ready()
     }
 
     /// The status the stream failed with, if it did.

@@ -87,10 +87,10 @@ impl<T> Streaming<T> {
         self.trailers.as_ref()
     }
 
-    /// Sends the room consumed so far back to the peer if it is due; without room on the
-    /// link it stays due and goes on a later poll.
-    fn return_room(&mut self, cx: &mut Context<'_>) {
-        if let Some(update) = self.shared.take_update() {
+    /// Sends the room consumed so far (`update`, and what is still unsent) back to the
+    /// peer; without room on the link it stays due and goes on a later poll.
+    fn return_room(&mut self, cx: &mut Context<'_>, update: Option<WindowUpdate>) {
+        if let Some(update) = update {
             let unsent = self.unsent.get_or_insert_with(WindowUpdate::default);
             unsent.messages += update.messages;
             unsent.bytes += update.bytes;
@@ -174,13 +174,12 @@ impl<T: Message + Default> Stream for Streaming<T> {
             }
         }
         loop {
-            this.return_room(cx);
-            if let Poll::Ready(next) = this.shared.poll_next(cx) {
+            let (next, update) = this.shared.poll_next(cx);
+            this.return_room(cx, update);
+            if let Poll::Ready(next) = next {
                 let item = this.item(next);
                 if this.done {
                     this.finish();
-                } else {
-                    this.return_room(cx);
                 }
                 return Poll::Ready(item);
             }
@@ -226,15 +225,12 @@ impl<T: Message + Default> Iterator for BlockingStreaming<T> {
         }
         let me = std::thread::current();
         loop {
-            if let Some(update) = s.shared.take_update() {
+            let (next, update) = s.shared.next_or_park_on(&me);
+            if let Some(update) = update {
                 send_update_blocking(&s.link, s.call_id, update);
             }
-            if let Some(next) = s.shared.next_or_park_on(&me) {
-                let item = s.item(next);
-                if let Some(update) = s.shared.take_update() {
-                    send_update_blocking(&s.link, s.call_id, update);
-                }
-                return item;
+            if let Some(next) = next {
+                return s.item(next);
             }
             if !s.link.poll_progress() {
                 std::thread::park();

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use rpc_core::auth::{Credentials, HELLO_LEN, PROOF_LEN};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
+use rpc_core::stream::Wakes;
 use rpc_core::{CallTable, ClientTransport, Drive, FrameKind, Status, HEADER_LEN};
 
 use crate::protocol::{ConnectParams, Stats};
@@ -45,7 +46,7 @@ struct ClientFrames {
 }
 
 impl FrameSink for ClientFrames {
-    fn deliver(&self, frame: InboundFrame) {
+    fn deliver(&self, frame: InboundFrame, wakes: &mut Wakes) {
         match frame.header.kind {
             FrameKind::Response => {
                 let len = frame.metadata.len() + frame.payload.len();
@@ -53,7 +54,9 @@ impl FrameSink for ClientFrames {
                     .observe(frame.header.method_id, len as u64);
                 self.calls.complete(frame.header.call_id, Ok(frame));
             }
-            kind if rpc_core::stream::is_stream_frame(kind) => self.calls.on_stream_frame(frame),
+            kind if rpc_core::stream::is_stream_frame(kind) => {
+                self.calls.on_stream_frame(frame, wakes)
+            }
             kind => tracing::debug!(?kind, "ignoring a frame clients do not act on"),
         }
     }

@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use rpc_core::auth::{Checker, Peer, HELLO_LEN, PROOF_LEN};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::{ConnectionDispatch, Dispatcher, ReplySink};
+use rpc_core::stream::Wakes;
 use rpc_core::{FrameKind, Status};
 
 use crate::protocol::{encode_reject, ConnectParams, Geometry};
@@ -289,8 +290,8 @@ fn accept(id: CmId, private_data: &[u8], peer: String, shared: &Shared) -> Resul
 struct ServerFrames(Arc<ConnectionDispatch>);
 
 impl FrameSink for ServerFrames {
-    fn deliver(&self, frame: InboundFrame) {
-        self.0.on_frame(frame);
+    fn deliver(&self, frame: InboundFrame, wakes: &mut Wakes) {
+        self.0.on_frame(frame, wakes);
     }
 
     fn dropped(&self, _call_id: u64, _kind: FrameKind) {}

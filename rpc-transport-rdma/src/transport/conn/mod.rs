@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use rpc_core::frame::InboundFrame;
+use rpc_core::stream::Wakes;
 use rpc_core::{FrameKind, Header, Status};
 use smallvec::SmallVec;
 
@@ -60,8 +61,9 @@ thread_local! {
 
 /// Where a connection's received frames and failures go.
 pub(crate) trait FrameSink: Send + Sync {
-    /// A frame arrived.
-    fn deliver(&self, frame: InboundFrame);
+    /// A frame arrived; wakeups it causes may be held in `wakes`, performed after the
+    /// frames of the completion batch are handed up.
+    fn deliver(&self, frame: InboundFrame, wakes: &mut Wakes);
     /// A committed frame was never sent because the connection closed.
     fn dropped(&self, call_id: u64, kind: FrameKind);
     /// A large body (`kind`: request or response) could not be sent: the peer refused a

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rpc_core::frame::InboundFrame;
+use rpc_core::stream::Wakes;
 use rpc_core::Drive;
 use smallvec::SmallVec;
 
@@ -180,27 +181,31 @@ impl Conn {
             return;
         };
         let outer = DELIVERING.replace(self.address());
-        self.deliver_batch(&*sink, received.drain(..));
+        // A stream's reader wakes once to all of its messages in the batch.
+        let mut wakes = Wakes::new();
+        self.deliver_batch(&*sink, received.drain(..), &mut wakes);
         loop {
             let deferred = std::mem::take(&mut *self.deferred.lock());
             if deferred.is_empty() {
                 break;
             }
-            self.deliver_batch(&*sink, deferred);
+            self.deliver_batch(&*sink, deferred, &mut wakes);
         }
         DELIVERING.set(outer);
+        wakes.wake_all();
     }
 
     fn deliver_batch(
         self: &Arc<Self>,
         sink: &dyn FrameSink,
         received: impl IntoIterator<Item = Arrival>,
+        wakes: &mut Wakes,
     ) {
         for arrival in received {
             let (rx, entry) = match arrival {
                 Arrival::Slot(rx, entry) => (rx, entry),
                 Arrival::Placed(header, buffer) => {
-                    sink.deliver(placed_frame(header, buffer));
+                    sink.deliver(placed_frame(header, buffer), wakes);
                     continue;
                 }
             };
@@ -211,11 +216,12 @@ impl Conn {
             } else {
                 frame_bytes.slice(rx.metadata_range())
             };
-            sink.deliver(InboundFrame {
+            let frame = InboundFrame {
                 header: rx.header,
                 metadata,
                 payload: frame_bytes.slice(rx.payload_range()),
-            });
+            };
+            sink.deliver(frame, wakes);
             // Held until the upper layer is done with the frame: a server whose handler ran
             // inline has sent its response by now, so the slot's release (re-post, credit
             // bookkeeping) happens after the response left, not before.
