@@ -26,7 +26,10 @@ use crate::outbox::{Chunk, Outbox};
 /// Most bytes one read asks for: frames smaller than this arrive in one read, larger ones
 /// grow their buffer with the bytes that arrive.
 const READ_CHUNK: usize = 64 * 1024;
-/// Fewest bytes a read asks for (a header and a small message).
+/// Fewest bytes a read asks for (a header and a small message). A reader whose reads fill
+/// what they asked for asks for twice as much next time, up to [`READ_CHUNK`], and for
+/// half as much again when a read brings less than a quarter: busy connections take a
+/// burst of small frames in one system call, idle ones keep small buffers.
 const MIN_READ: usize = 4 * 1024;
 /// Frames a connection's reader delivers (running inline handlers) before it lets the other
 /// tasks of its thread run.
@@ -258,6 +261,7 @@ impl Conn {
         // Held while the frames of one read are handed up: a stream's reader wakes once to
         // all of its messages in the read, not once per message.
         let mut wakes = Wakes::new();
+        let mut read_size = MIN_READ;
         // When the frame being received started to arrive.
         let mut frame_started: Option<Instant> = None;
         let mut last_heard = Instant::now();
@@ -283,7 +287,6 @@ impl Conn {
                 }
                 delivered += 1;
                 if delivered.is_multiple_of(FRAMES_PER_TURN) {
-                    wakes.wake_all();
                     // Inline handlers run here: let the other connections of this thread in.
                     tokio::task::yield_now().await;
                 }
@@ -330,8 +333,17 @@ impl Conn {
                     continue;
                 }
             }
-            buf.reserve(decoder.missing(&buf).clamp(MIN_READ, READ_CHUNK));
-            match self.read_some(&mut buf) {
+            buf.reserve(decoder.missing(&buf).clamp(read_size, READ_CHUNK));
+            let room = buf.capacity() - buf.len();
+            let read = self.read_some(&mut buf);
+            if let Ok(n) = read {
+                if n == room {
+                    read_size = (read_size * 2).min(READ_CHUNK);
+                } else if n < read_size / 4 {
+                    read_size = (read_size / 2).max(MIN_READ);
+                }
+            }
+            match read {
                 Ok(0) => {
                     let how = if decoder.mid_frame(&buf) {
                         "closed the connection mid-frame"

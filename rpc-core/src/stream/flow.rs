@@ -255,6 +255,22 @@ impl<E> Inbox<E> {
         }
     }
 
+    /// Moves up to `max` items, in stream order, into `into` without counting them as
+    /// consumed: a consumer that takes a batch at once reports what it used with
+    /// [`Inbox::consumed`], and until then they count as buffered.
+    pub fn drain_ready(&mut self, max: usize, into: &mut VecDeque<Item<E>>) {
+        let n = max.min(self.ready.len());
+        into.extend(self.ready.drain(..n));
+    }
+
+    /// The consumer used `messages` messages of `bytes` bytes taken by
+    /// [`Inbox::drain_ready`].
+    pub fn consumed(&mut self, messages: u64, bytes: u64) {
+        self.consumed.0 += messages;
+        self.consumed.1 += bytes;
+        debug_assert!(self.consumed.0 <= self.unreturned.0 && self.consumed.1 <= self.unreturned.1);
+    }
+
     /// The next item in stream order, if it arrived. Taking a message counts it as
     /// consumed.
     pub fn pop(&mut self) -> Option<Item<E>> {

@@ -1,6 +1,7 @@
 //! The state of one streaming call shared by the receive path (which feeds it frames) and
 //! the tasks or threads that read and write its messages.
 
+use std::collections::VecDeque;
 use std::task::{Context, Poll};
 use std::thread::Thread;
 
@@ -130,17 +131,28 @@ impl StreamShared {
         state.failed.is_some() || state.inbox.finished()
     }
 
-    /// The next item for the reader, or `Pending` with `cx` registered; and the room to
-    /// return to the peer now that messages were taken, if enough is (one lock for both:
-    /// this runs once per message).
-    pub(crate) fn poll_next(&self, cx: &Context<'_>) -> (Poll<Next>, Option<WindowUpdate>) {
+    /// Moves up to `max` items for the reader into `into` (messages in order, then the end
+    /// or the failure), after counting the `taken` messages and bytes it used of earlier
+    /// batches; `Pending` with `cx` registered when there is none. Also the room to return
+    /// now, if enough was used. A reader taking batches locks the stream once per batch,
+    /// not once per message, so the receive path rarely finds the lock taken.
+    pub(crate) fn poll_batch(
+        &self,
+        cx: &Context<'_>,
+        taken: (u64, u64),
+        max: usize,
+        into: &mut VecDeque<Item<StreamEnd>>,
+    ) -> (Poll<Option<Status>>, Option<WindowUpdate>) {
         let mut state = self.state.lock();
-        let next = match take(&mut state) {
-            Some(next) => Poll::Ready(next),
-            None => {
-                state.reader.set_task(cx);
-                Poll::Pending
-            }
+        state.inbox.consumed(taken.0, taken.1);
+        state.inbox.drain_ready(max, into);
+        let next = if !into.is_empty() {
+            Poll::Ready(None)
+        } else if let Some(status) = &state.failed {
+            Poll::Ready(Some(status.clone()))
+        } else {
+            state.reader.set_task(cx);
+            Poll::Pending
         };
         (next, state.inbox.take_update())
     }

@@ -1,5 +1,6 @@
 //! [`Streaming`]: the messages of a stream as a `futures::Stream`, and its blocking form.
 
+use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::marker::PhantomData;
 use std::pin::Pin;
@@ -10,11 +11,18 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, Stream};
 use prost::Message;
 
+use super::flow::Item;
 use super::shared::{Next, StreamEnd, StreamShared};
 use super::{Link, WindowUpdate};
 use crate::client::Drive;
 use crate::metadata::MetadataMap;
 use crate::status::{Code, Status};
+
+/// Most items a [`Streaming`] takes from its shared state at once: the room they hold goes
+/// back to the sender only once they are read, so a batch must stay a small part of any
+/// window (the smallest, [`super::INITIAL_WINDOW`], is 64 messages), while it saves a lock
+/// per message.
+const READ_BATCH: usize = 16;
 
 /// Dropped when a [`Streaming`] ends or is dropped: a client's guard, which detaches the
 /// stream and cancels the call unless the server ended it.
@@ -36,6 +44,10 @@ pub struct Streaming<T> {
     call_id: u64,
     /// Room consumed and not yet returned because the link had none for the update.
     unsent: Option<WindowUpdate>,
+    /// Items taken from the shared state in one batch, not yet read.
+    batch: VecDeque<Item<StreamEnd>>,
+    /// Messages and bytes read from earlier batches, not yet reported as used.
+    taken: (u64, u64),
     /// The stream ended (end or failure taken).
     done: bool,
     trailers: Option<MetadataMap>,
@@ -67,6 +79,8 @@ impl<T> Streaming<T> {
             link,
             call_id,
             unsent: None,
+            batch: VecDeque::new(),
+            taken: (0, 0),
             done: false,
             trailers: None,
             driving: false,
@@ -174,14 +188,34 @@ impl<T: Message + Default> Stream for Streaming<T> {
             }
         }
         loop {
-            let (next, update) = this.shared.poll_next(cx);
-            this.return_room(cx, update);
-            if let Poll::Ready(next) = next {
+            if let Some(next) = this.batch.pop_front() {
+                let next = match next {
+                    Item::Message(payload) => {
+                        this.taken.0 += 1;
+                        this.taken.1 += payload.len() as u64;
+                        Next::Message(payload)
+                    }
+                    Item::End(end) => Next::End(end),
+                };
                 let item = this.item(next);
                 if this.done {
                     this.finish();
                 }
                 return Poll::Ready(item);
+            }
+            let taken = std::mem::take(&mut this.taken);
+            let (next, update) = this
+                .shared
+                .poll_batch(cx, taken, READ_BATCH, &mut this.batch);
+            this.return_room(cx, update);
+            match next {
+                Poll::Ready(None) => continue,
+                Poll::Ready(Some(failed)) => {
+                    let item = this.item(Next::Failed(failed));
+                    this.finish();
+                    return Poll::Ready(item);
+                }
+                Poll::Pending => {}
             }
             match this.link.drive(cx, &mut this.driving) {
                 Drive::Received => continue,

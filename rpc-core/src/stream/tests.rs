@@ -130,6 +130,35 @@ fn room_comes_back_at_half_the_window_and_a_big_window_is_granted_at_open() {
 }
 
 #[test]
+fn a_batch_taken_at_once_holds_its_room_until_it_is_used() {
+    let mut inbox = inbox();
+    let half = u64::from(INITIAL_WINDOW.messages / 2);
+    for seq in 1..=half as u32 + 4 {
+        inbox.on_message(seq, msg(2)).unwrap();
+    }
+    let mut batch = std::collections::VecDeque::new();
+    inbox.drain_ready(8, &mut batch);
+    assert_eq!(batch.len(), 8, "at most the batch asked for");
+    inbox.drain_ready(usize::MAX, &mut batch);
+    assert_eq!(batch.len() as u64, half + 4);
+    assert!(batch.iter().all(|item| *item == Item::Message(msg(2))));
+    // Taken, not used: still buffered, nothing returned.
+    assert_eq!(inbox.take_update(), None);
+    assert_eq!(inbox.buffered(), (half + 4, 2 * (half + 4)));
+    inbox.consumed(half - 1, 2 * (half - 1));
+    assert_eq!(inbox.take_update(), None, "below half the window");
+    inbox.consumed(1, 2);
+    assert_eq!(
+        inbox.take_update(),
+        Some(WindowUpdate {
+            messages: half as u32,
+            bytes: 2 * half
+        })
+    );
+    assert_eq!(inbox.buffered(), (4, 8));
+}
+
+#[test]
 fn window_updates_decode_strictly() {
     let update = WindowUpdate {
         messages: 7,
