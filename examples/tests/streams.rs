@@ -57,6 +57,18 @@ fn chunk(index: u64, size: usize) -> Chunk {
     }
 }
 
+/// Reads `stream` to its end, checking that each chunk has the next index and passes
+/// `check`; returns how many came.
+async fn read_in_order(stream: &mut Streaming<Chunk>, check: impl Fn(&Chunk)) -> u64 {
+    let mut next = 0;
+    while let Some(chunk) = stream.message().await.unwrap() {
+        assert_eq!(chunk.index, next);
+        check(&chunk);
+        next += 1;
+    }
+    next
+}
+
 /// Waits for a server-side counter, which moves on a handler thread.
 async fn eventually(what: &str, check: impl Fn() -> bool) {
     let until = Instant::now() + Duration::from_secs(5);
@@ -75,13 +87,8 @@ async fn server_streams(url: &str) {
         .await
         .unwrap()
         .into_inner();
-    let mut next = 0;
-    while let Some(chunk) = stream.message().await.unwrap() {
-        assert_eq!(chunk.index, next);
-        assert_eq!(chunk.payload.len(), 100);
-        next += 1;
-    }
-    assert_eq!(next, 1000);
+    let read = read_in_order(&mut stream, |chunk| assert_eq!(chunk.payload.len(), 100));
+    assert_eq!(read.await, 1000);
     assert!(stream.trailers().is_some(), "ended by trailers");
     assert!(stream.next().await.is_none(), "stays ended");
 
@@ -139,12 +146,7 @@ async fn client_and_bidi_streams(url: &str) {
 
     let requests = futures::stream::iter((0..400).map(|i| chunk(i, 200)));
     let mut echoes = client.chat(requests).await.unwrap().into_inner();
-    let mut next = 0;
-    while let Some(chunk) = echoes.message().await.unwrap() {
-        assert_eq!(chunk.index, next);
-        next += 1;
-    }
-    assert_eq!(next, 400);
+    assert_eq!(read_in_order(&mut echoes, |_| {}).await, 400);
 }
 
 /// Messages too large for an RDMA slot go by RDMA WRITE, each with its own rendezvous,
@@ -158,16 +160,8 @@ async fn large_messages_stream(url: &str) {
         .await
         .unwrap()
         .into_inner();
-    let mut next = 0;
-    while let Some(chunk) = stream.message().await.unwrap() {
-        assert_eq!(chunk.index, next);
-        assert!(
-            chunk.payload == bulk_pattern(1 << 20, 0),
-            "chunk {next} corrupted"
-        );
-        next += 1;
-    }
-    assert_eq!(next, 12);
+    let whole = |chunk: &Chunk| assert!(chunk.payload == bulk_pattern(1 << 20, 0));
+    assert_eq!(read_in_order(&mut stream, whole).await, 12);
 
     let sizes = move |i: u64| SIZES[i as usize % SIZES.len()];
     let chunks = futures::stream::iter((0..20).map(move |i| chunk(i, sizes(i))));
@@ -180,16 +174,15 @@ async fn large_messages_stream(url: &str) {
 
     let requests = futures::stream::iter((0..20).map(move |i| chunk(i, sizes(i))));
     let mut echoes = client.chat(requests).await.unwrap().into_inner();
-    let mut next = 0;
-    while let Some(chunk) = echoes.message().await.unwrap() {
-        assert_eq!(chunk.index, next);
+    let whole = |chunk: &Chunk| {
+        let len = sizes(chunk.index);
         assert!(
-            chunk.payload == bulk_pattern(sizes(next), 0),
-            "echo {next} corrupted"
+            chunk.payload == bulk_pattern(len, 0),
+            "echo {} corrupted",
+            chunk.index
         );
-        next += 1;
-    }
-    assert_eq!(next, 20);
+    };
+    assert_eq!(read_in_order(&mut echoes, whole).await, 20);
 }
 
 /// A stream whose reader stalls stops its sender at the window without holding up other
