@@ -194,11 +194,14 @@ impl ReplySink for NoRoom {
         cx: &mut std::task::Context<'_>,
         _: &mut OutgoingFrame<'_>,
     ) -> std::task::Poll<Result<(), Status>> {
+        // Checked and registered under the lock the opening takes: a reply that found no
+        // room is among the wakers the opening wakes.
+        let mut wakers = self.wakers.lock();
         if self.open.load(Ordering::SeqCst) {
             self.answered.fetch_add(1, Ordering::SeqCst);
             return std::task::Poll::Ready(Ok(()));
         }
-        self.wakers.lock().push(cx.waker().clone());
+        wakers.push(cx.waker().clone());
         std::task::Poll::Pending
     }
 }
@@ -234,8 +237,11 @@ fn replies_waiting_for_credits_park_no_thread() {
         dispatcher.in_flight() == 100
     });
     assert_eq!(sink.answered.load(Ordering::SeqCst), 0);
-    sink.open.store(true, Ordering::SeqCst);
-    let wakers = std::mem::take(&mut *sink.wakers.lock());
+    let wakers = {
+        let mut wakers = sink.wakers.lock();
+        sink.open.store(true, Ordering::SeqCst);
+        std::mem::take(&mut *wakers)
+    };
     wakers.into_iter().for_each(std::task::Waker::wake);
     wait_for("every answer went", || {
         sink.answered.load(Ordering::SeqCst) == 100
