@@ -20,8 +20,8 @@ use rpc_core::body::RawBody;
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::{ServerCall, ServerReply, Service};
 use rpc_core::{
-    CallTable, Channel, ChannelConfig, ClientTransport, Code, FrameKind, Header, MetadataMap,
-    Request, Response, Status,
+    CallTable, Channel, ChannelConfig, ClientTransport, Code, FrameKind, FrameSender, Header,
+    MetadataMap, Request, Response, Status,
 };
 
 /// The service under test.
@@ -69,7 +69,7 @@ struct Loopback {
     service: Arc<dyn Service>,
 }
 
-impl ClientTransport for Loopback {
+impl FrameSender for Loopback {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
         let header = *frame.header();
         if header.kind != FrameKind::Request {
@@ -92,7 +92,9 @@ impl ClientTransport for Loopback {
         });
         Ok(())
     }
+}
 
+impl ClientTransport for Loopback {
     fn peer(&self) -> &str {
         "loopback"
     }

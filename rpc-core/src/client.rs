@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use prost::Message;
 
 use crate::call_table::CallTable;
-use crate::frame::{InboundFrame, OutgoingFrame};
+use crate::frame::{FrameSender, InboundFrame, OutgoingFrame};
 use crate::header::{FrameKind, Header};
 use crate::message::{Request, Response};
 use crate::metadata::MetadataMap;
@@ -21,43 +21,13 @@ use crate::timer::{DeadlineTimer, TimerKey};
 /// Default limit on encoded request and response sizes (the gRPC default).
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
 
-/// What a transport provides to the client side of a connection.
+/// What a transport provides to the client side of a connection: sending frames
+/// ([`FrameSender`]) and the rest below.
 ///
 /// The transport delivers every response frame it receives to the [`CallTable`] it was
 /// given at connect time ([`CallTable::complete`]) and closes the table when the connection
 /// dies ([`CallTable::close`]).
-pub trait ClientTransport: Send + Sync + 'static {
-    /// Writes `frame` into the transport's own memory and sends it. The transport may set
-    /// transport-owned header fields (credits) first.
-    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status>;
-
-    /// Sends `frame` from an async task: like [`ClientTransport::send`], but a transport
-    /// with no room for it now (credits, slots, its queue bound) returns `Pending` and wakes
-    /// `cx` once it may have room, instead of blocking the thread (back-pressure). A
-    /// `Pending` attempt leaves nothing behind; the next poll starts over. The default sends
-    /// at once.
-    fn poll_send(
-        &self,
-        _cx: &mut Context<'_>,
-        frame: &mut OutgoingFrame<'_>,
-    ) -> Poll<Result<(), Status>> {
-        Poll::Ready(self.send(frame))
-    }
-
-    /// Like [`ClientTransport::poll_send`], but the frame may wait in the transport, with
-    /// others sent the same way, until [`ClientTransport::flush`]: a stream's messages sent
-    /// back to back leave together. The default sends at once.
-    fn poll_send_more(
-        &self,
-        cx: &mut Context<'_>,
-        frame: &mut OutgoingFrame<'_>,
-    ) -> Poll<Result<(), Status>> {
-        self.poll_send(cx, frame)
-    }
-
-    /// Sends what [`ClientTransport::poll_send_more`] left waiting. Never blocks.
-    fn flush(&self) {}
-
+pub trait ClientTransport: FrameSender {
     /// Sends a header-only frame (a `Cancel`) without ever blocking, from any context,
     /// `Drop` included: a transport with no room now queues it within a bound, or drops it
     /// (the call was given up on; its late answer is ignored). The default calls `send`.

@@ -1,10 +1,13 @@
 //! Frames as transports see them: a header, encoded metadata and a payload.
 
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
 
 use crate::body::{EmptyBody, EncodeBody};
 use crate::header::Header;
 use crate::metadata::MetadataMap;
+use crate::status::Status;
 
 /// A frame about to be written by a transport into its own memory.
 ///
@@ -134,4 +137,40 @@ impl InboundFrame {
     pub fn decode_metadata(&self) -> Result<MetadataMap, crate::Error> {
         MetadataMap::decode_from(&self.metadata)
     }
+}
+
+/// Sending frames on one connection: what a client's transport
+/// ([`crate::ClientTransport`]) and a server's reply sink ([`crate::server::ReplySink`])
+/// share, and all a stream needs of either.
+pub trait FrameSender: Send + Sync + 'static {
+    /// Writes `frame` into the transport's own memory and sends it, blocking the thread
+    /// while there is no room (blocking APIs only). The transport may set transport-owned
+    /// header fields (credits) first.
+    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status>;
+
+    /// Sends `frame` from an async task: a transport with no room for it now (credits,
+    /// slots, its queue bound) returns `Pending` and wakes `cx` once it may have room,
+    /// instead of blocking the thread (back-pressure). A `Pending` attempt leaves nothing
+    /// behind; the next poll starts over. The default calls [`FrameSender::send`].
+    fn poll_send(
+        &self,
+        _cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        Poll::Ready(self.send(frame))
+    }
+
+    /// Like [`FrameSender::poll_send`], but the frame may wait in the transport, with
+    /// others sent the same way, until [`FrameSender::flush`]: a stream's messages sent
+    /// back to back leave together. The default sends at once.
+    fn poll_send_more(
+        &self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        self.poll_send(cx, frame)
+    }
+
+    /// Sends what [`FrameSender::poll_send_more`] left waiting. Never blocks.
+    fn flush(&self) {}
 }

@@ -26,6 +26,7 @@ mod timer;
 pub use call_table::CallTable;
 pub use client::{Channel, ChannelConfig, ClientTransport, Drive};
 pub use error::{Error, HeaderError};
+pub use frame::FrameSender;
 pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};
 pub use message::{method_id, IntoRequest, IntoStreamingRequest, Request, Response};
 pub use metadata::{MetadataMap, MAX_METADATA_LEN};

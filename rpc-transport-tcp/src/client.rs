@@ -7,9 +7,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::server::ReplySink;
 use rpc_core::stream::Wakes;
-use rpc_core::{CallTable, ClientTransport, Code, FrameKind, Header, Status};
+use rpc_core::{CallTable, ClientTransport, Code, FrameKind, FrameSender, Header, Status};
 
 use crate::conn::{Conn, Inbox, ReadPolicy};
 use crate::handshake;
@@ -158,9 +157,10 @@ impl Inbox for Responses {
     }
 }
 
-impl ClientTransport for TcpClient {
+/// Requests go through the connection's output queue, as the server's answers do.
+impl FrameSender for TcpClient {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        ReplySink::send(&*self.conn, frame)
+        self.conn.send(frame)
     }
 
     fn poll_send(
@@ -168,9 +168,23 @@ impl ClientTransport for TcpClient {
         cx: &mut Context<'_>,
         frame: &mut OutgoingFrame<'_>,
     ) -> Poll<Result<(), Status>> {
-        ReplySink::poll_send(&*self.conn, cx, frame)
+        self.conn.poll_send(cx, frame)
     }
 
+    fn poll_send_more(
+        &self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        self.conn.poll_send_more(cx, frame)
+    }
+
+    fn flush(&self) {
+        self.conn.flush();
+    }
+}
+
+impl ClientTransport for TcpClient {
     fn send_control(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
         match self
             .conn

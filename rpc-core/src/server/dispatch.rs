@@ -349,7 +349,7 @@ impl ConnectionDispatch {
             self.streams.lock().insert(call_id, shared.clone());
             InboundStream {
                 shared,
-                link: Link::Server(self.sink.clone()),
+                link: Link::server(self.sink.clone()),
                 call_id,
             }
         });

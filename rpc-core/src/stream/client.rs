@@ -86,7 +86,7 @@ impl Channel {
             .map(|at| DeadlineTimer::global().schedule(at, self.calls(), id));
         let out = Outgoing::new(
             shared.clone(),
-            Link::Client(self.transport().clone()),
+            Link::client(self.transport().clone()),
             id,
             config.max_message_size,
         );
@@ -377,7 +377,7 @@ fn streaming_response<Resp>(
     pump: Option<super::streaming::Pump>,
 ) -> Result<Response<Streaming<Resp>>, Status> {
     let (metadata, ()) = headers_of(frame)?.into_parts();
-    let link = Link::Client(guard.channel.transport().clone());
+    let link = Link::client(guard.channel.transport().clone());
     let shared = guard.shared.clone();
     let mut stream = Streaming::new(shared, link, id, Some(Box::new(guard)));
     if let Some(pump) = pump {

@@ -4,39 +4,51 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use crate::client::{ClientTransport, Drive};
-use crate::frame::OutgoingFrame;
+use crate::frame::{FrameSender, OutgoingFrame};
 use crate::server::ReplySink;
 use crate::status::Status;
 
-/// The sending side of the connection a stream lives on.
+/// The sending side of the connection a stream lives on, and on a client the transport a
+/// waiting task may drive.
 #[derive(Clone)]
-pub(crate) enum Link {
-    /// A client's connection.
-    Client(Arc<dyn ClientTransport>),
-    /// A server's connection.
-    Server(Arc<dyn ReplySink>),
+pub(crate) struct Link {
+    frames: Arc<dyn FrameSender>,
+    client: Option<Arc<dyn ClientTransport>>,
 }
 
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Link::Client(_) => "Link::Client",
-            Link::Server(_) => "Link::Server",
+        f.write_str(match self.client {
+            Some(_) => "Link::Client",
+            None => "Link::Server",
         })
     }
 }
 
 impl Link {
+    /// A client's connection.
+    pub(crate) fn client(transport: Arc<dyn ClientTransport>) -> Self {
+        Link {
+            frames: transport.clone(),
+            client: Some(transport),
+        }
+    }
+
+    /// A server's connection.
+    pub(crate) fn server(sink: Arc<dyn ReplySink>) -> Self {
+        Link {
+            frames: sink,
+            client: None,
+        }
+    }
+
     /// Sends without blocking: `Pending` (and `cx` woken later) while there is no room.
     pub(crate) fn poll_send(
         &self,
         cx: &mut Context<'_>,
         frame: &mut OutgoingFrame<'_>,
     ) -> Poll<Result<(), Status>> {
-        match self {
-            Link::Client(t) => t.poll_send(cx, frame),
-            Link::Server(s) => s.poll_send(cx, frame),
-        }
+        self.frames.poll_send(cx, frame)
     }
 
     /// Sends a stream message that may wait for the next ones until [`Link::flush`].
@@ -45,40 +57,31 @@ impl Link {
         cx: &mut Context<'_>,
         frame: &mut OutgoingFrame<'_>,
     ) -> Poll<Result<(), Status>> {
-        match self {
-            Link::Client(t) => t.poll_send_more(cx, frame),
-            Link::Server(s) => s.poll_send_more(cx, frame),
-        }
+        self.frames.poll_send_more(cx, frame)
     }
 
     /// Sends what [`Link::poll_send_more`] left waiting.
     pub(crate) fn flush(&self) {
-        match self {
-            Link::Client(t) => t.flush(),
-            Link::Server(s) => s.flush(),
-        }
+        self.frames.flush();
     }
 
     /// Sends, blocking the thread while there is no room (blocking APIs only).
     pub(crate) fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        match self {
-            Link::Client(t) => t.send(frame),
-            Link::Server(s) => s.send(frame),
-        }
+        self.frames.send(frame)
     }
 
     /// Lets a client task waiting on the stream drive the transport ([`ClientTransport::drive`]).
     pub(crate) fn drive(&self, cx: &mut Context<'_>, driving: &mut bool) -> Drive {
-        match self {
-            Link::Client(t) => t.drive(cx, driving),
-            Link::Server(_) => Drive::Wait,
+        match &self.client {
+            Some(t) => t.drive(cx, driving),
+            None => Drive::Wait,
         }
     }
 
     /// Gives back the lease [`Link::drive`] handed out.
     pub(crate) fn stop_driving(&self, driving: &mut bool) {
         if std::mem::take(driving) {
-            if let Link::Client(t) = self {
+            if let Some(t) = &self.client {
                 t.stop_driving();
             }
         }
@@ -87,9 +90,6 @@ impl Link {
     /// Polls the transport's completions on a blocked thread (run-to-completion); false if
     /// nothing arrived and the thread should park.
     pub(crate) fn poll_progress(&self) -> bool {
-        match self {
-            Link::Client(t) => t.poll_progress(),
-            Link::Server(_) => false,
-        }
+        self.client.as_ref().is_some_and(|t| t.poll_progress())
     }
 }

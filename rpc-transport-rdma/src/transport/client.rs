@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use rpc_core::auth::{Credentials, HELLO_LEN, PROOF_LEN};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::stream::Wakes;
-use rpc_core::{CallTable, ClientTransport, Drive, FrameKind, Status, HEADER_LEN};
+use rpc_core::{CallTable, ClientTransport, Drive, FrameKind, FrameSender, Status, HEADER_LEN};
 
 use crate::protocol::{ConnectParams, Stats};
 use crate::transport::budget::ConnectionSlot;
@@ -200,7 +200,7 @@ impl RdmaClient {
     }
 }
 
-impl ClientTransport for RdmaClient {
+impl FrameSender for RdmaClient {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
         let advertised = self.advertise(frame);
         let sent = self.conn.send(frame);
@@ -223,7 +223,9 @@ impl ClientTransport for RdmaClient {
         }
         sent
     }
+}
 
+impl ClientTransport for RdmaClient {
     fn send_control(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
         self.conn.send_control(frame)
     }
