@@ -51,7 +51,7 @@ fn a_server_killed_under_64_connections() {
     let calling = Calling::start(&url, "server killed");
     let killed = Instant::now();
     kill_9(&mut server);
-    let outcomes = calling.finish();
+    let outcomes = calling.finish(CONNECTIONS as u64);
     let ended = killed.elapsed();
     outcomes.report("server killed");
     say(format!(
@@ -100,7 +100,7 @@ fn a_thousand_peers_connect_and_vanish_under_64_connections() {
         "{PEERS} peers connected and vanished in {:?}",
         started.elapsed()
     ));
-    let outcomes = calling.finish();
+    let outcomes = calling.finish(0);
     outcomes.report("peers vanished");
     assert!(
         lock(&outcomes.failed).is_empty(),

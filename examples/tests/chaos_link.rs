@@ -88,7 +88,7 @@ fn the_link_goes_down_under_64_connections() {
     let down = LinkDown::new();
     std::thread::sleep(BOUND);
     down.up_again(server.local_url());
-    calling.finish().report("link down");
+    calling.finish(0).report("link down");
     server.shutdown(Duration::from_secs(1));
     back_to(&baseline, "link down");
 }

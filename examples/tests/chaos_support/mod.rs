@@ -151,9 +151,15 @@ impl Calling {
         }
     }
 
-    /// Stops calling (connections whose calls failed have stopped already), waits for every
-    /// call to end, and returns how they ended.
-    pub fn finish(self) -> Arc<Outcomes> {
+    /// Waits (up to [`BOUND`]) until `failed` connections have seen a call fail (each
+    /// stops calling at its first failure), then stops calling, waits for every call to
+    /// end, and returns how they ended. A test of a dead server asks for every connection,
+    /// so that one between two calls is not told to stop before it could see the death.
+    pub fn finish(self, failed: u64) -> Arc<Outcomes> {
+        let until = Instant::now() + BOUND;
+        while lock(&self.outcomes.failed).values().sum::<u64>() < failed && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         self.stop.store(1, Ordering::Release);
         self.rt.block_on(self.task).unwrap();
         self.outcomes
