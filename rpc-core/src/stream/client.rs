@@ -269,9 +269,12 @@ impl Opening {
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         poll_fn(|cx| self.call.poll_send(cx, &mut frame)).await?;
         if let Some(update) = self.out.shared().initial_update() {
+            // Straight to the transport, as the blocking form does: the request is out, so
+            // the server may already have answered; that must not count as an answer to a
+            // request never sent.
             let id = self.call.id;
-            let call = &mut self.call;
-            poll_fn(|cx| update.with_frame(id, |frame| call.poll_send(cx, frame))).await?;
+            let transport = self.guard.channel.transport();
+            poll_fn(|cx| update.with_frame(id, |frame| transport.poll_send(cx, frame))).await?;
         }
         Ok(())
     }

@@ -13,6 +13,8 @@
 //! * [`Streaming`]: the typed stream of messages handlers and clients read.
 
 mod client;
+#[cfg(test)]
+mod client_tests;
 pub mod flow;
 mod link;
 mod send;
