@@ -74,30 +74,36 @@ impl streamer_server::Streamer for Streamer {
             let code = Code::from_wire(ask.fail_code as u16).unwrap_or(Code::Unknown);
             (ask.fail_after, code)
         });
+        // Chunks until the end or the asked failure (at index `after`, if within the count).
+        let failure = fail.filter(|(after, _)| *after <= ask.count);
+        let last = failure.map_or(ask.count, |(after, _)| after);
+        let failure = failure
+            .map(|(after, code)| Err(Status::new(code, format!("failed after {after} chunks"))));
         let stats = self.stats.clone();
-        let chunks = async_stream(move |index| {
-            let payload = payload.clone();
-            let stats = stats.clone();
-            async move {
-                if let Some((after, code)) = fail {
-                    if index == after {
-                        return Some(Err(Status::new(
-                            code,
-                            format!("failed after {after} chunks"),
-                        )));
-                    }
-                }
-                if index >= ask.count {
-                    return None;
-                }
-                if let Some(pause) = interval {
-                    tokio::time::sleep(pause).await;
-                }
+        let chunks = futures::stream::iter(0..last)
+            .map(move |index| {
+                Ok(Chunk {
+                    index,
+                    payload: payload.clone(),
+                })
+            })
+            .chain(futures::stream::iter(failure));
+        let count = move |chunk: &Result<Chunk, Status>| {
+            if chunk.is_ok() {
                 stats.produced.fetch_add(1, Ordering::Relaxed);
-                Some(Ok(Chunk { index, payload }))
             }
-        });
-        let mut chunks = Box::pin(chunks);
+        };
+        let mut chunks: ChunkStream = match interval {
+            Some(pause) => Box::pin(
+                chunks
+                    .then(move |chunk| async move {
+                        tokio::time::sleep(pause).await;
+                        chunk
+                    })
+                    .inspect(count),
+            ),
+            None => Box::pin(chunks.inspect(count)),
+        };
         // Lives as long as the stream; disarmed when the stream ends.
         let mut guard = ProduceGuard {
             stats: self.stats.clone(),
@@ -145,20 +151,4 @@ impl streamer_server::Streamer for Streamer {
         });
         Ok(Response::new(Box::pin(echoed)))
     }
-}
-
-/// The stream of `next(0)`, `next(1)`, ... up to the first `None`.
-fn async_stream<F, Fut>(mut next: F) -> impl Stream<Item = Result<Chunk, Status>> + Send
-where
-    F: FnMut(u64) -> Fut + Send,
-    Fut: std::future::Future<Output = Option<Result<Chunk, Status>>> + Send,
-{
-    futures::stream::unfold((0u64, false), move |(index, ended)| {
-        let item = (!ended).then(|| next(index));
-        async move {
-            let item = item?.await?;
-            let ended = item.is_err();
-            Some((item, (index + 1, ended)))
-        }
-    })
 }

@@ -106,6 +106,9 @@ impl CallTable {
     /// frame that breaks the stream's rules fails the call.
     pub fn on_stream_frame(&self, frame: InboundFrame, wakes: &mut Wakes) {
         let id = frame.header.call_id;
+        if frame.header.kind == FrameKind::Message {
+            return self.on_stream_messages(id, [frame], wakes);
+        }
         let (stream, awaiting_headers) = {
             let inner = self.inner.lock();
             let Some(stream) = inner.streams.get(&id) else {
@@ -135,6 +138,25 @@ impl CallTable {
         if let Err(status) = stream.on_frame(frame, wakes) {
             self.complete(id, Err(status));
         } else if let Some(status) = early_error {
+            self.complete(id, Err(status));
+        }
+    }
+
+    /// Feeds a run of `Message` frames of call `id` (in order; one lookup and one stream
+    /// lock for the run), holding its reader's wakeup in `wakes`. As
+    /// [`CallTable::on_stream_frame`], messages for calls that ended are dropped, and one
+    /// that breaks the stream's rules fails the call.
+    pub fn on_stream_messages(
+        &self,
+        id: u64,
+        frames: impl IntoIterator<Item = InboundFrame>,
+        wakes: &mut Wakes,
+    ) {
+        let stream = self.inner.lock().streams.get(&id).cloned();
+        let Some(stream) = stream else {
+            return tracing::debug!(call_id = id, "stream messages for no open stream");
+        };
+        if let Err(status) = stream.on_messages(frames, wakes) {
             self.complete(id, Err(status));
         }
     }

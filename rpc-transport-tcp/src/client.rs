@@ -106,6 +106,10 @@ struct Responses {
 }
 
 impl Inbox for Responses {
+    fn on_messages(&self, call_id: u64, run: &mut Vec<InboundFrame>, wakes: &mut Wakes) {
+        self.calls.on_stream_messages(call_id, run.drain(..), wakes);
+    }
+
     fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes) {
         match frame.header.kind {
             // Call id 0 is never a call's: a status for it is about the connection (a server

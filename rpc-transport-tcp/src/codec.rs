@@ -127,7 +127,11 @@ impl FrameDecoder {
         self.pending = None;
         let mut frame = buf.split_to(total);
         frame.advance(header_len);
-        let metadata = frame.split_to(meta_len).freeze();
+        // Most frames carry no metadata: no view (and no reference count) for it then.
+        let metadata = match meta_len {
+            0 => Bytes::new(),
+            _ => frame.split_to(meta_len).freeze(),
+        };
         let payload: Bytes = frame.freeze();
         Ok(Some(Inbound::Frame(InboundFrame {
             header,

@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::ReplySink;
 use rpc_core::stream::Wakes;
-use rpc_core::{Header, Status};
+use rpc_core::{FrameKind, Header, Status};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::{timeout, timeout_at, Instant};
@@ -32,8 +32,12 @@ const READ_CHUNK: usize = 64 * 1024;
 /// burst of small frames in one system call, idle ones keep small buffers.
 const MIN_READ: usize = 4 * 1024;
 /// Frames a connection's reader delivers (running inline handlers) before it lets the other
-/// tasks of its thread run.
+/// tasks of its thread run; a run of stream messages counts as one.
 const FRAMES_PER_TURN: u32 = 16;
+/// Most messages of one stream the reader hands up at once (one lookup of the stream and
+/// one hold of its lock for the run): long enough to amortize both, short enough that the
+/// stream's reader never waits long for the lock.
+const MAX_RUN: usize = 64;
 
 /// A connection shared by its tasks and the transport that sends on it.
 #[derive(Debug)]
@@ -78,6 +82,9 @@ pub(crate) trait Inbox: Send + Sync + 'static {
     /// A complete frame; wakeups it causes may be held in `wakes`, performed when the
     /// frames of the read are handed up.
     fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes);
+    /// A run of `Message` frames of stream `call_id`, in order (the messages of one read
+    /// that follow each other), to be taken out of `run` and fed under one lookup.
+    fn on_messages(&self, call_id: u64, run: &mut Vec<InboundFrame>, wakes: &mut Wakes);
     /// A frame over the payload limit, refused at its header.
     fn on_oversized(&self, header: &Header, declared: u64);
     /// Whether no call is in progress, so that a silent peer may be closed as idle.
@@ -261,22 +268,41 @@ impl Conn {
         // Held while the frames of one read are handed up: a stream's reader wakes once to
         // all of its messages in the read, not once per message.
         let mut wakes = Wakes::new();
+        // Consecutive messages of one stream, handed up together.
+        let mut run = Run::default();
         let mut read_size = MIN_READ;
         // When the frame being received started to arrive.
         let mut frame_started: Option<Instant> = None;
         let mut last_heard = Instant::now();
         loop {
-            let mut delivered = 0u32;
+            // Frames taken from the buffer, and deliveries (frames, runs) made, this turn.
+            let (mut decoded, mut delivered) = (0u32, 0u32);
             loop {
                 if policy.pause_when_full {
                     // Between frames, so that a burst of requests read at once stops at the
                     // first whose answer would find the queue full.
                     poll_fn(|cx| self.outbox.poll_room(cx)).await;
                 }
+                let before = delivered;
                 match decoder.decode(&mut buf) {
-                    Ok(Some(Inbound::Frame(frame))) => inbox.on_frame(frame, &mut wakes),
+                    Ok(Some(Inbound::Frame(frame))) if frame.header.kind == FrameKind::Message => {
+                        if let Some(frame) = run.push(frame) {
+                            delivered += run.hand_up(inbox, &mut wakes);
+                            run.push(frame);
+                        }
+                        if run.frames.len() >= MAX_RUN {
+                            delivered += run.hand_up(inbox, &mut wakes);
+                        }
+                    }
+                    Ok(Some(Inbound::Frame(frame))) => {
+                        run.hand_up(inbox, &mut wakes);
+                        inbox.on_frame(frame, &mut wakes);
+                        delivered += 1;
+                    }
                     Ok(Some(Inbound::Oversized { header, declared })) => {
-                        inbox.on_oversized(&header, declared)
+                        run.hand_up(inbox, &mut wakes);
+                        inbox.on_oversized(&header, declared);
+                        delivered += 1;
                     }
                     Ok(None) => break,
                     Err(e) => {
@@ -285,16 +311,17 @@ impl Conn {
                         return (status, true);
                     }
                 }
-                delivered += 1;
-                if delivered.is_multiple_of(FRAMES_PER_TURN) {
+                decoded += 1;
+                if delivered > before && delivered.is_multiple_of(FRAMES_PER_TURN) {
                     // Inline handlers run here: let the other connections of this thread in.
                     tokio::task::yield_now().await;
                 }
             }
+            run.hand_up(inbox, &mut wakes);
             wakes.wake_all();
             if !decoder.mid_frame(&buf) {
                 frame_started = None;
-            } else if delivered > 0 || frame_started.is_none() {
+            } else if decoded > 0 || frame_started.is_none() {
                 // A new frame began in the bytes of the last read.
                 frame_started = Some(last_heard);
             }
@@ -360,6 +387,37 @@ impl Conn {
     }
 }
 
+/// Consecutive `Message` frames of one stream, read and not yet handed up.
+#[derive(Debug, Default)]
+struct Run {
+    frames: Vec<InboundFrame>,
+}
+
+impl Run {
+    /// Adds `frame` to the run; gives it back if it belongs to another stream than the run.
+    fn push(&mut self, frame: InboundFrame) -> Option<InboundFrame> {
+        match self.frames.last() {
+            Some(last) if last.header.call_id != frame.header.call_id => Some(frame),
+            _ => {
+                self.frames.push(frame);
+                None
+            }
+        }
+    }
+
+    /// Hands the run up, if there is one: before any other frame, so that frames reach the
+    /// inbox in the order they came.
+    /// Returns the deliveries made (0 or 1).
+    fn hand_up(&mut self, inbox: &impl Inbox, wakes: &mut Wakes) -> u32 {
+        let Some(first) = self.frames.first() else {
+            return 0;
+        };
+        inbox.on_messages(first.header.call_id, &mut self.frames, wakes);
+        self.frames.clear();
+        1
+    }
+}
+
 /// Turns on the kernel's keepalive probes and bounds unacknowledged time
 /// ([`ConnectionLimits::keepalive`]): a dead peer is noticed about `keepalive +
 /// keepalive_timeout` after the connection went quiet, or `keepalive_timeout` after data we
@@ -383,6 +441,64 @@ fn keep_alive(stream: &TcpStream, limits: &ConnectionLimits) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parking_lot::Mutex;
+
+    /// Records what it is handed: `(call id, seqs)` per delivery.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<(u64, Vec<u32>)>>);
+
+    impl Inbox for Recorder {
+        fn on_frame(&self, frame: InboundFrame, _: &mut Wakes) {
+            let seq = frame.header.seq();
+            self.0.lock().push((frame.header.call_id, vec![seq]));
+        }
+        fn on_messages(&self, call_id: u64, run: &mut Vec<InboundFrame>, _: &mut Wakes) {
+            let seqs = run.drain(..).map(|f| f.header.seq()).collect();
+            self.0.lock().push((call_id, seqs));
+        }
+        fn on_oversized(&self, _: &Header, _: u64) {}
+        fn idle(&self) -> bool {
+            true
+        }
+        fn on_closed(&self, _: Status) {}
+    }
+
+    fn frame(kind: FrameKind, call_id: u64, seq: u32) -> InboundFrame {
+        InboundFrame {
+            header: Header::stream(kind, call_id, seq),
+            metadata: Default::default(),
+            payload: Default::default(),
+        }
+    }
+
+    /// Messages of one stream that follow each other go up as one run; a message of
+    /// another stream, or any other frame, ends the run first, so every frame reaches the
+    /// inbox in the order it came.
+    #[test]
+    fn runs_of_one_streams_messages_go_up_together_and_in_order() {
+        let inbox = Recorder::default();
+        let mut wakes = Wakes::new();
+        let mut run = Run::default();
+        let mut delivered = 0;
+        for (call, seq) in [(1, 1), (1, 2), (1, 3), (2, 1), (1, 4)] {
+            if let Some(frame) = run.push(frame(FrameKind::Message, call, seq)) {
+                delivered += run.hand_up(&inbox, &mut wakes);
+                assert!(run.push(frame).is_none(), "an empty run takes any stream");
+            }
+        }
+        delivered += run.hand_up(&inbox, &mut wakes);
+        inbox.on_frame(frame(FrameKind::Trailers, 1, 5), &mut wakes);
+        assert_eq!(
+            run.hand_up(&inbox, &mut wakes),
+            0,
+            "nothing left to hand up"
+        );
+        assert_eq!(delivered, 3);
+        assert_eq!(
+            *inbox.0.lock(),
+            [(1, vec![1, 2, 3]), (2, vec![1]), (1, vec![4]), (1, vec![5]),]
+        );
+    }
 
     /// The options a dead peer is noticed by are set on every connection's socket.
     #[test]

@@ -317,6 +317,11 @@ impl Inbox for Requests {
         self.dispatch.on_frame(frame, wakes);
     }
 
+    fn on_messages(&self, call_id: u64, run: &mut Vec<InboundFrame>, wakes: &mut Wakes) {
+        self.dispatch
+            .on_stream_messages(call_id, run.drain(..), wakes);
+    }
+
     fn on_oversized(&self, header: &Header, declared: u64) {
         self.dispatch.reject_oversized(header, declared);
     }

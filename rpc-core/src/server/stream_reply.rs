@@ -180,6 +180,24 @@ impl ConnectionDispatch {
         }
     }
 
+    /// Feeds a run of `Message` frames of call `call_id` to its stream (in order; one
+    /// lookup and one stream lock for the run). As [`Self::on_stream_frame`], messages of
+    /// calls that ended are dropped, and one that breaks the stream's rules fails it.
+    pub fn on_stream_messages(
+        &self,
+        call_id: u64,
+        frames: impl IntoIterator<Item = InboundFrame>,
+        wakes: &mut Wakes,
+    ) {
+        let stream = self.streams.lock().get(&call_id).cloned();
+        let Some(stream) = stream else {
+            return tracing::debug!(call_id, "stream messages for no running call");
+        };
+        if let Err(status) = stream.on_messages(frames, wakes) {
+            tracing::debug!(call_id, %status, "stream failed");
+        }
+    }
+
     /// Runs a streaming call on the runtime: the handler, then its messages, then the
     /// trailers, all within the call's deadline.
     pub(super) fn spawn_stream(

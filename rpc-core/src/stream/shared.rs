@@ -79,13 +79,14 @@ impl StreamShared {
     /// as the error, for the caller to end the call with.
     pub(crate) fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes) -> Result<(), Status> {
         let header = frame.header;
+        if header.kind == FrameKind::Message {
+            return self.on_messages(std::iter::once(frame), wakes);
+        }
         let mut state = self.state.lock();
         if state.failed.is_some() {
             return Ok(());
         }
         let fed = match header.kind {
-            FrameKind::Message if state.reader_gone => Ok(()),
-            FrameKind::Message => state.inbox.on_message(header.seq(), frame.payload),
             FrameKind::HalfClose => state.inbox.on_end(header.seq(), StreamEnd::HalfClose),
             FrameKind::Trailers => {
                 let metadata = match frame.decode_metadata() {
@@ -118,6 +119,33 @@ impl StreamShared {
             }
             Err(e) => Err(fail(state, violation(e))),
         }
+    }
+
+    /// Feeds a run of `Message` frames of this stream under one lock (the messages of one
+    /// socket read, say); the reader's wakeup is held in `wakes`. The first message that
+    /// breaks the stream's rules fails the stream, the rest of the run is dropped, and the
+    /// status is returned as [`StreamShared::on_frame`] does.
+    pub(crate) fn on_messages(
+        &self,
+        frames: impl IntoIterator<Item = InboundFrame>,
+        wakes: &mut Wakes,
+    ) -> Result<(), Status> {
+        let mut state = self.state.lock();
+        if state.failed.is_some() || state.reader_gone {
+            return Ok(());
+        }
+        let mut fed = false;
+        for frame in frames {
+            debug_assert_eq!(frame.header.kind, FrameKind::Message);
+            if let Err(e) = state.inbox.on_message(frame.header.seq(), frame.payload) {
+                return Err(fail(state, violation(e)));
+            }
+            fed = true;
+        }
+        if fed {
+            wakes.defer(&mut state.reader);
+        }
+        Ok(())
     }
 
     /// Ends the stream with `status` in both directions (a no-op once it failed).
