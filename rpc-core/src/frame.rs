@@ -2,7 +2,7 @@
 
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use crate::body::{EmptyBody, EncodeBody};
 use crate::header::Header;
@@ -109,6 +109,14 @@ impl<'a> OutgoingFrame<'a> {
         false
     }
 
+    /// Appends the whole frame, encoded, to `out` (byte-stream transports: the message
+    /// encodes itself into the buffer the socket write reads from).
+    pub fn encode_to(&self, out: &mut BytesMut) {
+        let start = out.len();
+        out.resize(start + self.len(), 0);
+        self.write_to(&mut out[start..]);
+    }
+
     /// Writes the whole frame into `dst`, which must be exactly [`OutgoingFrame::len`] bytes.
     pub fn write_to(&self, dst: &mut [u8]) {
         assert_eq!(dst.len(), self.len(), "frame buffer has the wrong size");
@@ -173,4 +181,28 @@ pub trait FrameSender: Send + Sync + 'static {
 
     /// Sends what [`FrameSender::poll_send_more`] left waiting. Never blocks.
     fn flush(&self) {}
+
+    /// Whether the transport carries frames as a byte stream that takes them encoded by the
+    /// sender ([`FrameSender::poll_send_encoded`]): a stream's sender then encodes its small
+    /// messages into a buffer of its own and hands them over many at a time, instead of
+    /// taking the transport's lock per message. The default (false) suits transports that
+    /// place each frame in memory of their own (RDMA slots).
+    fn takes_encoded(&self) -> bool {
+        false
+    }
+
+    /// Takes all of `encoded`, whole frames the sender encoded ([`OutgoingFrame::encode_to`])
+    /// in order, leaving it empty; they may wait as [`FrameSender::poll_send_more`]'s do,
+    /// until [`FrameSender::flush`]. `Pending` (nothing taken, `cx` woken later) while the
+    /// transport has no room. Only called when [`FrameSender::takes_encoded`]; the default
+    /// refuses.
+    fn poll_send_encoded(
+        &self,
+        _cx: &mut Context<'_>,
+        _encoded: &mut BytesMut,
+    ) -> Poll<Result<(), Status>> {
+        Poll::Ready(Err(Status::internal(
+            "this transport does not take encoded frames",
+        )))
+    }
 }

@@ -186,6 +186,18 @@ impl FrameSender for TcpClient {
     fn flush(&self) {
         self.conn.flush();
     }
+
+    fn takes_encoded(&self) -> bool {
+        self.conn.takes_encoded()
+    }
+
+    fn poll_send_encoded(
+        &self,
+        cx: &mut Context<'_>,
+        encoded: &mut bytes::BytesMut,
+    ) -> Poll<Result<(), Status>> {
+        self.conn.poll_send_encoded(cx, encoded)
+    }
 }
 
 impl ClientTransport for TcpClient {

@@ -176,15 +176,6 @@ impl FrameDecoder {
     }
 }
 
-/// Appends `frame`, encoded, to `out`: the message encodes itself into the buffer the socket
-/// write reads from.
-pub fn encode(frame: &OutgoingFrame<'_>, out: &mut BytesMut) {
-    let start = out.len();
-    let len = frame.len();
-    out.resize(start + len, 0);
-    frame.write_to(&mut out[start..]);
-}
-
 /// Writes frames to a blocking stream through one reused buffer (raw peers in tests and
 /// benchmarks; the transport itself never blocks on a socket).
 #[derive(Debug)]

@@ -75,6 +75,18 @@ impl ReplySink for Conn {
     fn flush(&self) {
         self.outbox.flush(&self.stream);
     }
+
+    fn takes_encoded(&self) -> bool {
+        true
+    }
+
+    fn poll_send_encoded(
+        &self,
+        cx: &mut Context<'_>,
+        encoded: &mut BytesMut,
+    ) -> Poll<Result<(), Status>> {
+        self.outbox.poll_push_encoded(cx, &self.stream, encoded)
+    }
 }
 
 /// What a side does with what its peer sends.

@@ -18,8 +18,6 @@ use rpc_core::Status;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::codec::encode;
-
 /// Bytes a stream's sender may leave corked ([`Outbox::poll_push_more`]) before they are
 /// written anyway.
 const CORK_LIMIT: usize = 64 * 1024;
@@ -145,11 +143,42 @@ impl Outbox {
         stream: &TcpStream,
         frame: &OutgoingFrame<'_>,
     ) -> Poll<Result<(), Status>> {
+        self.poll_cork(cx, stream, frame.len(), |pending| frame.encode_to(pending))
+    }
+
+    /// Like [`Outbox::poll_push_more`] for frames the sender encoded itself (whole frames,
+    /// in order): takes all of `encoded`, leaving it empty.
+    pub(crate) fn poll_push_encoded(
+        &self,
+        cx: &mut Context<'_>,
+        stream: &TcpStream,
+        encoded: &mut BytesMut,
+    ) -> Poll<Result<(), Status>> {
+        self.poll_cork(cx, stream, encoded.len(), |pending| {
+            if pending.is_empty() {
+                // No copy: the sender's buffer becomes the queue's, and it keeps the empty one.
+                std::mem::swap(pending, encoded);
+            } else {
+                pending.extend_from_slice(encoded);
+                encoded.clear();
+            }
+        })
+    }
+
+    /// Queues `len` bytes that `put` appends, corked, if there is room; with none, writes
+    /// what is corked and registers `cx`.
+    fn poll_cork(
+        &self,
+        cx: &mut Context<'_>,
+        stream: &TcpStream,
+        len: usize,
+        put: impl FnOnce(&mut BytesMut),
+    ) -> Poll<Result<(), Status>> {
         let mut st = self.state.lock();
         if let Some(status) = &st.closed {
             return Poll::Ready(Err(status.clone()));
         }
-        if !st.has_room(frame.len(), self.limit, Class::Data) {
+        if !st.has_room(len, self.limit, Class::Data) {
             // What is corked goes out first; room comes back as it is written.
             if let Err(status) = self.start_write(&mut st, stream) {
                 return Poll::Ready(Err(status));
@@ -157,7 +186,7 @@ impl Outbox {
             register(&mut st.waiters, cx.waker());
             return Poll::Pending;
         }
-        encode(frame, &mut st.pending);
+        put(&mut st.pending);
         if st.pending.len() >= CORK_LIMIT {
             if let Err(status) = self.start_write(&mut st, stream) {
                 return Poll::Ready(Err(status));
@@ -240,7 +269,7 @@ impl Outbox {
         if !st.has_room(frame.len(), self.limit, class) {
             return Ok(Pushed::Full);
         }
-        encode(frame, &mut st.pending);
+        frame.encode_to(&mut st.pending);
         self.start_write(st, stream)?;
         Ok(Pushed::Sent)
     }

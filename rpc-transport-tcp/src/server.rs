@@ -18,7 +18,6 @@ use rpc_core::{FrameKind, Header, MetadataMap, Status};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
-use crate::codec::encode;
 use crate::config::TcpServerConfig;
 use crate::conn::{Conn, Inbox, ReadPolicy};
 use crate::handshake;
@@ -300,7 +299,7 @@ fn refuse(stream: &tokio::net::TcpStream, status: &Status) {
     let metadata = MetadataMap::new();
     if let Ok(frame) = OutgoingFrame::new(header, &metadata, &body) {
         let mut out = BytesMut::new();
-        encode(&frame, &mut out);
+        frame.encode_to(&mut out);
         let _ = stream.try_write(&out);
     }
 }

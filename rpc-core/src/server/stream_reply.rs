@@ -98,37 +98,12 @@ impl<'a> StreamReply<'a> {
         })
         .await?;
         self.headers_sent = true;
-        loop {
-            // Room first: no message is taken from the handler that could not go.
-            let out = &mut *self.out;
-            poll_fn(|cx| {
-                let ready = out.poll_ready(cx);
-                if ready.is_pending() {
-                    out.flush();
-                }
-                ready
-            })
-            .await?;
-            let out = &*self.out;
-            // Messages sent back to back leave together; waiting for the next one flushes.
-            let next = poll_fn(|cx| {
-                let next = messages.poll_next_message(cx);
-                if next.is_pending() {
-                    out.flush();
-                }
-                next
-            });
-            match next.await {
-                None => return Ok(Finished::Stream),
-                Some(Err(status)) => return Err(status),
-                Some(Ok(())) => {
-                    let out = &mut *self.out;
-                    // Held by `&mut`: a handler's stream need not be `Sync`.
-                    let messages = &mut messages;
-                    poll_fn(move |cx| out.poll_send(cx, messages.current())).await?;
-                }
-            }
-        }
+        let out = &mut *self.out;
+        // Held by `&mut`: a handler's stream need not be `Sync`.
+        let messages = &mut *messages;
+        let mut polled = false;
+        poll_fn(|cx| out.poll_send_all(cx, messages, &mut polled)).await?;
+        Ok(Finished::Stream)
     }
 
     /// Ends the call: the unary answer, the trailers, or (before the headers) a response
@@ -142,7 +117,7 @@ impl<'a> StreamReply<'a> {
                 let status = ended
                     .err()
                     .unwrap_or_else(|| Status::new(crate::Code::Ok, ""));
-                let out = &*self.out;
+                let out = &mut *self.out;
                 let empty = MetadataMap::new();
                 if let Err(e) = poll_fn(|cx| out.poll_trailers(cx, &status, &empty)).await {
                     tracing::debug!(call_id, %e, "trailers not sent: connection gone");

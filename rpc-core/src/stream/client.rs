@@ -319,12 +319,9 @@ where
             // Messages sent back to back leave together; waiting for the next one flushes.
             let next = poll_fn(|cx| {
                 let next = messages.poll_next_unpin(cx);
-                if next.is_pending() {
-                    out.flush();
-                }
-                next
+                out.flush_while(cx, next)
             });
-            let Some(message) = next.await else {
+            let Some(message) = next.await? else {
                 break;
             };
             poll_fn(|cx| out.poll_send(cx, &message)).await?;

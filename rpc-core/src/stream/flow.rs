@@ -92,6 +92,14 @@ impl SendWindow {
         }
     }
 
+    /// No room at all.
+    pub fn empty() -> Self {
+        SendWindow {
+            messages: 0,
+            bytes: 0,
+        }
+    }
+
     /// Whether a message may be sent now.
     pub fn ready(&self) -> bool {
         self.messages > 0 && self.bytes > 0
@@ -118,6 +126,19 @@ impl SendWindow {
         self.messages = messages;
         self.bytes = bytes;
         Ok(())
+    }
+
+    /// Moves all the room out, leaving this window empty: to a sender that spends it
+    /// without the stream's lock ([`SendWindow::absorb`]).
+    pub fn take(&mut self) -> SendWindow {
+        std::mem::replace(self, SendWindow::empty())
+    }
+
+    /// Adds the room `other` holds (taken from the stream's window), capped at 2^48 so that
+    /// no count overflows however much a peer grants over time.
+    pub fn absorb(&mut self, other: SendWindow) {
+        self.messages = (self.messages + other.messages).min(MAX_ROOM);
+        self.bytes = self.bytes.saturating_add(other.bytes).min(MAX_ROOM);
     }
 
     /// Room left: messages, bytes (negative after an overshooting message).

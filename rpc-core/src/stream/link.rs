@@ -60,6 +60,20 @@ impl Link {
         self.frames.poll_send_more(cx, frame)
     }
 
+    /// Whether the connection takes frames its senders encoded ([`FrameSender::takes_encoded`]).
+    pub(crate) fn takes_encoded(&self) -> bool {
+        self.frames.takes_encoded()
+    }
+
+    /// Hands over frames a sender encoded, all of `encoded` ([`FrameSender::poll_send_encoded`]).
+    pub(crate) fn poll_send_encoded(
+        &self,
+        cx: &mut Context<'_>,
+        encoded: &mut bytes::BytesMut,
+    ) -> Poll<Result<(), Status>> {
+        self.frames.poll_send_encoded(cx, encoded)
+    }
+
     /// Sends what [`Link::poll_send_more`] left waiting.
     pub(crate) fn flush(&self) {
         self.frames.flush();

@@ -18,6 +18,8 @@ mod client_tests;
 pub mod flow;
 mod link;
 mod send;
+#[cfg(test)]
+mod send_tests;
 mod shared;
 mod streaming;
 #[cfg(test)]
@@ -25,7 +27,7 @@ mod tests;
 mod wake;
 
 pub(crate) use link::Link;
-pub use send::{MessageStream, MAX_STREAM_MESSAGES};
+pub use send::{MessageStream, MAX_STREAM_MESSAGES, MESSAGES_PER_POLL, STAGE_LIMIT};
 pub(crate) use send::{Outgoing, TypedMessages};
 pub(crate) use shared::StreamShared;
 pub use streaming::{BlockingStreaming, Streaming};

@@ -4,8 +4,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use bytes::BytesMut;
 use futures::Stream;
 
+use super::flow::SendWindow;
 use super::{Link, StreamShared};
 use crate::body::{EmptyBody, EncodeBody, RawBody};
 use crate::frame::OutgoingFrame;
@@ -17,6 +19,20 @@ use crate::status::{Code, Status};
 /// the end take one each. A sender past it fails with `RESOURCE_EXHAUSTED`.
 pub const MAX_STREAM_MESSAGES: u32 = u32::MAX - 1;
 
+/// Bytes of small messages a stream's sender encodes into a buffer of its own before it
+/// hands them to a byte-stream transport in one go ([`FrameSender::takes_encoded`]); they go
+/// at the latest when the sender waits (for its window, for its next message) or ends.
+///
+/// [`FrameSender::takes_encoded`]: crate::frame::FrameSender::takes_encoded
+pub const STAGE_LIMIT: usize = 16 * 1024;
+/// Largest frame a sender encodes into its own buffer; larger ones are encoded straight
+/// into the transport's (one copy, not two).
+const MAX_STAGED_FRAME: usize = 2 * 1024;
+
+/// Messages [`Outgoing::poll_send_all`] sends in one poll before it lets the other tasks
+/// of its thread run.
+pub const MESSAGES_PER_POLL: usize = 256;
+
 /// Sends one direction of a stream.
 #[derive(Debug)]
 pub(crate) struct Outgoing {
@@ -25,9 +41,13 @@ pub(crate) struct Outgoing {
     call_id: u64,
     next_seq: u32,
     max_message: usize,
-    /// The last send found room for another message: the next need not ask the window.
-    /// (Room only grows between sends, and a failure is seen by the next send that asks.)
-    room_known: bool,
+    /// Room taken from the stream's window and not yet used: messages go without the
+    /// stream's lock while it lasts (the lock is taken again when it runs out, and a failed
+    /// stream is seen through a flag before each message).
+    room: SendWindow,
+    /// Small messages encoded and not yet handed to the transport (byte-stream
+    /// transports only; `None` on others).
+    staged: Option<BytesMut>,
 }
 
 impl Outgoing {
@@ -37,19 +57,29 @@ impl Outgoing {
         call_id: u64,
         max_message: usize,
     ) -> Self {
+        let staged = link.takes_encoded().then(BytesMut::new);
         Outgoing {
             shared,
             link,
             call_id,
             next_seq: 1,
             max_message,
-            room_known: false,
+            room: SendWindow::empty(),
+            staged,
         }
     }
 
-    /// Why `message` cannot go at all, if it cannot.
-    fn check(&self, message: &dyn EncodeBody) -> Result<(), Status> {
-        let len = message.encoded_len();
+    /// The frame carrying `message` as the next of the stream, or why it cannot go at all.
+    fn frame<'m>(&self, message: &'m dyn EncodeBody) -> Result<OutgoingFrame<'m>, Status> {
+        if self.next_seq > MAX_STREAM_MESSAGES {
+            return Err(Status::resource_exhausted(format!(
+                "a stream carries at most {MAX_STREAM_MESSAGES} messages"
+            )));
+        }
+        let header = Header::stream(FrameKind::Message, self.call_id, self.next_seq);
+        let frame = OutgoingFrame::new(header, &EmptyBody, message)
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        let len = frame.header().payload_len as usize;
         if len > self.max_message {
             return Err(Status::message_too_large(
                 "stream message",
@@ -57,12 +87,7 @@ impl Outgoing {
                 self.max_message as u64,
             ));
         }
-        if self.next_seq > MAX_STREAM_MESSAGES {
-            return Err(Status::resource_exhausted(format!(
-                "a stream carries at most {MAX_STREAM_MESSAGES} messages"
-            )));
-        }
-        Ok(())
+        Ok(frame)
     }
 
     /// Sends `message` once the window and the link have room; `Pending` until then (the
@@ -74,57 +99,133 @@ impl Outgoing {
         cx: &mut Context<'_>,
         message: &dyn EncodeBody,
     ) -> Poll<Result<(), Status>> {
-        self.check(message)?;
+        let mut frame = self.frame(message)?;
         if self.poll_ready(cx)?.is_pending() {
-            self.link.flush();
+            ready!(self.poll_flush(cx))?;
             return Poll::Pending;
         }
-        let header = Header::stream(FrameKind::Message, self.call_id, self.next_seq);
-        let empty = MetadataMap::new();
-        let mut frame = OutgoingFrame::new(header, &empty, message)
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-        ready!(self.link.poll_send_more(cx, &mut frame))?;
-        self.sent(message.encoded_len());
+        match &mut self.staged {
+            Some(staged) if frame.len() <= MAX_STAGED_FRAME => {
+                if staged.len() + frame.len() > STAGE_LIMIT {
+                    ready!(self.link.poll_send_encoded(cx, staged))?;
+                }
+                frame.encode_to(staged);
+            }
+            _ => {
+                // After the messages staged before it.
+                ready!(self.poll_hand_over(cx))?;
+                ready!(self.link.poll_send_more(cx, &mut frame))?;
+            }
+        }
+        self.sent(&frame);
         Poll::Ready(Ok(()))
+    }
+
+    /// Hands the staged messages to the transport, if there are any.
+    fn poll_hand_over(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        match &mut self.staged {
+            Some(staged) if !staged.is_empty() => self.link.poll_send_encoded(cx, staged),
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+
+    /// Sends every message of `messages` as it comes, within the window; `Ready(Ok)` at
+    /// its end, `Err` when it or the call failed. `polled`: a message was polled from
+    /// `messages` and not sent yet (kept by the caller across polls, false at first). Room
+    /// comes first, so no message is taken that could not go; messages sent back to back
+    /// leave together, and whenever this waits (window, next message, transport), what it
+    /// sent goes. Returns `Pending` (after waking `cx`) every [`MESSAGES_PER_POLL`]
+    /// messages, so that other tasks of the thread run.
+    pub(crate) fn poll_send_all(
+        &mut self,
+        cx: &mut Context<'_>,
+        messages: &mut dyn MessageStream,
+        polled: &mut bool,
+    ) -> Poll<Result<(), Status>> {
+        for _ in 0..MESSAGES_PER_POLL {
+            let ready = self.poll_ready(cx);
+            ready!(self.flush_while(cx, ready))??;
+            if !*polled {
+                let next = messages.poll_next_message(cx);
+                match ready!(self.flush_while(cx, next))? {
+                    None => return Poll::Ready(Ok(())),
+                    Some(next) => next?,
+                }
+                *polled = true;
+            }
+            ready!(self.poll_send(cx, messages.current()))?;
+            *polled = false;
+        }
+        ready!(self.poll_flush(cx))?;
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 
     /// Sends `message`, blocking the thread while there is no room (blocking APIs).
     pub(crate) fn send_blocking(&mut self, message: &dyn EncodeBody) -> Result<(), Status> {
-        self.check(message)?;
+        self.check_nothing_staged()?;
+        let mut frame = self.frame(message)?;
         let me = std::thread::current();
         loop {
-            match self.shared.send_ready_or_park_on(&me) {
+            if self.room.ready() && !self.shared.has_failed() {
+                break;
+            }
+            match self.shared.claim_or_park_on(&me, &mut self.room) {
                 Some(ready) => break ready?,
                 None if self.link.poll_progress() => {}
                 None => std::thread::park(),
             }
         }
-        let header = Header::stream(FrameKind::Message, self.call_id, self.next_seq);
-        let empty = MetadataMap::new();
-        let mut frame = OutgoingFrame::new(header, &empty, message)
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         self.link.send(&mut frame)?;
-        self.sent(message.encoded_len());
+        self.sent(&frame);
         Ok(())
     }
 
     /// Whether the window lets a message go now; `Pending` with `cx` registered if not.
     pub(crate) fn poll_ready(&mut self, cx: &Context<'_>) -> Poll<Result<(), Status>> {
-        if self.room_known {
+        if self.room.ready() && !self.shared.has_failed() {
             return Poll::Ready(Ok(()));
         }
-        let ready = self.shared.poll_send_ready(cx);
-        self.room_known = matches!(ready, Poll::Ready(Ok(())));
-        ready
+        self.shared.poll_claim(cx, &mut self.room)
     }
 
-    /// Sends the messages [`Outgoing::poll_send`] left waiting in the link.
-    pub(crate) fn flush(&self) {
+    /// Sends the messages [`Outgoing::poll_send`] left waiting, staged or in the link;
+    /// `Pending` while the transport has no room for the staged ones.
+    pub(crate) fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        ready!(self.poll_hand_over(cx))?;
         self.link.flush();
+        Poll::Ready(Ok(()))
     }
 
-    fn sent(&mut self, len: usize) {
-        self.room_known = self.shared.on_sent(len);
+    /// What a sender waiting on something else (its next message, its window) polled:
+    /// while that is pending, the messages it staged go, rather than wait with it. `Err`
+    /// if they cannot.
+    pub(crate) fn flush_while<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        waiting: Poll<T>,
+    ) -> Poll<Result<T, Status>> {
+        match waiting {
+            Poll::Ready(value) => Poll::Ready(Ok(value)),
+            Poll::Pending => {
+                ready!(self.poll_flush(cx))?;
+                Poll::Pending
+            }
+        }
+    }
+
+    /// A blocking send never follows async ones: staged messages would go after it.
+    fn check_nothing_staged(&self) -> Result<(), Status> {
+        match &self.staged {
+            Some(staged) if !staged.is_empty() => Err(Status::internal(
+                "a blocking stream send after async sends that were not flushed",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn sent(&mut self, frame: &OutgoingFrame<'_>) {
+        self.room.on_send(frame.header().payload_len as usize);
         self.next_seq += 1;
     }
 
@@ -135,7 +236,7 @@ impl Outgoing {
 
     /// Sends the server's trailers: `status` and `metadata` after the last message.
     pub(crate) fn poll_trailers(
-        &self,
+        &mut self,
         cx: &mut Context<'_>,
         status: &Status,
         metadata: &MetadataMap,
@@ -151,21 +252,24 @@ impl Outgoing {
         };
         let mut frame = OutgoingFrame::new(header, metadata, &body)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        ready!(self.poll_hand_over(cx))?;
         self.link.poll_send(cx, &mut frame)
     }
 
     /// Sends a header-only frame (the half-close) when the link has room.
     pub(crate) fn poll_control(
-        &self,
+        &mut self,
         cx: &mut Context<'_>,
         header: Header,
     ) -> Poll<Result<(), Status>> {
         let mut frame = OutgoingFrame::control(header);
+        ready!(self.poll_hand_over(cx))?;
         self.link.poll_send(cx, &mut frame)
     }
 
     /// Sends a header-only frame, blocking while there is no room.
     pub(crate) fn send_control_blocking(&self, header: Header) -> Result<(), Status> {
+        self.check_nothing_staged()?;
         let mut frame = OutgoingFrame::control(header);
         self.link.send(&mut frame)
     }

@@ -2,6 +2,7 @@
 //! the tasks or threads that read and write its messages.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::thread::Thread;
 
@@ -45,6 +46,8 @@ struct State {
 #[derive(Debug)]
 pub(crate) struct StreamShared {
     state: Mutex<State>,
+    /// `state.failed` is set: read without the lock by a sender between messages.
+    has_failed: AtomicBool,
 }
 
 /// What the reader takes from a stream.
@@ -66,6 +69,7 @@ impl StreamShared {
                 failed: None,
                 reader_gone: false,
             }),
+            has_failed: AtomicBool::new(false),
         }
     }
 
@@ -91,7 +95,11 @@ impl StreamShared {
             FrameKind::Trailers => {
                 let metadata = match frame.decode_metadata() {
                     Ok(metadata) => metadata,
-                    Err(e) => return Err(fail(state, Status::internal(format!("trailers {e}")))),
+                    Err(e) => {
+                        return Err(
+                            self.fail_locked(state, Status::internal(format!("trailers {e}")))
+                        )
+                    }
                 };
                 let message = String::from_utf8_lossy(&frame.payload).into_owned();
                 let status = Status::new(header.status, message);
@@ -105,7 +113,7 @@ impl StreamShared {
                 if updated.is_ok() {
                     wakes.defer(&mut state.writer);
                 }
-                return updated.map_err(|e| fail(state, violation(e)));
+                return updated.map_err(|e| self.fail_locked(state, violation(e)));
             }
             kind => {
                 tracing::debug!(?kind, "not a stream frame");
@@ -117,7 +125,7 @@ impl StreamShared {
                 wakes.defer(&mut state.reader);
                 Ok(())
             }
-            Err(e) => Err(fail(state, violation(e))),
+            Err(e) => Err(self.fail_locked(state, violation(e))),
         }
     }
 
@@ -138,7 +146,7 @@ impl StreamShared {
         for frame in frames {
             debug_assert_eq!(frame.header.kind, FrameKind::Message);
             if let Err(e) = state.inbox.on_message(frame.header.seq(), frame.payload) {
-                return Err(fail(state, violation(e)));
+                return Err(self.fail_locked(state, violation(e)));
             }
             fed = true;
         }
@@ -150,7 +158,19 @@ impl StreamShared {
 
     /// Ends the stream with `status` in both directions (a no-op once it failed).
     pub(crate) fn fail(&self, status: Status) {
-        fail(self.state.lock(), status);
+        self.fail_locked(self.state.lock(), status);
+    }
+
+    /// [`StreamShared::fail`] under the lock; returns `status` for the caller to end the
+    /// call with.
+    fn fail_locked(&self, mut state: parking_lot::MutexGuard<'_, State>, status: Status) -> Status {
+        if state.failed.is_none() {
+            state.failed = Some(status.clone());
+            self.has_failed.store(true, Ordering::Release);
+        }
+        state.reader.wake();
+        state.writer.wake();
+        status
     }
 
     /// Whether the stream failed or the peer's end was taken: nothing more comes.
@@ -205,46 +225,58 @@ impl StreamShared {
         while state.inbox.pop().is_some() {}
     }
 
-    /// Whether the window lets a message go now; `Pending` with `cx` registered if not.
-    pub(crate) fn poll_send_ready(&self, cx: &Context<'_>) -> Poll<Result<(), Status>> {
+    /// Moves the room the peer granted into `room`, the sender's own window, which it
+    /// spends without this lock. `Ready(Ok)` when `room` then lets a message go, `Err` once
+    /// the stream failed, `Pending` with `cx` registered (woken by the next window update)
+    /// otherwise.
+    pub(crate) fn poll_claim(
+        &self,
+        cx: &Context<'_>,
+        room: &mut SendWindow,
+    ) -> Poll<Result<(), Status>> {
         let mut state = self.state.lock();
-        if let Some(status) = &state.failed {
-            return Poll::Ready(Err(status.clone()));
+        match claim(&mut state, room) {
+            Some(ready) => Poll::Ready(ready),
+            None => {
+                state.writer.set_task(cx);
+                Poll::Pending
+            }
         }
-        if state.send.ready() {
-            return Poll::Ready(Ok(()));
-        }
-        state.writer.set_task(cx);
-        Poll::Pending
     }
 
-    /// Like [`StreamShared::poll_send_ready`] for a blocked writer thread: `None` with
-    /// `thread` registered.
-    pub(crate) fn send_ready_or_park_on(&self, thread: &Thread) -> Option<Result<(), Status>> {
+    /// Like [`StreamShared::poll_claim`] for a blocked writer thread: `None` with `thread`
+    /// registered.
+    pub(crate) fn claim_or_park_on(
+        &self,
+        thread: &Thread,
+        room: &mut SendWindow,
+    ) -> Option<Result<(), Status>> {
         let mut state = self.state.lock();
-        if let Some(status) = &state.failed {
-            return Some(Err(status.clone()));
+        let ready = claim(&mut state, room);
+        if ready.is_none() {
+            state.writer = Waiter::Thread(thread.clone());
         }
-        if state.send.ready() {
-            return Some(Ok(()));
-        }
-        state.writer = Waiter::Thread(thread.clone());
-        None
+        ready
     }
 
-    /// A message of `len` bytes went out. Returns whether the next may go at once (the
-    /// window has room and the stream has not failed), so that a sender streaming back to
-    /// back takes this lock once per message.
-    pub(crate) fn on_sent(&self, len: usize) -> bool {
-        let mut state = self.state.lock();
-        state.send.on_send(len);
-        state.failed.is_none() && state.send.ready()
+    /// Whether the stream failed; no lock taken (a sender checks it before each message).
+    pub(crate) fn has_failed(&self) -> bool {
+        self.has_failed.load(Ordering::Acquire)
     }
 
     /// The status the stream failed with, if it did.
     pub(crate) fn failed(&self) -> Option<Status> {
         self.state.lock().failed.clone()
     }
+}
+
+/// Moves the stream's room into `room`: whether a message may go (`None`: not yet).
+fn claim(state: &mut State, room: &mut SendWindow) -> Option<Result<(), Status>> {
+    if let Some(status) = &state.failed {
+        return Some(Err(status.clone()));
+    }
+    room.absorb(state.send.take());
+    room.ready().then_some(Ok(()))
 }
 
 fn take(state: &mut State) -> Option<Next> {
@@ -255,15 +287,6 @@ fn take(state: &mut State) -> Option<Next> {
         });
     }
     state.failed.clone().map(Next::Failed)
-}
-
-fn fail(mut state: parking_lot::MutexGuard<'_, State>, status: Status) -> Status {
-    if state.failed.is_none() {
-        state.failed = Some(status.clone());
-    }
-    state.reader.wake();
-    state.writer.wake();
-    status
 }
 
 /// The status a stream fails with when the peer broke its rules.

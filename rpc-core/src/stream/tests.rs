@@ -158,6 +158,42 @@ fn a_batch_taken_at_once_holds_its_room_until_it_is_used() {
     assert_eq!(inbox.buffered(), (4, 8));
 }
 
+/// Room moved to a sender's own window is the same room: the sender may send exactly what
+/// the stream's window allowed, an overshooting message included; and however much a peer
+/// grants over time, the counts stop at 2^48 instead of overflowing.
+#[test]
+fn room_taken_by_the_sender_is_spent_as_the_window_would_be() {
+    let mut window = SendWindow::new(Window {
+        messages: 2,
+        bytes: 100,
+    });
+    let mut own = SendWindow::empty();
+    own.absorb(window.take());
+    assert_eq!(window.room(), (0, 0));
+    assert!(own.ready());
+    own.on_send(150);
+    assert_eq!(own.room(), (1, -50));
+    assert!(!own.ready(), "the overshoot is paid back first");
+    let update = WindowUpdate {
+        messages: 1,
+        bytes: 100,
+    };
+    window.on_update(update).unwrap();
+    own.absorb(window.take());
+    assert_eq!(own.room(), (2, 50));
+    let huge = WindowUpdate {
+        messages: u32::MAX,
+        bytes: u64::MAX,
+    };
+    // 2^16 grants of 2^32 messages reach the cap.
+    for _ in 0..=(1 << 16) {
+        let mut granted = SendWindow::empty();
+        granted.on_update(huge).unwrap();
+        own.absorb(granted.take());
+    }
+    assert_eq!(own.room(), (1 << 48, 1 << 48));
+}
+
 #[test]
 fn window_updates_decode_strictly() {
     let update = WindowUpdate {

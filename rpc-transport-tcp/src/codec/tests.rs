@@ -9,7 +9,7 @@ fn encode_request(call_id: u64, payload: &[u8]) -> Vec<u8> {
     let body = RawBody(payload);
     let frame = OutgoingFrame::new(Header::new(FrameKind::Request, call_id), &md, &body).unwrap();
     let mut out = BytesMut::new();
-    encode(&frame, &mut out);
+    frame.encode_to(&mut out);
     out.to_vec()
 }
 

@@ -1,0 +1,202 @@
+//! A stream's sender over a byte-stream transport: messages it stages, and when they go.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures::channel::mpsc;
+use futures::task::noop_waker_ref;
+use parking_lot::Mutex;
+
+use super::{Link, Outgoing, StreamShared, TypedMessages, Wakes, WindowUpdate, MESSAGES_PER_POLL};
+use crate::frame::{FrameSender, InboundFrame, OutgoingFrame};
+use crate::header::{FrameKind, Header};
+use crate::metadata::MetadataMap;
+use crate::status::Status;
+
+/// What reached the transport, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Event {
+    /// Frames handed over encoded, in one go: their kinds and sequence numbers.
+    Encoded(Vec<(FrameKind, u32)>),
+    /// One frame sent by itself.
+    Frame(FrameKind, u32),
+    Flush,
+}
+
+/// A byte-stream transport that records what it is given; `full` refuses encoded frames.
+#[derive(Default)]
+struct Recorder {
+    events: Mutex<Vec<Event>>,
+    full: AtomicBool,
+}
+
+impl Recorder {
+    fn take(&self) -> Vec<Event> {
+        std::mem::take(&mut *self.events.lock())
+    }
+}
+
+impl FrameSender for Recorder {
+    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        let header = frame.header();
+        let event = Event::Frame(header.kind, header.seq());
+        self.events.lock().push(event);
+        Ok(())
+    }
+
+    fn flush(&self) {
+        self.events.lock().push(Event::Flush);
+    }
+
+    fn takes_encoded(&self) -> bool {
+        true
+    }
+
+    fn poll_send_encoded(
+        &self,
+        _: &mut Context<'_>,
+        encoded: &mut BytesMut,
+    ) -> Poll<Result<(), Status>> {
+        if self.full.load(Ordering::SeqCst) {
+            return Poll::Pending;
+        }
+        let mut frames = Vec::new();
+        while !encoded.is_empty() {
+            let header = Header::decode(&encoded[..Header::wire_len(encoded).unwrap()]).unwrap();
+            frames.push((header.kind, header.seq()));
+            let len = header.encoded_len() + header.payload_len as usize;
+            encoded.advance(len);
+        }
+        self.events.lock().push(Event::Encoded(frames));
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// A sender of call 7 whose peer granted `grant` beyond the initial window.
+fn sender(grant: WindowUpdate) -> (Outgoing, Arc<Recorder>) {
+    let recorder = Arc::new(Recorder::default());
+    let shared = Arc::new(StreamShared::new(super::INITIAL_WINDOW, 1 << 20));
+    let update = InboundFrame {
+        header: Header::stream(FrameKind::WindowUpdate, 7, 0),
+        metadata: Bytes::new(),
+        payload: Bytes::copy_from_slice(&grant.encode()),
+    };
+    if !grant.is_empty() {
+        shared.on_frame(update, &mut Wakes::new()).unwrap();
+    }
+    let out = Outgoing::new(shared, Link::server(recorder.clone()), 7, 1 << 20);
+    (out, recorder)
+}
+
+/// No room beyond the initial window.
+const NO_GRANT: WindowUpdate = WindowUpdate {
+    messages: 0,
+    bytes: 0,
+};
+
+fn messages(n: u32) -> Vec<(FrameKind, u32)> {
+    (1..=n).map(|seq| (FrameKind::Message, seq)).collect()
+}
+
+fn poll<T>(f: impl FnOnce(&mut Context<'_>) -> Poll<T>) -> Poll<T> {
+    f(&mut Context::from_waker(noop_waker_ref()))
+}
+
+/// Messages sent back to back are encoded into the sender's buffer and handed over when
+/// the sender waits for its next message, in one piece; the trailers follow the last.
+#[test]
+fn staged_messages_leave_when_the_sender_waits_and_before_the_trailers() {
+    let (mut out, recorder) = sender(NO_GRANT);
+    let (tx, rx) = mpsc::unbounded::<Result<(), Status>>();
+    let mut stream = TypedMessages::new(rx);
+    let mut polled = false;
+    for _ in 0..3 {
+        tx.unbounded_send(Ok(())).unwrap();
+    }
+    let sent = poll(|cx| out.poll_send_all(cx, &mut stream, &mut polled));
+    assert!(sent.is_pending());
+    assert_eq!(recorder.take(), [Event::Encoded(messages(3)), Event::Flush]);
+
+    tx.unbounded_send(Ok(())).unwrap();
+    tx.unbounded_send(Ok(())).unwrap();
+    drop(tx);
+    let sent = poll(|cx| out.poll_send_all(cx, &mut stream, &mut polled));
+    assert!(matches!(sent, Poll::Ready(Ok(()))));
+    assert_eq!(
+        recorder.take(),
+        [],
+        "the end of the messages hands nothing over yet"
+    );
+    let ok = Status::new(crate::Code::Ok, "");
+    let trailers = poll(|cx| out.poll_trailers(cx, &ok, &MetadataMap::new()));
+    assert!(matches!(trailers, Poll::Ready(Ok(()))));
+    assert_eq!(
+        recorder.take(),
+        [
+            Event::Encoded(vec![(FrameKind::Message, 4), (FrameKind::Message, 5)]),
+            Event::Frame(FrameKind::Trailers, 6),
+        ]
+    );
+}
+
+/// A sender whose messages never run out lets its thread's other tasks run every
+/// `MESSAGES_PER_POLL` messages, after handing over what it staged; a transport without
+/// room holds the sender back without losing or repeating a message.
+#[test]
+fn a_sender_yields_its_thread_and_waits_for_the_transport() {
+    let (mut out, recorder) = sender(WindowUpdate {
+        messages: 10_000,
+        bytes: 0,
+    });
+    let mut stream = TypedMessages::new(futures::stream::repeat_with(|| Ok::<(), Status>(())));
+    let mut polled = false;
+    assert!(poll(|cx| out.poll_send_all(cx, &mut stream, &mut polled)).is_pending());
+    let events = recorder.take();
+    let seqs: Vec<u32> = events
+        .iter()
+        .flat_map(|event| match event {
+            Event::Encoded(frames) => frames.iter().map(|f| f.1).collect(),
+            _ => vec![],
+        })
+        .collect();
+    assert_eq!(seqs, (1..=MESSAGES_PER_POLL as u32).collect::<Vec<_>>());
+    assert_eq!(events.last(), Some(&Event::Flush));
+
+    recorder.full.store(true, Ordering::SeqCst);
+    assert!(poll(|cx| out.poll_send_all(cx, &mut stream, &mut polled)).is_pending());
+    let stuck = recorder.take();
+    assert!(
+        stuck.iter().all(|e| !matches!(e, Event::Encoded(_))),
+        "{stuck:?}"
+    );
+    recorder.full.store(false, Ordering::SeqCst);
+    assert!(poll(|cx| out.poll_send_all(cx, &mut stream, &mut polled)).is_pending());
+    let first = recorder.take().into_iter().find_map(|event| match event {
+        Event::Encoded(frames) => frames.first().map(|f| f.1),
+        _ => None,
+    });
+    assert_eq!(
+        first,
+        Some(MESSAGES_PER_POLL as u32 + 1),
+        "nothing lost or repeated"
+    );
+}
+
+/// A sender whose window ran out hands over what it staged before it waits: the receiver
+/// can only return room for messages it got.
+#[test]
+fn a_sender_out_of_window_hands_over_what_it_staged() {
+    let (mut out, recorder) = sender(NO_GRANT);
+    let mut stream = TypedMessages::new(futures::stream::repeat_with(|| Ok::<(), Status>(())));
+    let mut polled = false;
+    assert!(poll(|cx| out.poll_send_all(cx, &mut stream, &mut polled)).is_pending());
+    assert_eq!(
+        recorder.take(),
+        [
+            Event::Encoded(messages(super::INITIAL_WINDOW.messages)),
+            Event::Flush
+        ]
+    );
+}
