@@ -10,7 +10,6 @@ use rdma_rpc::{Endpoint, RdmaConfig, ServeOptions};
 use rpc_examples::streaming::streamer_client::StreamerClient;
 use rpc_examples::streaming::streamer_server::StreamerServer;
 use rpc_examples::streaming::ProduceRequest;
-use rpc_examples::Streamer;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Instant;
@@ -65,6 +64,54 @@ impl StreamResult {
     }
 }
 
+/// The measured service of rdma-rpc: `Produce` exactly as the tonic baseline's
+/// ([`tonic_streamer`]), so that the two runs differ only in the framework (the example
+/// [`rpc_examples::Streamer`] also counts what it produces, for the tests).
+struct BenchStreamer;
+
+mod bench_streamer {
+    use std::pin::Pin;
+
+    use bytes::Bytes;
+    use futures::{Stream, StreamExt};
+    use rdma_rpc::{Request, Response, Status, Streaming};
+    use rpc_examples::streaming::streamer_server::Streamer;
+    use rpc_examples::streaming::{Chunk, ConsumeSummary, ProduceRequest};
+
+    type Chunks = Pin<Box<dyn Stream<Item = Result<Chunk, Status>> + Send>>;
+
+    impl Streamer for super::BenchStreamer {
+        type ProduceStream = Chunks;
+        type ChatStream = Chunks;
+
+        async fn produce(
+            &self,
+            request: Request<ProduceRequest>,
+        ) -> Result<Response<Chunks>, Status> {
+            let ask = request.into_inner();
+            let payload = Bytes::from(rpc_examples::bulk_pattern(ask.size as usize, 0));
+            let chunks = futures::stream::iter(0..ask.count).map(move |index| {
+                Ok(Chunk {
+                    index,
+                    payload: payload.clone(),
+                })
+            });
+            Ok(Response::new(Box::pin(chunks)))
+        }
+
+        async fn consume(
+            &self,
+            _: Request<Streaming<Chunk>>,
+        ) -> Result<Response<ConsumeSummary>, Status> {
+            Err(Status::unimplemented("not measured"))
+        }
+
+        async fn chat(&self, _: Request<Streaming<Chunk>>) -> Result<Response<Chunks>, Status> {
+            Err(Status::unimplemented("not measured"))
+        }
+    }
+}
+
 /// Serves the streamer on `url` in this process and streams `messages` chunks of `size`
 /// bytes from it (after a warm-up stream), the client granting `window_bytes` of stream
 /// window (the default when `None`).
@@ -81,7 +128,7 @@ pub fn run_ours(
     };
     let server = Server::builder()
         .max_message_size(message_limit(size))
-        .add_service(StreamerServer::new(Streamer::default()))
+        .add_service(StreamerServer::new(BenchStreamer))
         .start_with(
             &url.to_string(),
             ServeOptions {
@@ -200,7 +247,7 @@ mod tonic_streamer {
 
     type Chunks = Pin<Box<dyn Stream<Item = Result<Chunk, tonic::Status>> + Send>>;
 
-    /// Produces chunks as `rpc_examples::Streamer` does (the other methods are not
+    /// Produces chunks as [`super::BenchStreamer`] does (the other methods are not
     /// measured).
     #[derive(Debug, Default, Clone, Copy)]
     struct TonicStreamer;

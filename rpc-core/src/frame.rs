@@ -42,6 +42,7 @@ static EMPTY: EmptyBody = EmptyBody;
 
 impl<'a> OutgoingFrame<'a> {
     /// A frame carrying `metadata` and `payload` after `header`; lengths are filled in.
+    #[inline]
     pub fn new(
         mut header: Header,
         metadata: &'a dyn EncodeBody,

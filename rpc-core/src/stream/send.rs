@@ -70,6 +70,7 @@ impl Outgoing {
     }
 
     /// The frame carrying `message` as the next of the stream, or why it cannot go at all.
+    #[inline(always)]
     fn frame<'m>(&self, message: &'m dyn EncodeBody) -> Result<OutgoingFrame<'m>, Status> {
         if self.next_seq > MAX_STREAM_MESSAGES {
             return Err(Status::resource_exhausted(format!(
