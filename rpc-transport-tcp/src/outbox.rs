@@ -154,14 +154,11 @@ impl Outbox {
         stream: &TcpStream,
         encoded: &mut BytesMut,
     ) -> Poll<Result<(), Status>> {
+        // Copied, not swapped: the sender keeps its own small buffer, and never takes the
+        // queue's (which a large message may have grown, for the sender's whole life).
         self.poll_cork(cx, stream, encoded.len(), |pending| {
-            if pending.is_empty() {
-                // No copy: the sender's buffer becomes the queue's, and it keeps the empty one.
-                std::mem::swap(pending, encoded);
-            } else {
-                pending.extend_from_slice(encoded);
-                encoded.clear();
-            }
+            pending.extend_from_slice(encoded);
+            encoded.clear();
         })
     }
 

@@ -81,6 +81,7 @@ pub struct SendWindow {
 }
 
 /// Largest window either count may reach; updates beyond it are refused (no overflow).
+/// One update may grant no more either; room a sender took for itself stops there too.
 const MAX_ROOM: i64 = 1 << 48;
 
 impl SendWindow {
@@ -114,10 +115,15 @@ impl SendWindow {
 
     /// The receiver returned room.
     pub fn on_update(&mut self, update: WindowUpdate) -> Result<(), StreamError> {
+        // Checked on the update alone too: the room a sender took for itself
+        // ([`SendWindow::take`]) is not in this window any more.
+        if update.bytes > MAX_ROOM as u64 {
+            return Err(StreamError::BadWindowUpdate(
+                "it grants more than 2^48 messages or bytes",
+            ));
+        }
         let messages = self.messages + i64::from(update.messages);
-        let bytes = self
-            .bytes
-            .saturating_add(update.bytes.min(MAX_ROOM as u64) as i64);
+        let bytes = self.bytes + update.bytes as i64;
         if messages > MAX_ROOM || bytes > MAX_ROOM {
             return Err(StreamError::BadWindowUpdate(
                 "it grants more than 2^48 messages or bytes",

@@ -181,9 +181,20 @@ fn room_taken_by_the_sender_is_spent_as_the_window_would_be() {
     window.on_update(update).unwrap();
     own.absorb(window.take());
     assert_eq!(own.room(), (2, 50));
+    // An update past 2^48 is refused even when the window itself is empty (its room
+    // taken by the sender).
+    let mut emptied = SendWindow::empty();
+    let past = WindowUpdate {
+        messages: 1,
+        bytes: u64::MAX,
+    };
+    assert!(matches!(
+        emptied.on_update(past),
+        Err(StreamError::BadWindowUpdate(_))
+    ));
     let huge = WindowUpdate {
         messages: u32::MAX,
-        bytes: u64::MAX,
+        bytes: 1 << 48,
     };
     // 2^16 grants of 2^32 messages reach the cap.
     for _ in 0..=(1 << 16) {
