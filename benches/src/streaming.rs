@@ -15,10 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::clock::Instant;
 use crate::error::BenchError;
 
-/// Message size limit of both ends: room for the largest chunk asked for.
-fn message_limit(size: usize) -> usize {
-    (size + 64).max(4 << 20)
-}
+use crate::tonic_echo::message_limit;
 
 /// What one streamed call achieved.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -165,14 +162,26 @@ pub fn run_ours(
                     .await
                     .map_err(|s| BenchError::failed("opening the stream", s))?
                     .into_inner();
-                Ok(stream.map(|chunk| {
-                    let chunk = chunk.map_err(|s| BenchError::failed("streaming", s))?;
-                    Ok((chunk.index, chunk.payload.len()))
+                Ok(received(stream, "streaming", |c| {
+                    (c.index, c.payload.len())
                 }))
             }
         })
         .await?;
         Ok(StreamResult::new(transport, size, messages, elapsed))
+    })
+}
+
+/// The chunks of `stream` as [`time_streams`] reads them: index and payload length, or the
+/// failure, named `what`.
+fn received<C, E: std::fmt::Display>(
+    stream: impl futures::Stream<Item = Result<C, E>>,
+    what: &'static str,
+    parts: fn(&C) -> (u64, usize),
+) -> impl futures::Stream<Item = Result<(u64, usize), BenchError>> {
+    stream.map(move |chunk| {
+        let chunk = chunk.map_err(|e| BenchError::failed(what, e))?;
+        Ok(parts(&chunk))
     })
 }
 
@@ -231,7 +240,6 @@ mod tonic_streamer {
 
     use bytes::Bytes;
     use futures::{Stream, StreamExt};
-    use tonic::transport::server::TcpIncoming;
 
     use super::{message_limit, StreamResult};
     use crate::error::BenchError;
@@ -291,30 +299,16 @@ mod tonic_streamer {
         size: usize,
         messages: u64,
     ) -> Result<StreamResult, BenchError> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| BenchError::failed("binding the tonic server", e))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| BenchError::failed("tonic server address", e))?;
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(
-                    StreamerServer::new(TonicStreamer)
-                        .max_decoding_message_size(message_limit(size))
-                        .max_encoding_message_size(message_limit(size)),
-                )
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = stopped.await;
-                }),
+        let router = tonic::transport::Server::builder().add_service(
+            StreamerServer::new(TonicStreamer)
+                .max_decoding_message_size(message_limit(size))
+                .max_encoding_message_size(message_limit(size)),
         );
-        let url = format!("http://{addr}");
-        let result = stream(&url, size, messages).await;
-        let _ = stop.send(());
-        let _ = server.await;
-        result
+        crate::tonic_echo::with_server(
+            router,
+            |url| async move { stream(&url, size, messages).await },
+        )
+        .await
     }
 
     async fn stream(url: &str, size: usize, messages: u64) -> Result<StreamResult, BenchError> {
@@ -336,9 +330,8 @@ mod tonic_streamer {
                     .await
                     .map_err(|s| BenchError::failed("opening the tonic stream", s))?
                     .into_inner();
-                Ok(stream.map(|chunk| {
-                    let chunk = chunk.map_err(|s| BenchError::failed("tonic streaming", s))?;
-                    Ok((chunk.index, chunk.payload.len()))
+                Ok(super::received(stream, "tonic streaming", |c| {
+                    (c.index, c.payload.len())
                 }))
             }
         })

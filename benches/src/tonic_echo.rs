@@ -27,7 +27,7 @@ use proto::{EchoReply, EchoRequest};
 const WORKER_THREADS: usize = 2;
 
 /// Message size limit for payloads of `size` bytes: tonic's 4 MiB default or more.
-fn message_limit(size: usize) -> usize {
+pub(crate) fn message_limit(size: usize) -> usize {
     (size + 64).max(4 << 20)
 }
 
@@ -68,6 +68,26 @@ async fn serve_and_call(
     warmup: u64,
     concurrency: usize,
 ) -> Result<BenchResult, BenchError> {
+    let router = tonic::transport::Server::builder().add_service(
+        EchoServer::new(TonicEcho)
+            .max_decoding_message_size(message_limit(size))
+            .max_encoding_message_size(message_limit(size)),
+    );
+    with_server(router, |url| async move {
+        call(&url, size, iters, warmup, concurrency).await
+    })
+    .await
+}
+
+/// Serves `router` on 127.0.0.1 (no Nagle) while `run` uses it at the `http://` URL it is
+/// given, then shuts the server down; a failed server is the result's error.
+pub(crate) async fn with_server<T, Fut>(
+    router: tonic::transport::server::Router,
+    run: impl FnOnce(String) -> Fut,
+) -> Result<T, BenchError>
+where
+    Fut: std::future::Future<Output = Result<T, BenchError>>,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| BenchError::failed("binding the tonic server", e))?;
@@ -76,19 +96,10 @@ async fn serve_and_call(
         .map_err(|e| BenchError::failed("tonic server address", e))?;
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(
-                EchoServer::new(TonicEcho)
-                    .max_decoding_message_size(message_limit(size))
-                    .max_encoding_message_size(message_limit(size)),
-            )
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = stopped.await;
-            }),
-    );
-    let url = format!("http://{addr}");
-    let result = call(&url, size, iters, warmup, concurrency).await;
+    let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+        let _ = stopped.await;
+    }));
+    let result = run(format!("http://{addr}")).await;
     let _ = stop.send(());
     match server.await {
         Ok(Ok(())) => result,

@@ -105,6 +105,16 @@ impl Outgoing {
             ready!(self.poll_flush(cx))?;
             return Poll::Pending;
         }
+        self.poll_put(cx, &mut frame)
+    }
+
+    /// Sends `frame`, the next message, once the window let it go: staged, or to the link
+    /// after what was staged.
+    fn poll_put(
+        &mut self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
         match &mut self.staged {
             Some(staged) if frame.len() <= MAX_STAGED_FRAME => {
                 if staged.len() + frame.len() > STAGE_LIMIT {
@@ -115,10 +125,10 @@ impl Outgoing {
             _ => {
                 // After the messages staged before it.
                 ready!(self.poll_hand_over(cx))?;
-                ready!(self.link.poll_send_more(cx, &mut frame))?;
+                ready!(self.link.poll_send_more(cx, frame))?;
             }
         }
-        self.sent(&frame);
+        self.sent(frame);
         Poll::Ready(Ok(()))
     }
 
@@ -154,7 +164,9 @@ impl Outgoing {
                 }
                 *polled = true;
             }
-            ready!(self.poll_send(cx, messages.current()))?;
+            // The room was checked above, before the message was taken.
+            let mut frame = self.frame(messages.current())?;
+            ready!(self.poll_put(cx, &mut frame))?;
             *polled = false;
         }
         ready!(self.poll_flush(cx))?;
