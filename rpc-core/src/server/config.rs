@@ -1,7 +1,7 @@
 //! [`ServerConfig`]: the server's settings and their defaults.
 
 use crate::auth::AuthConfig;
-use crate::stream::{Window, DEFAULT_STREAM_WINDOW};
+use crate::stream::{Window, DEFAULT_STREAM_WINDOW, INITIAL_WINDOW};
 
 /// Server settings.
 #[derive(Debug, Clone)]
@@ -27,6 +27,13 @@ pub struct ServerConfig {
     /// [`crate::stream::INITIAL_WINDOW`]): per stream, at most `bytes` plus
     /// `max_message_size` are buffered.
     pub stream_window: Window,
+    /// Stream frames (messages, half-closes, window updates) one connection holds for calls
+    /// whose `Request` has not arrived yet: a transport that hands frames up from two
+    /// threads may deliver them first. Counted in frames and payload bytes; past it the
+    /// frames of the call that began holding first are dropped (that call's stream then
+    /// stalls until its deadline). The default, [`INITIAL_WINDOW`], is what one client may
+    /// send on a stream before the server grants more.
+    pub early_stream_frames: Window,
 }
 
 /// Calls one connection may have in progress, unless [`ServerConfig::max_calls_per_connection`]
@@ -45,6 +52,7 @@ impl Default for ServerConfig {
             max_calls: DEFAULT_MAX_CALLS,
             auth: None,
             stream_window: DEFAULT_STREAM_WINDOW,
+            early_stream_frames: INITIAL_WINDOW,
         }
     }
 }

@@ -24,6 +24,7 @@ use crate::server::calls::Calls;
 pub use crate::server::config::{
     ServerConfig, DEFAULT_MAX_CALLS, DEFAULT_MAX_CALLS_PER_CONNECTION,
 };
+use crate::server::early::Streams;
 use crate::server::in_flight::InFlight;
 use crate::server::router::Router;
 use crate::server::service::{InboundStream, ServerCall, ServerReply};
@@ -168,9 +169,9 @@ pub struct ConnectionDispatch {
     peer: Arc<Peer>,
     sink: Arc<dyn ReplySink>,
     pub(super) running: Mutex<Calls>,
-    /// Streaming calls running, for their stream frames (keyed by peer-chosen ids: std's
-    /// keyed hasher).
-    pub(super) streams: Mutex<std::collections::HashMap<u64, Arc<StreamShared>>>,
+    /// Streaming calls running, for their stream frames, and the frames that came before
+    /// their requests.
+    pub(super) streams: Mutex<Streams>,
     /// Spawned handler runs and answers of this connection not finished yet.
     in_progress: AtomicUsize,
     /// New requests are refused (the server is shutting down); running ones finish.
@@ -190,12 +191,13 @@ impl std::fmt::Debug for ConnectionDispatch {
 impl ConnectionDispatch {
     /// Dispatch for a new connection with `peer`, whose responses go to `sink`.
     pub fn new(dispatcher: Arc<Dispatcher>, sink: Arc<dyn ReplySink>, peer: Peer) -> Arc<Self> {
+        let early_limit = dispatcher.config.early_stream_frames;
         Arc::new(ConnectionDispatch {
             dispatcher,
             peer: Arc::new(peer),
             sink,
             running: Mutex::new(Calls::default()),
-            streams: Mutex::new(std::collections::HashMap::new()),
+            streams: Mutex::new(Streams::new(early_limit)),
             in_progress: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -217,7 +219,7 @@ impl ConnectionDispatch {
     pub fn on_frame(self: &Arc<Self>, frame: InboundFrame, wakes: &mut Wakes) {
         match frame.header.kind {
             FrameKind::Request => self.on_request(frame),
-            FrameKind::Cancel => self.running.lock().cancel(frame.header.call_id),
+            FrameKind::Cancel => self.on_cancel(frame.header.call_id),
             kind if is_stream_frame(kind) => self.on_stream_frame(frame, wakes),
             kind => tracing::debug!(?kind, "ignoring a frame kind servers do not act on"),
         }
@@ -242,7 +244,7 @@ impl ConnectionDispatch {
     /// not deliver (a large body the client refused a buffer for, say). A streaming call
     /// fails its stream instead: its handler sees the status, and the call ends with it.
     pub fn fail_call(self: &Arc<Self>, call_id: u64, status: &Status) {
-        let stream = self.streams.lock().get(&call_id).cloned();
+        let stream = self.streams.lock().get(call_id);
         match stream {
             Some(stream) => stream.fail(status.clone()),
             None => self.send_status(call_id, status),
@@ -263,6 +265,32 @@ impl ConnectionDispatch {
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.running.lock().abort_all();
+        self.streams.lock().clear_early();
+    }
+
+    /// Feeds `stream` the frames of `call_id` that came before its request.
+    fn feed_early(&self, call_id: u64, stream: &StreamShared, early: Vec<InboundFrame>) {
+        if early.is_empty() {
+            return;
+        }
+        tracing::debug!(
+            call_id,
+            frames = early.len(),
+            "stream frames that came before their request"
+        );
+        let mut wakes = Wakes::new();
+        for frame in early {
+            if let Err(status) = stream.on_frame(frame, &mut wakes) {
+                return tracing::debug!(call_id, %status, "stream failed");
+            }
+        }
+    }
+
+    /// A client's cancel: stops its call, or, if its request has not arrived, keeps that
+    /// from running and drops the stream frames that came before it.
+    fn on_cancel(&self, call_id: u64) {
+        self.running.lock().cancel(call_id);
+        self.streams.lock().forget(call_id);
     }
 
     /// Counts a spawned handler run or answer until the guard drops.
@@ -294,6 +322,19 @@ impl ConnectionDispatch {
     }
 
     fn on_request(self: &Arc<Self>, frame: InboundFrame) {
+        let header = frame.header;
+        self.start(frame);
+        if header.flags.contains(Flags::STREAM) {
+            let mut streams = self.streams.lock();
+            if streams.get(header.call_id).is_none() {
+                // Refused (or already over): what came before the request is of no use.
+                streams.forget(header.call_id);
+            }
+        }
+    }
+
+    /// Starts the call `frame` requests, or answers why not.
+    fn start(self: &Arc<Self>, frame: InboundFrame) {
         let header = frame.header;
         let call_id = header.call_id;
         let method_id = header.method_id;
@@ -346,7 +387,8 @@ impl ConnectionDispatch {
         let streaming = header.flags.contains(Flags::STREAM);
         let stream = streaming.then(|| {
             let shared = Arc::new(StreamShared::new(dispatcher.config.stream_window, limit));
-            self.streams.lock().insert(call_id, shared.clone());
+            let early = self.streams.lock().open(call_id, shared.clone());
+            self.feed_early(call_id, &shared, early);
             InboundStream {
                 shared,
                 link: Link::server(self.sink.clone()),

@@ -13,6 +13,7 @@
 mod calls;
 mod config;
 mod dispatch;
+mod early;
 mod in_flight;
 mod router;
 mod service;
@@ -85,6 +86,15 @@ impl ServerBuilder {
     /// [`crate::stream::INITIAL_WINDOW`]).
     pub fn stream_window(mut self, window: crate::stream::Window) -> Self {
         self.config.stream_window = window;
+        self
+    }
+
+    /// Stream frames one connection may hold for calls whose request has not arrived yet
+    /// (default [`crate::stream::INITIAL_WINDOW`]: 64 messages, 256 KiB of payload); past
+    /// it the frames of the call that began holding first are dropped (see
+    /// [`ServerConfig::early_stream_frames`]).
+    pub fn early_stream_frames(mut self, limit: crate::stream::Window) -> Self {
+        self.config.early_stream_frames = limit;
         self
     }
 

@@ -15,6 +15,7 @@ use crate::body::EmptyBody;
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
 use crate::metadata::MetadataMap;
+use crate::server::early::Routed;
 use crate::status::Status;
 use crate::stream::{Outgoing, Wakes};
 
@@ -132,41 +133,49 @@ impl<'a> StreamReply<'a> {
 
 /// Streaming calls of a connection: their frames and their runs.
 impl ConnectionDispatch {
-    /// Feeds a frame of a running streaming call to its stream. Frames of calls that ended
-    /// (or were never started) are dropped; one that breaks the stream's rules fails the
-    /// stream, and the call ends with that status.
+    /// Feeds a frame of a running streaming call to its stream. Frames of calls not running
+    /// are held for their request ([`super::early`]); one that breaks the stream's rules
+    /// fails the stream, and the call ends with that status.
     pub(super) fn on_stream_frame(&self, frame: InboundFrame, wakes: &mut Wakes) {
         let call_id = frame.header.call_id;
-        let stream = self.streams.lock().get(&call_id).cloned();
-        match stream {
-            Some(stream) if frame.header.kind == FrameKind::Trailers => {
+        let kind = frame.header.kind;
+        let routed = self
+            .streams
+            .lock()
+            .route(frame, kind != FrameKind::Trailers);
+        match routed {
+            Routed::Running(stream, _) if kind == FrameKind::Trailers => {
                 stream.fail(Status::internal(
                     "stream protocol violation: the client sent trailers",
                 ));
             }
-            Some(stream) => {
+            Routed::Running(stream, frame) => {
                 if let Err(status) = stream.on_frame(frame, wakes) {
                     tracing::debug!(call_id, %status, "stream failed");
                 }
             }
-            None => {
-                tracing::debug!(call_id, kind = ?frame.header.kind, "stream frame for no running call")
-            }
+            Routed::Held => tracing::trace!(call_id, ?kind, "stream frame before its request"),
+            Routed::Dropped => tracing::debug!(call_id, ?kind, "stream frame for no running call"),
         }
     }
 
     /// Feeds a run of `Message` frames of call `call_id` to its stream (in order; one
     /// lookup and one stream lock for the run). As [`Self::on_stream_frame`], messages of
-    /// calls that ended are dropped, and one that breaks the stream's rules fails it.
+    /// calls not running are held for their request, and one that breaks the stream's
+    /// rules fails it.
     pub fn on_stream_messages(
         &self,
         call_id: u64,
         frames: impl IntoIterator<Item = InboundFrame>,
         wakes: &mut Wakes,
     ) {
-        let stream = self.streams.lock().get(&call_id).cloned();
-        let Some(stream) = stream else {
-            return tracing::debug!(call_id, "stream messages for no running call");
+        let stream = {
+            let mut streams = self.streams.lock();
+            match streams.get(call_id) {
+                Some(stream) => stream,
+                // Under the same lock: the stream cannot open before the run is held.
+                None => return frames.into_iter().for_each(|frame| streams.hold(frame)),
+            }
         };
         if let Err(status) = stream.on_messages(frames, wakes) {
             tracing::debug!(call_id, %status, "stream failed");
@@ -202,7 +211,7 @@ impl ConnectionDispatch {
         let conn = self.clone();
         let task = Abortable::new(run, registration).map(move |_| {
             conn.running.lock().finish(call_id);
-            let stream = conn.streams.lock().remove(&call_id);
+            let stream = conn.streams.lock().remove(call_id);
             drop(stream);
         });
         self.running.lock().start(call_id, abort);

@@ -249,3 +249,97 @@ fn replies_waiting_for_credits_park_no_thread() {
     wait_for("nothing in flight", || dispatcher.in_flight() == 0);
     conn.close();
 }
+
+static COUNT: [MethodDescriptor; 1] = [MethodDescriptor::new("/test.Count/Count")];
+
+/// A client-streaming method that records how many messages its stream had.
+#[derive(Default)]
+struct Count(Arc<Mutex<Vec<usize>>>);
+
+impl Service for Count {
+    fn name(&self) -> &'static str {
+        "test.Count"
+    }
+
+    fn methods(&self) -> &'static [MethodDescriptor] {
+        &COUNT
+    }
+
+    fn call(&self, _: u32, call: ServerCall) -> BoxFuture<'static, Result<ServerReply, Status>> {
+        let counts = self.0.clone();
+        Box::pin(async move {
+            let mut messages = call.into_streaming::<()>()?.into_inner();
+            let mut n = 0;
+            while messages.message().await?.is_some() {
+                n += 1;
+            }
+            counts.lock().push(n);
+            Ok(ServerReply::new(
+                crate::MetadataMap::new(),
+                Box::new(crate::body::EmptyBody),
+            ))
+        })
+    }
+}
+
+fn stream_frame(kind: FrameKind, call_id: u64, seq: u32) -> InboundFrame {
+    let mut frame = frame(kind, call_id);
+    frame.header.method_id = seq;
+    if kind == FrameKind::Request {
+        frame.header.method_id = COUNT[0].id;
+        frame.header.flags = crate::header::Flags::STREAM;
+    }
+    frame
+}
+
+fn counting_server() -> (Arc<ConnectionDispatch>, Arc<Mutex<Vec<usize>>>) {
+    let count = Count::default();
+    let counts = count.0.clone();
+    let dispatcher = Server::builder()
+        .max_calls_per_connection(2)
+        .worker_threads(1)
+        .add_service(count)
+        .build()
+        .expect("server");
+    (connection(&dispatcher).0, counts)
+}
+
+/// A transport that hands frames up from two threads may deliver a stream's messages and
+/// half-close before its request: they are held and read once the request opens the stream.
+#[test]
+fn stream_frames_that_overtake_their_request_are_read_after_it() {
+    let (conn, counts) = counting_server();
+    let wakes = &mut Wakes::new();
+    conn.on_frame(stream_frame(FrameKind::Message, 1, 2), wakes);
+    conn.on_stream_messages(1, [stream_frame(FrameKind::Message, 1, 1)], wakes);
+    conn.on_frame(stream_frame(FrameKind::HalfClose, 1, 3), wakes);
+    conn.on_frame(stream_frame(FrameKind::Request, 1, 0), wakes);
+    wait_for("the stream of 2 messages ended", || {
+        !counts.lock().is_empty()
+    });
+    assert_eq!(*counts.lock(), [2]);
+    assert_eq!(conn.streams.lock().early_held().messages, 0);
+    conn.close();
+}
+
+/// Frames held for a request that is cancelled, or refused, are dropped with it.
+#[test]
+fn frames_held_for_a_cancelled_or_refused_request_are_dropped() {
+    let (conn, counts) = counting_server();
+    let wakes = &mut Wakes::new();
+    conn.on_frame(stream_frame(FrameKind::Message, 1, 1), wakes);
+    conn.on_frame(stream_frame(FrameKind::Cancel, 1, 0), wakes);
+    assert_eq!(conn.streams.lock().early_held().messages, 0, "cancelled");
+    // Two calls fill the connection's limit of 2; the third is refused.
+    conn.on_frame(stream_frame(FrameKind::Request, 2, 0), wakes);
+    conn.on_frame(stream_frame(FrameKind::Request, 3, 0), wakes);
+    conn.on_frame(stream_frame(FrameKind::Message, 4, 1), wakes);
+    conn.on_frame(stream_frame(FrameKind::Request, 4, 0), wakes);
+    assert_eq!(conn.streams.lock().early_held().messages, 0, "refused");
+    for call_id in [2, 3] {
+        conn.on_frame(stream_frame(FrameKind::HalfClose, call_id, 1), wakes);
+    }
+    wait_for("both calls ended", || counts.lock().len() == 2);
+    assert_eq!(*counts.lock(), [0, 0]);
+    conn.close();
+}
