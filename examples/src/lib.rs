@@ -29,4 +29,4 @@ mod services;
 mod streamer;
 
 pub use services::{bulk_pattern, EchoService, Tester, TesterStats};
-pub use streamer::{ChunkStream, Streamer, StreamerStats};
+pub use streamer::{ChunkStream, Streamer, StreamerStats, STOP_AFTER};

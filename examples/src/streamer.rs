@@ -12,6 +12,9 @@ use rpc_core::{Code, Request, Response, Status, Streaming};
 use crate::bulk_pattern;
 use crate::streaming::{streamer_server, Chunk, ConsumeSummary, ProduceRequest};
 
+/// Request metadata for `Consume`: answer after this many chunks, reading no more.
+pub const STOP_AFTER: &str = "stop-after";
+
 /// Counters of what the [`Streamer`] saw.
 #[derive(Debug, Default)]
 pub struct StreamerStats {
@@ -123,13 +126,21 @@ impl streamer_server::Streamer for Streamer {
         &self,
         request: Request<Streaming<Chunk>>,
     ) -> Result<Response<ConsumeSummary>, Status> {
+        let stop_after = request
+            .metadata()
+            .get(STOP_AFTER)
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+            .unwrap_or(u64::MAX);
         let mut chunks = request.into_inner();
         let mut summary = ConsumeSummary {
             in_order: true,
             ..ConsumeSummary::default()
         };
         let mut pattern = Bytes::new();
-        while let Some(chunk) = chunks.message().await? {
+        while summary.chunks < stop_after {
+            let Some(chunk) = chunks.message().await? else {
+                break;
+            };
             self.stats.consumed.fetch_add(1, Ordering::Relaxed);
             if chunk.payload.len() != pattern.len() {
                 pattern = Bytes::from(bulk_pattern(chunk.payload.len(), 0));

@@ -15,7 +15,7 @@ use rpc_examples::echo::EchoRequest;
 use rpc_examples::streaming::streamer_client::StreamerClient;
 use rpc_examples::streaming::streamer_server::StreamerServer;
 use rpc_examples::streaming::{Chunk, ProduceRequest};
-use rpc_examples::{bulk_pattern, EchoService, Streamer};
+use rpc_examples::{bulk_pattern, EchoService, Streamer, STOP_AFTER};
 
 fn builder(streamer: &Streamer) -> rdma_rpc::ServerBuilder {
     Server::builder()
@@ -256,6 +256,122 @@ async fn deadline_covers_the_stream(url: &str) {
     .await;
 }
 
+/// A client-streaming server that answers before the client's stream ends reads no more of
+/// it: an endless async stream and an endless blocking iterator both end with the answer,
+/// and the connection serves the next call.
+async fn server_answers_early(url: &str) {
+    let channel = connect(url).await;
+    let client = StreamerClient::new(channel.clone());
+    let stop_after = |n: u64| {
+        let endless = futures::stream::iter((0..).map(|i| chunk(i, 100)));
+        let mut request = Request::new(endless);
+        request
+            .metadata_mut()
+            .insert(STOP_AFTER, n.to_string())
+            .unwrap();
+        request.set_timeout(Duration::from_secs(20));
+        request
+    };
+    let summary = client.consume(stop_after(10)).await.unwrap().into_inner();
+    assert_eq!((summary.chunks, summary.in_order), (10, true));
+
+    let blocking = client.clone();
+    let summary = tokio::task::spawn_blocking(move || {
+        let endless = (0..).map(|i| chunk(i, 100));
+        let mut request = Request::new(endless);
+        request.metadata_mut().insert(STOP_AFTER, "1000").unwrap();
+        request.set_timeout(Duration::from_secs(20));
+        blocking.consume_blocking::<std::iter::Map<_, _>>(request)
+    })
+    .await
+    .unwrap()
+    .expect("the answer, not an error from the stream it cut short")
+    .into_inner();
+    assert_eq!((summary.chunks, summary.in_order), (1000, true));
+
+    eventually("no call left in flight", || channel.in_flight() == 0).await;
+    let chunks = futures::stream::iter((0..5).map(|i| chunk(i, 10)));
+    let summary = client.consume(chunks).await.unwrap().into_inner();
+    assert_eq!(summary.chunks, 5);
+}
+
+/// Polls `opening` once, on a thread of its own: the poll must return (a stream that is
+/// always ready must not keep it), and the call must not be over yet.
+async fn poll_once<F>(opening: F) -> std::pin::Pin<Box<F>>
+where
+    F: std::future::Future + Send + 'static,
+{
+    let runtime = tokio::runtime::Handle::current();
+    let (polled, outcome) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let _runtime = runtime.enter();
+        let mut opening = Box::pin(opening);
+        let waker = futures::task::noop_waker();
+        let pending = opening
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker))
+            .is_pending();
+        let _ = polled.send((pending, opening));
+    });
+    let (pending, opening) = tokio::time::timeout(Duration::from_secs(5), outcome)
+        .await
+        .expect("one poll of the opening returns")
+        .unwrap();
+    assert!(pending, "the call is not over");
+    opening
+}
+
+/// A counter that has stopped moving (sampled 100 ms apart).
+async fn settled(counter: &std::sync::atomic::AtomicU64) -> u64 {
+    let mut last = counter.load(Ordering::SeqCst);
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = counter.load(Ordering::SeqCst);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// Dropping the future that opens a stream, before it resolves, cancels the call: the
+/// server stops producing or reading, nothing stays in flight, the channel serves on.
+async fn dropped_opening_cancels(url: &str) {
+    let streamer = Streamer::default();
+    let server = start_for(url, &streamer);
+    let channel = connect(server.local_url()).await;
+    let client = StreamerClient::new(channel.clone());
+
+    let endless = futures::stream::iter((0..).map(|i| chunk(i, 100)));
+    let opening = poll_once(client.consume(endless)).await;
+    eventually("the server reads", || {
+        streamer.stats.consumed.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    drop(opening);
+    let read = settled(&streamer.stats.consumed).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        streamer.stats.consumed.load(Ordering::SeqCst),
+        read,
+        "still reading"
+    );
+
+    drop(poll_once(client.produce(produce(u64::MAX, 100))).await);
+    let produced = settled(&streamer.stats.produced).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        streamer.stats.produced.load(Ordering::SeqCst),
+        produced,
+        "still producing"
+    );
+
+    eventually("no call left in flight", || channel.in_flight() == 0).await;
+    let mut stream = client.produce(produce(3, 10)).await.unwrap().into_inner();
+    assert_eq!(read_in_order(&mut stream, |_| {}).await, 3);
+    drop(server);
+}
+
 fn start_for(url: &str, streamer: &Streamer) -> ServerHandle {
     if url.starts_with("rdma://") {
         rdma_server(streamer)
@@ -290,6 +406,30 @@ async fn tcp_slow_reader_holds_back_only_its_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_deadline_covers_the_stream() {
     deadline_covers_the_stream("tcp://").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_server_answers_early() {
+    let server = tcp_server(&Streamer::default());
+    server_answers_early(server.local_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_dropped_opening_cancels() {
+    dropped_opening_cancels("tcp://").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+async fn rdma_server_answers_early() {
+    let server = rdma_server(&Streamer::default());
+    server_answers_early(server.local_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+async fn rdma_dropped_opening_cancels() {
+    dropped_opening_cancels("rdma://").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use futures::{FutureExt, Stream, StreamExt};
 use prost::Message;
 
-use super::send::Outgoing;
+use super::send::{Outgoing, TypedMessages};
 use super::{Link, StreamShared, Streaming};
 use crate::client::{decode_response, Channel, PendingCall};
 use crate::frame::{InboundFrame, OutgoingFrame};
@@ -304,7 +304,9 @@ impl Opening {
 type Sending = futures::future::BoxFuture<'static, Result<(), Status>>;
 
 /// Sends every message of `messages`, then the half-close; stops early (successfully) if
-/// the call ended meanwhile.
+/// the call ended meanwhile. Like a server's stream, it lets other tasks run every
+/// [`super::MESSAGES_PER_POLL`] messages: a stream that is always ready must not hold its
+/// thread (or, before the headers, the caller's poll) for ever.
 fn pump<S, Req>(
     mut out: Outgoing,
     messages: S,
@@ -314,18 +316,9 @@ where
     Req: Message + Send + Sync + 'static,
 {
     async move {
-        let mut messages = std::pin::pin!(messages);
-        loop {
-            // Messages sent back to back leave together; waiting for the next one flushes.
-            let next = poll_fn(|cx| {
-                let next = messages.poll_next_unpin(cx);
-                out.flush_while(cx, next)
-            });
-            let Some(message) = next.await? else {
-                break;
-            };
-            poll_fn(|cx| out.poll_send(cx, &message)).await?;
-        }
+        let mut messages = TypedMessages::new(messages.map(Ok::<Req, Status>));
+        let mut polled = false;
+        poll_fn(|cx| out.poll_send_all(cx, &mut messages, &mut polled)).await?;
         let half_close = out.half_close();
         poll_fn(|cx| out.poll_control(cx, half_close)).await
     }
@@ -346,7 +339,15 @@ where
         if !sent {
             match Pin::new(&mut sending).poll(cx) {
                 Poll::Ready(Ok(())) => sent = true,
-                Poll::Ready(Err(status)) => return Poll::Ready(Err(status)),
+                Poll::Ready(Err(status)) => {
+                    // An answer fails the stream (the server reads no more) just before it
+                    // completes the call, under the call table's lock: if it came since the
+                    // call was polled, the answer counts, not the stream it cut short.
+                    return match Pin::new(&mut *call).poll(cx) {
+                        Poll::Ready(result) => Poll::Ready(result),
+                        Poll::Pending => Poll::Ready(Err(status)),
+                    };
+                }
                 Poll::Pending => {}
             }
         }

@@ -91,23 +91,6 @@ impl Outgoing {
         Ok(frame)
     }
 
-    /// Sends `message` once the window and the link have room; `Pending` until then (the
-    /// message is not sent, the next poll starts over). The message may wait in the link
-    /// for the ones after it: whoever stops sending calls [`Outgoing::flush`] (waiting for
-    /// the window here does).
-    pub(crate) fn poll_send(
-        &mut self,
-        cx: &mut Context<'_>,
-        message: &dyn EncodeBody,
-    ) -> Poll<Result<(), Status>> {
-        let mut frame = self.frame(message)?;
-        if self.poll_ready(cx)?.is_pending() {
-            ready!(self.poll_flush(cx))?;
-            return Poll::Pending;
-        }
-        self.poll_put(cx, &mut frame)
-    }
-
     /// Sends `frame`, the next message, once the window let it go: staged, or to the link
     /// after what was staged.
     fn poll_put(
@@ -202,7 +185,7 @@ impl Outgoing {
         self.shared.poll_claim(cx, &mut self.room)
     }
 
-    /// Sends the messages [`Outgoing::poll_send`] left waiting, staged or in the link;
+    /// Sends the messages [`Outgoing::poll_send_all`] left waiting, staged or in the link;
     /// `Pending` while the transport has no room for the staged ones.
     pub(crate) fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         ready!(self.poll_hand_over(cx))?;
