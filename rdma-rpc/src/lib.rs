@@ -28,6 +28,9 @@ pub use rpc_transport_rdma::{
 pub use rpc_transport_tcp::{ConnectionLimits, TcpServerConfig};
 pub use serve::{ServeExt, ServeOptions, ServerHandle};
 
+/// The standard `grpc.health.v1.Health` service and its reporter ([`rpc_health`]).
+pub use rpc_health as health;
+
 /// What most applications import.
 pub mod prelude {
     pub use crate::ServeExt;

@@ -89,6 +89,10 @@ pub(crate) fn generate(service: &ServiceModel) -> TokenStream {
                 }
             }
 
+            impl<T> #core::server::NamedService for #server_ident<T> {
+                const NAME: &'static str = SERVICE_NAME;
+            }
+
             impl<T: #trait_ident> #core::server::Service for #server_ident<T> {
                 fn name(&self) -> &'static str {
                     SERVICE_NAME

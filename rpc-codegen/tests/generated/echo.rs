@@ -268,6 +268,9 @@ pub mod echo_server {
             f.debug_struct("EchoServer").finish_non_exhaustive()
         }
     }
+    impl<T> ::rpc_core::server::NamedService for EchoServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
     impl<T: Echo> ::rpc_core::server::Service for EchoServer<T> {
         fn name(&self) -> &'static str {
             SERVICE_NAME

@@ -30,8 +30,8 @@ pub use dispatch::{
     DEFAULT_MAX_CALLS_PER_CONNECTION,
 };
 pub use service::{
-    client_streaming, server_streaming, streaming, unary, MethodDescriptor, ServerCall,
-    ServerReply, Service,
+    client_streaming, server_streaming, streaming, unary, MethodDescriptor, NamedService,
+    ServerCall, ServerReply, Service,
 };
 
 use crate::error::Error;

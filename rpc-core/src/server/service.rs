@@ -178,6 +178,14 @@ pub trait Service: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<ServerReply, Status>>;
 }
 
+/// A service's fully qualified name, known from its type (as tonic's `NamedService`): what a
+/// health reporter is told serving status for, e.g. `set_serving::<EchoServer<MyEcho>>()`.
+/// Implemented by generated `FooServer` types.
+pub trait NamedService {
+    /// Fully qualified service name, e.g. `echo.Echo`.
+    const NAME: &'static str;
+}
+
 /// Decodes `call`, runs `handler` on the typed request and erases the response type: the
 /// body of every generated unary method.
 pub async fn unary<Req, Resp, F, Fut>(call: ServerCall, handler: F) -> Result<ServerReply, Status>
