@@ -40,6 +40,27 @@ pub enum Command {
     /// Open many connections to a running `rpc-bench server` (one call each), let them sit
     /// idle, and report the server process's threads, pinned memory and idle CPU.
     Connections(ConnectionsArgs),
+    /// Ask a server's standard health service (`grpc.health.v1.Health/Check`) whether
+    /// --service is serving, as an orchestrator's probe does: prints the status, exits 0 if
+    /// SERVING and 1 otherwise (including NOT_FOUND, an unreachable server or the deadline).
+    Health(HealthArgs),
+}
+
+/// Arguments of `rpc-bench health`.
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// Server URL.
+    #[arg(long, value_parser = parse_url)]
+    pub url: Endpoint,
+    /// Fully qualified service name; empty: the server as a whole.
+    #[arg(long, default_value = "")]
+    pub service: String,
+    /// Deadline of the check, connecting included, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub timeout_ms: u64,
+    /// RDMA settings.
+    #[command(flatten)]
+    pub rdma: RdmaArgs,
 }
 
 /// Arguments of `rpc-bench connections`.

@@ -50,9 +50,13 @@ pub fn transport_name(endpoint: &Endpoint) -> &'static str {
 
 /// Starts the echo server on `url` in the background. Call it outside any tokio runtime, so
 /// that handlers run on the server's own threads.
+/// It also serves the standard health service, reporting the echo service serving.
 pub fn start_server(url: &Endpoint, rdma: RdmaConfig) -> Result<ServerHandle, BenchError> {
+    let (reporter, health) = rdma_rpc::health::health_reporter();
+    reporter.set_serving::<EchoServer<EchoService>>();
     Server::builder()
         .max_message_size(SERVER_MAX_MESSAGE)
+        .add_service(health)
         .add_service(EchoServer::new(EchoService))
         .start_with(
             &url.to_string(),

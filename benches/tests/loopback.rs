@@ -63,7 +63,22 @@ fn server_and_client_processes() {
         .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
         .to_owned();
     let line = format!("client --url {url} --size 128 --iters 100 --json");
-    let result = std::panic::catch_unwind(|| run_json(&args(&line)));
+    let result = std::panic::catch_unwind(|| {
+        let r = run_json(&args(&line));
+        // The server answers the standard health probe.
+        for (service, code, says) in [
+            ("", 0, "SERVING"),
+            ("echo.Echo", 0, "SERVING"),
+            ("kv.Store", 1, "NOT_FOUND"),
+        ] {
+            let probe = format!("health --url {url}");
+            let out = run(&[args(&probe), vec!["--service", service]].concat());
+            let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(code), "{service:?}: {said}");
+            assert!(said.contains(says), "{service:?}: {said}");
+        }
+        r
+    });
     let _ = server.kill();
     let _ = server.wait();
     let r = result.expect("client run");

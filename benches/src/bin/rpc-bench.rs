@@ -7,6 +7,7 @@
 //! rpc-bench tcp-compare --size 32 --iters 20000
 //! rpc-bench stream --url rdma://192.168.77.1:0 --size 32 --messages 200000 [--tonic]
 //! rpc-bench connections --url rdma://192.168.77.1:7471 --count 1000 --server-pid 4242
+//! rpc-bench health --url rdma://192.168.77.1:7471 [--service echo.Echo]
 //! ```
 //!
 //! Exit codes: 0 success, 1 a failure while running (connect, call, reply mismatch),
@@ -17,7 +18,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use rpc_bench::cli::{
-    Cli, ClientArgs, Command, CompareArgs, ConnectionsArgs, ServerArgs, StreamArgs,
+    Cli, ClientArgs, Command, CompareArgs, ConnectionsArgs, HealthArgs, ServerArgs, StreamArgs,
 };
 use rpc_bench::ours::{self, ClientPlan};
 use rpc_bench::{compare, BenchError, BenchResult};
@@ -31,6 +32,7 @@ fn main() -> ExitCode {
         Command::TcpCompare(args) => tcp_compare(&args),
         Command::Stream(args) => stream(&args),
         Command::Connections(args) => connections(&args),
+        Command::Health(args) => health(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -72,6 +74,36 @@ fn stream(args: &StreamArgs) -> Result<(), BenchError> {
         })
     };
     written.map_err(|e| BenchError::failed("writing to stdout", e))
+}
+
+fn health(args: &HealthArgs) -> Result<(), BenchError> {
+    use rdma_rpc::health::pb::{health_client::HealthClient, HealthCheckRequest};
+    use rdma_rpc::health::ServingStatus;
+    let timeout = std::time::Duration::from_millis(args.timeout_ms);
+    let url = args.url.to_string();
+    let channel = rdma_rpc::client()
+        .rdma_config(args.rdma.config())
+        .connect_timeout(timeout)
+        .connect_blocking(&url)
+        .map_err(|e| BenchError::failed(&format!("connecting to {url}"), e))?;
+    let mut request = rdma_rpc::Request::new(HealthCheckRequest {
+        service: args.service.clone(),
+    });
+    request.set_timeout(timeout);
+    let status = HealthClient::new(channel)
+        .check_blocking(request)
+        .map_err(|e| BenchError::failed(&format!("checking {:?}", args.service), e))?
+        .into_inner()
+        .status();
+    println!("{}", status.as_str_name());
+    if status == ServingStatus::Serving {
+        Ok(())
+    } else {
+        Err(BenchError::failed(
+            &format!("{:?}", args.service),
+            "not serving",
+        ))
+    }
 }
 
 fn serve(args: &ServerArgs) -> Result<(), BenchError> {
