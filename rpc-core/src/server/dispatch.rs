@@ -268,24 +268,6 @@ impl ConnectionDispatch {
         self.streams.lock().clear_early();
     }
 
-    /// Feeds `stream` the frames of `call_id` that came before its request.
-    fn feed_early(&self, call_id: u64, stream: &StreamShared, early: Vec<InboundFrame>) {
-        if early.is_empty() {
-            return;
-        }
-        tracing::debug!(
-            call_id,
-            frames = early.len(),
-            "stream frames that came before their request"
-        );
-        let mut wakes = Wakes::new();
-        for frame in early {
-            if let Err(status) = stream.on_frame(frame, &mut wakes) {
-                return tracing::debug!(call_id, %status, "stream failed");
-            }
-        }
-    }
-
     /// A client's cancel: stops its call, or, if its request has not arrived, keeps that
     /// from running and drops the stream frames that came before it.
     fn on_cancel(&self, call_id: u64) {

@@ -17,7 +17,7 @@ use crate::header::{Flags, FrameKind, Header};
 use crate::metadata::MetadataMap;
 use crate::server::early::Routed;
 use crate::status::Status;
-use crate::stream::{Outgoing, Wakes};
+use crate::stream::{Outgoing, StreamShared, Wakes};
 
 /// How a streaming call's handler finished.
 pub(crate) enum Finished {
@@ -179,6 +179,24 @@ impl ConnectionDispatch {
         };
         if let Err(status) = stream.on_messages(frames, wakes) {
             tracing::debug!(call_id, %status, "stream failed");
+        }
+    }
+
+    /// Feeds `stream` the frames of `call_id` that came before its request.
+    pub(super) fn feed_early(&self, call_id: u64, stream: &StreamShared, early: Vec<InboundFrame>) {
+        if early.is_empty() {
+            return;
+        }
+        tracing::debug!(
+            call_id,
+            frames = early.len(),
+            "stream frames that came before their request"
+        );
+        let mut wakes = Wakes::new();
+        for frame in early {
+            if let Err(status) = stream.on_frame(frame, &mut wakes) {
+                return tracing::debug!(call_id, %status, "stream failed");
+            }
         }
     }
 
