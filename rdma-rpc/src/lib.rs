@@ -12,12 +12,15 @@
 //! # let _ = channel; Ok(()) }
 //! ```
 
+mod connector;
 mod endpoint;
 mod error;
 mod serve;
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use connector::UrlConnector;
 
 pub use endpoint::{Endpoint, TransportKind};
 pub use error::Error;
@@ -58,6 +61,7 @@ pub struct ClientBuilder {
     rdma: RdmaConfig,
     tcp: ConnectionLimits,
     credentials: Option<auth::Credentials>,
+    reconnect: ReconnectConfig,
 }
 
 /// A [`ClientBuilder`] with default settings.
@@ -65,7 +69,7 @@ pub fn client() -> ClientBuilder {
     ClientBuilder::default()
 }
 
-/// Connects to `url` with default settings.
+/// Connects to `url` with default settings; the channel heals (see [`Channel::healing`]).
 pub async fn connect(url: &str) -> Result<Channel, Error> {
     client().connect(url).await
 }
@@ -121,8 +125,24 @@ impl ClientBuilder {
         self
     }
 
+    /// How the channel replaces a connection that died, and what calls do meanwhile
+    /// (default [`ReconnectConfig::default`]: backoff from 100 ms to 10 s with ±20% jitter,
+    /// calls fail fast while attempts fail).
+    pub fn reconnect(mut self, config: ReconnectConfig) -> Self {
+        self.reconnect = config;
+        self
+    }
+
+    /// Calls made while the server is unreachable wait for a connection (until their
+    /// deadline) instead of failing at once ([`ReconnectConfig::wait_for_ready`]).
+    pub fn wait_for_ready(mut self, wait: bool) -> Self {
+        self.reconnect.wait_for_ready = wait;
+        self
+    }
+
     /// Connects without blocking the calling task: the handshake runs on a helper thread,
-    /// so this works on any executor.
+    /// so this works on any executor. Fails if this first connection fails; after that the
+    /// channel heals (see [`Channel::healing`]).
     pub async fn connect(self, url: &str) -> Result<Channel, Error> {
         let url = url.to_owned();
         let (tx, rx) = futures::channel::oneshot::channel();
@@ -135,43 +155,26 @@ impl ClientBuilder {
             .unwrap_or_else(|_| Err(Error::Connect(Status::internal("connect thread died"))))
     }
 
-    /// Connects on the calling thread.
+    /// Connects on the calling thread; see [`ClientBuilder::connect`].
     pub fn connect_blocking(self, url: &str) -> Result<Channel, Error> {
-        let endpoint: Endpoint = url.parse()?;
-        let calls = Arc::new(CallTable::new());
-        let transport: Arc<dyn ClientTransport> = match endpoint.kind() {
-            TransportKind::Tcp => {
-                let mut config = rpc_transport_tcp::TcpConfig {
-                    max_message_size: self.channel.max_message_size,
-                    limits: self.tcp.clone(),
-                    credentials: self.credentials.clone(),
-                    ..Default::default()
-                };
-                if let Some(t) = self.connect_timeout {
-                    config.connect_timeout = t;
-                }
-                rpc_transport_tcp::TcpClient::connect(
-                    &endpoint.authority(),
-                    calls.clone(),
-                    &config,
-                )?
-            }
-            TransportKind::Rdma => {
-                let mut config = self.rdma.clone();
-                if self.credentials.is_some() {
-                    config.credentials = self.credentials.clone();
-                }
-                config.limit_bodies(self.channel.max_message_size);
-                if let Some(t) = self.connect_timeout {
-                    config.connect_timeout = t;
-                }
-                rpc_transport_rdma::RdmaClient::connect(
-                    &endpoint.authority(),
-                    calls.clone(),
-                    &config,
-                )?
-            }
-        };
-        Ok(Channel::new(calls, transport, self.channel))
+        let connector = Arc::new(UrlConnector::new(url, self.clone())?);
+        let first = connector.connect()?;
+        Ok(Channel::healing(
+            connector,
+            Some(first),
+            self.reconnect,
+            self.channel,
+        ))
+    }
+
+    /// A channel that connects at its first call (only the URL is checked now), then heals.
+    pub fn connect_lazy(self, url: &str) -> Result<Channel, Error> {
+        let connector = Arc::new(UrlConnector::new(url, self.clone())?);
+        Ok(Channel::healing(
+            connector,
+            None,
+            self.reconnect,
+            self.channel,
+        ))
     }
 }

@@ -4,7 +4,7 @@
 //! cancelled or timed out finds no entry and is dropped.
 
 use rustc_hash::FxHashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::thread::Thread;
@@ -41,6 +41,8 @@ struct Inner {
 /// Calls in flight on one client connection, completed by the transport's receive path.
 pub struct CallTable {
     next_id: AtomicU64,
+    /// Set once by [`CallTable::close`]: a lock-free look for channels choosing a connection.
+    closed: AtomicBool,
     inner: Mutex<Inner>,
 }
 
@@ -63,6 +65,7 @@ impl CallTable {
     pub fn new() -> Self {
         CallTable {
             next_id: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
             inner: Mutex::new(Inner {
                 calls: FxHashMap::default(),
                 streams: FxHashMap::default(),
@@ -256,6 +259,7 @@ impl CallTable {
             let mut inner = self.inner.lock();
             if inner.closed.is_none() {
                 inner.closed = Some(status.clone());
+                self.closed.store(true, Ordering::Release);
             }
             let waiters = inner
                 .calls
@@ -277,6 +281,11 @@ impl CallTable {
     /// The status the table was closed with, if it was.
     pub fn closed_status(&self) -> Option<Status> {
         self.inner.lock().closed.clone()
+    }
+
+    /// The table was closed: the connection is gone.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Number of calls registered and not yet collected.

@@ -24,7 +24,10 @@ pub mod stream;
 mod timer;
 
 pub use call_table::CallTable;
-pub use client::{Channel, ChannelConfig, ClientTransport, Drive};
+pub use client::{
+    Channel, ChannelConfig, ClientTransport, Connection, Connectivity, Connector, Drive,
+    ReconnectConfig,
+};
 pub use error::{Error, HeaderError};
 pub use frame::FrameSender;
 pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};

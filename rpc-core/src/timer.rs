@@ -1,4 +1,5 @@
-//! One process-wide thread that fails async calls whose deadline passed.
+//! One process-wide thread that fails async calls whose deadline passed, and wakes async
+//! waits that have a deadline (a call waiting for its channel to connect).
 //!
 //! Async calls must time out on any executor, so the client cannot borrow a runtime's timer.
 //! Blocking calls do not use this: they park with a timeout.
@@ -6,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
+use std::task::Waker;
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -20,9 +22,14 @@ pub(crate) struct TimerKey {
     seq: u64,
 }
 
-struct Entry {
-    table: Weak<CallTable>,
-    call_id: u64,
+enum Entry {
+    /// Fail call `call_id` of `table` (if both are still there).
+    Call {
+        table: Weak<CallTable>,
+        call_id: u64,
+    },
+    /// Wake a task that looks at its deadline itself.
+    Wake(Waker),
 }
 
 pub(crate) struct DeadlineTimer {
@@ -52,19 +59,28 @@ impl DeadlineTimer {
 
     /// Fails `call_id` in `table` with `DeadlineExceeded` at `at` unless cancelled first.
     pub(crate) fn schedule(&self, at: Instant, table: &Arc<CallTable>, call_id: u64) -> TimerKey {
+        self.insert(
+            at,
+            Entry::Call {
+                table: Arc::downgrade(table),
+                call_id,
+            },
+        )
+    }
+
+    /// Wakes `waker` at `at` unless cancelled first.
+    pub(crate) fn schedule_wake(&self, at: Instant, waker: Waker) -> TimerKey {
+        self.insert(at, Entry::Wake(waker))
+    }
+
+    fn insert(&self, at: Instant, entry: Entry) -> TimerKey {
         let key = TimerKey {
             at,
             seq: self.seq.fetch_add(1, Ordering::Relaxed),
         };
         let mut entries = self.entries.lock();
         let is_earliest = entries.keys().next().is_none_or(|first| key < *first);
-        entries.insert(
-            key,
-            Entry {
-                table: Arc::downgrade(table),
-                call_id,
-            },
-        );
+        entries.insert(key, entry);
         drop(entries);
         if is_earliest {
             self.changed.notify_one();
@@ -84,18 +100,9 @@ impl DeadlineTimer {
                 if entry.key().at > now {
                     break;
                 }
-                let Entry { table, call_id } = entry.remove();
-                if let Some(table) = table.upgrade() {
-                    // Completing the call may wake a task; do it without holding our lock.
-                    parking_lot::MutexGuard::unlocked(&mut entries, || {
-                        table.complete(
-                            call_id,
-                            Err(Status::deadline_exceeded(
-                                "deadline exceeded before the response arrived",
-                            )),
-                        );
-                    });
-                }
+                // Completing a call or waking a task runs foreign code: not under our lock.
+                let entry = entry.remove();
+                parking_lot::MutexGuard::unlocked(&mut entries, || fire(entry));
             }
             match entries.keys().next().map(|k| k.at) {
                 Some(at) => {
@@ -104,5 +111,21 @@ impl DeadlineTimer {
                 None => self.changed.wait(&mut entries),
             }
         }
+    }
+}
+
+fn fire(entry: Entry) {
+    match entry {
+        Entry::Call { table, call_id } => {
+            if let Some(table) = table.upgrade() {
+                table.complete(
+                    call_id,
+                    Err(Status::deadline_exceeded(
+                        "deadline exceeded before the response arrived",
+                    )),
+                );
+            }
+        }
+        Entry::Wake(waker) => waker.wake(),
     }
 }

@@ -4,13 +4,14 @@ use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use futures::{FutureExt, Stream, StreamExt};
 use prost::Message;
 
 use super::send::{Outgoing, TypedMessages};
 use super::{Link, StreamShared, Streaming};
-use crate::client::{decode_response, Channel, PendingCall};
+use crate::client::{decode_response, Channel, Connection, PendingCall};
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
 use crate::message::{Request, Response};
@@ -29,7 +30,7 @@ struct Opening {
 /// and, unless the server ended it (or answered), cancels it at the server. Held by the
 /// call until its headers, then by its [`Streaming`].
 struct StreamGuard {
-    channel: Channel,
+    conn: Arc<Connection>,
     id: u64,
     timer: Option<TimerKey>,
     shared: Arc<StreamShared>,
@@ -50,28 +51,29 @@ impl Drop for StreamGuard {
         if let Some(key) = self.timer.take() {
             DeadlineTimer::global().cancel(key);
         }
-        let calls = self.channel.calls();
+        let calls = &self.conn.calls;
         calls.detach_stream(self.id);
         let ended_by_server = self.shared.is_over() && self.shared.failed().is_none();
         if self.quiet || ended_by_server || calls.closed_status().is_some() {
             return;
         }
         let mut frame = OutgoingFrame::control(Header::new(FrameKind::Cancel, self.id));
-        if let Err(status) = self.channel.transport().send_control(&mut frame) {
+        if let Err(status) = self.conn.transport.send_control(&mut frame) {
             tracing::debug!(call_id = self.id, %status, "could not cancel a stream");
         }
     }
 }
 
 impl Channel {
-    /// Registers a streaming call and returns it with its request frame's header.
+    /// Registers a streaming call on `conn` and returns it with its request frame's header.
     fn open_stream(
         &self,
+        conn: &Arc<Connection>,
         method_id: u32,
         metadata: &MetadataMap,
-        timeout: Option<std::time::Duration>,
+        deadline: Option<Instant>,
     ) -> Result<(Opening, Header), Status> {
-        let (call, mut header) = self.register_call(method_id, metadata, timeout)?;
+        let (call, mut header) = conn.register_call(method_id, metadata, deadline)?;
         header.flags = header.flags.with(Flags::STREAM);
         let config = self.config();
         let shared = Arc::new(StreamShared::new(
@@ -79,25 +81,35 @@ impl Channel {
             config.max_message_size,
         ));
         let id = call.id;
-        self.calls().attach_stream(id, shared.clone());
+        conn.calls.attach_stream(id, shared.clone());
         // The deadline covers the whole call, not just the wait for the headers.
-        let timer = call
-            .deadline
-            .map(|at| DeadlineTimer::global().schedule(at, self.calls(), id));
+        let timer = deadline.map(|at| DeadlineTimer::global().schedule(at, &conn.calls, id));
         let out = Outgoing::new(
             shared.clone(),
-            Link::client(self.transport().clone()),
+            Link::client(conn.transport.clone()),
             id,
             config.max_message_size,
         );
         let guard = StreamGuard {
-            channel: self.clone(),
+            conn: conn.clone(),
             id,
             timer,
             shared,
             quiet: false,
         };
         Ok((Opening { call, out, guard }, header))
+    }
+
+    /// [`Channel::open_stream`] on the connection a blocking call goes over.
+    fn open_stream_blocking(
+        &self,
+        method_id: u32,
+        metadata: &MetadataMap,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<(Opening, Header), Status> {
+        let deadline = self.deadline(timeout);
+        let conn = self.connection_blocking(deadline)?;
+        self.open_stream(&conn, method_id, metadata, deadline)
     }
 
     /// Opens a streaming call for `request`'s messages: sends the opening, and returns the
@@ -112,7 +124,9 @@ impl Channel {
         Req: Message + Send + Sync + 'static,
     {
         let (metadata, messages, timeout) = request.into_parts();
-        let (mut opening, header) = self.open_stream(method_id, &metadata, timeout)?;
+        let deadline = self.deadline(timeout);
+        let conn = self.connection(deadline).await?;
+        let (mut opening, header) = self.open_stream(&conn, method_id, &metadata, deadline)?;
         opening.send_opening(header, &metadata).await?;
         let Opening { call, out, guard } = opening;
         Ok((call, pump(out, messages), guard))
@@ -210,7 +224,7 @@ impl Channel {
         Resp: Message + Default + Send + 'static,
     {
         let (metadata, message, timeout) = request.into_parts();
-        let (mut opening, header) = self.open_stream(method_id, &metadata, timeout)?;
+        let (mut opening, header) = self.open_stream_blocking(method_id, &metadata, timeout)?;
         opening.send_opening_blocking(header, &metadata)?;
         opening.out.send_blocking(&message)?;
         opening
@@ -237,7 +251,7 @@ impl Channel {
         Resp: Message + Default,
     {
         let (metadata, messages, timeout) = request.into_parts();
-        let (mut opening, header) = self.open_stream(method_id, &metadata, timeout)?;
+        let (mut opening, header) = self.open_stream_blocking(method_id, &metadata, timeout)?;
         opening.send_opening_blocking(header, &metadata)?;
         for message in messages {
             // A server that answered early reads no more (the stream failed with a note of
@@ -273,7 +287,7 @@ impl Opening {
             // the server may already have answered; that must not count as an answer to a
             // request never sent.
             let id = self.call.id;
-            let transport = self.guard.channel.transport();
+            let transport = &self.guard.conn.transport;
             poll_fn(|cx| update.with_frame(id, |frame| transport.poll_send(cx, frame))).await?;
         }
         Ok(())
@@ -296,7 +310,7 @@ impl Opening {
     }
 
     fn channel_send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        self.guard.channel.transport().send(frame)
+        self.guard.conn.transport.send(frame)
     }
 }
 
@@ -378,7 +392,7 @@ fn streaming_response<Resp>(
     pump: Option<super::streaming::Pump>,
 ) -> Result<Response<Streaming<Resp>>, Status> {
     let (metadata, ()) = headers_of(frame)?.into_parts();
-    let link = Link::client(guard.channel.transport().clone());
+    let link = Link::client(guard.conn.transport.clone());
     let shared = guard.shared.clone();
     let mut stream = Streaming::new(shared, link, id, Some(Box::new(guard)));
     if let Some(pump) = pump {

@@ -1,0 +1,380 @@
+//! The client side: a [`Channel`] over any transport, the connection it calls over (one,
+//! or one at a time for a channel that heals), and the unary call machinery that generated
+//! stubs use.
+
+mod call;
+mod connection;
+mod reconnect;
+#[cfg(test)]
+mod reconnect_tests;
+
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use prost::Message;
+
+pub(crate) use call::PendingCall;
+pub use connection::Connection;
+use reconnect::{ConnectWait, Healing};
+pub use reconnect::{Connectivity, Connector, ReconnectConfig};
+
+use crate::call_table::CallTable;
+use crate::frame::{FrameSender, InboundFrame, OutgoingFrame};
+use crate::header::Header;
+use crate::message::{Request, Response};
+use crate::metadata::MetadataMap;
+use crate::status::{Code, Status};
+use crate::stream::{Window, DEFAULT_STREAM_WINDOW};
+
+/// Default limit on encoded request and response sizes (the gRPC default).
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
+
+/// What a transport provides to the client side of a connection: sending frames
+/// ([`FrameSender`]) and the rest below.
+///
+/// The transport delivers every response frame it receives to the [`CallTable`] it was
+/// given at connect time ([`CallTable::complete`]) and closes the table when the connection
+/// dies ([`CallTable::close`]).
+pub trait ClientTransport: FrameSender {
+    /// Sends a header-only frame (a `Cancel`) without ever blocking, from any context,
+    /// `Drop` included: a transport with no room now queues it within a bound, or drops it
+    /// (the call was given up on; its late answer is ignored). The default calls `send`.
+    fn send_control(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        self.send(frame)
+    }
+
+    /// Lets a blocked caller make progress on its own thread (run-to-completion): poll the
+    /// transport's completions for a while. Returns true as soon as anything was received
+    /// (by this thread or another), false if nothing was and the caller should park. The
+    /// default does nothing and the caller parks until the receive path unparks it.
+    fn poll_progress(&self) -> bool {
+        false
+    }
+
+    /// Lets an async call waiting for its response drive the transport's completions on
+    /// its own task (run-to-completion for async callers): one look at them, and the
+    /// transport's advice on what the task does next ([`Drive`]). `driving` is the caller's
+    /// lease: the transport sets it when it lets this caller spin and clears it when it
+    /// takes the lease back; a caller that ends while holding it calls
+    /// [`ClientTransport::stop_driving`]. The default never drives: the caller waits to be
+    /// woken by the receive path.
+    fn drive(&self, _cx: &mut Context<'_>, _driving: &mut bool) -> Drive {
+        Drive::Wait
+    }
+
+    /// Gives back the lease of a caller that ended while [`ClientTransport::drive`] let it
+    /// spin (its call completed, failed or was dropped), so another waiting caller, or the
+    /// transport's own thread, drives the completions from now on. Never blocks.
+    fn stop_driving(&self) {}
+
+    /// Where the connection goes, for messages.
+    fn peer(&self) -> &str;
+
+    /// Closes the connection; pending calls fail with `Unavailable`.
+    fn close(&self);
+}
+
+/// What an async call waiting for its response does after [`ClientTransport::drive`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drive {
+    /// Something was received: look at the call again.
+    Received,
+    /// Nothing yet, and this caller drives the completions: be polled again soon (the task
+    /// wakes itself and yields to the others on its executor).
+    Spin,
+    /// Wait to be woken: another caller, or the transport's own thread, drives them.
+    Wait,
+}
+
+/// Client settings shared by every call on a channel.
+#[derive(Debug, Clone)]
+pub struct ChannelConfig {
+    /// Largest encoded request sent and response accepted.
+    pub max_message_size: usize,
+    /// Time budget for calls that set none.
+    pub default_timeout: Option<Duration>,
+    /// What a server may send on one stream before this client reads it (never less than
+    /// [`crate::stream::INITIAL_WINDOW`]): per stream, at most `bytes` plus
+    /// `max_message_size` are buffered.
+    pub stream_window: Window,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        ChannelConfig {
+            max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            default_timeout: None,
+            stream_window: DEFAULT_STREAM_WINDOW,
+        }
+    }
+}
+
+/// Where a channel's calls go.
+enum Source {
+    /// One connection for the channel's life (`Channel::new`).
+    Fixed(Arc<Connection>),
+    /// One connection at a time, replaced when it dies (`Channel::healing`).
+    Healing(Arc<Healing>),
+}
+
+struct ChannelInner {
+    source: Source,
+    config: ChannelConfig,
+}
+
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        // A fixed connection closes when the calls still holding it are done with it.
+        if let Source::Healing(healing) = &self.source {
+            healing.shut_down();
+        }
+    }
+}
+
+/// A connection to a server, shared by any number of stubs, threads and tasks.
+///
+/// `Channel` is cheap to clone, `Send + Sync`, and keeps many calls in flight at once.
+/// It is created by a transport (for example `rdma_rpc::connect("tcp://host:port")`,
+/// which heals: see [`Channel::healing`]).
+#[derive(Clone)]
+pub struct Channel {
+    inner: Arc<ChannelInner>,
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel")
+            .field("peer", &self.peer())
+            .field("connectivity", &self.connectivity())
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}
+
+impl Channel {
+    /// A channel over one connected transport that completes calls in `calls`. When the
+    /// connection dies, calls fail with `Unavailable` for good.
+    pub fn new(
+        calls: Arc<CallTable>,
+        transport: Arc<dyn ClientTransport>,
+        config: ChannelConfig,
+    ) -> Channel {
+        let connection = Arc::new(Connection::new(calls, transport));
+        Channel::with_source(Source::Fixed(connection), config)
+    }
+
+    /// A channel that heals: it calls over `connected` (or, lazily, over the first
+    /// connection `connector` opens) and replaces a connection that dies with a new one, as
+    /// `reconnect` says. Calls in flight on a connection that dies fail with `Unavailable`;
+    /// later calls go over the next one.
+    pub fn healing(
+        connector: Arc<dyn Connector>,
+        connected: Option<Connection>,
+        reconnect: ReconnectConfig,
+        config: ChannelConfig,
+    ) -> Channel {
+        let healing = Healing::new(connector, connected, reconnect);
+        Channel::with_source(Source::Healing(healing), config)
+    }
+
+    fn with_source(source: Source, config: ChannelConfig) -> Channel {
+        Channel {
+            inner: Arc::new(ChannelInner { source, config }),
+        }
+    }
+
+    /// The channel's settings.
+    pub fn config(&self) -> &ChannelConfig {
+        &self.inner.config
+    }
+
+    /// Where the channel connects.
+    pub fn peer(&self) -> &str {
+        match &self.inner.source {
+            Source::Fixed(conn) => conn.peer(),
+            Source::Healing(healing) => healing.target(),
+        }
+    }
+
+    /// What the channel's connection is doing.
+    pub fn connectivity(&self) -> Connectivity {
+        match &self.inner.source {
+            Source::Fixed(conn) if conn.is_closed() => Connectivity::Shutdown,
+            Source::Fixed(_) => Connectivity::Ready,
+            Source::Healing(healing) => healing.connectivity(),
+        }
+    }
+
+    /// Calls still in flight on the current connection.
+    pub fn in_flight(&self) -> usize {
+        match &self.inner.source {
+            Source::Fixed(conn) => conn.calls.in_flight(),
+            Source::Healing(healing) => healing.current().map_or(0, |c| c.calls.in_flight()),
+        }
+    }
+
+    /// When a call given `timeout` (or the channel's default) ends, from now.
+    pub(crate) fn deadline(&self, timeout: Option<Duration>) -> Option<Instant> {
+        let timeout = timeout.or(self.inner.config.default_timeout);
+        // A budget too large to add to the clock is no deadline at all.
+        timeout.and_then(|t| Instant::now().checked_add(t))
+    }
+
+    /// The connection a call made now goes over: at once when the channel has one, else
+    /// when one is made (or the wait fails: see [`ReconnectConfig`]).
+    pub(crate) fn connection(&self, deadline: Option<Instant>) -> ConnectionFuture {
+        ConnectionFuture {
+            channel: self.clone(),
+            wait: ConnectWait::new(deadline, true),
+        }
+    }
+
+    /// The blocking form of [`Channel::connection`]: parks the calling thread.
+    pub(crate) fn connection_blocking(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<Arc<Connection>, Status> {
+        let healing = match &self.inner.source {
+            Source::Fixed(conn) => return Ok(conn.clone()),
+            Source::Healing(healing) => healing,
+        };
+        let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        let mut wait = ConnectWait::new(deadline, false);
+        loop {
+            if let Poll::Ready(result) = healing.poll_connection(&mut cx, &mut wait) {
+                return result;
+            }
+            match wait.limit() {
+                Some(at) => std::thread::park_timeout(at.saturating_duration_since(Instant::now())),
+                None => std::thread::park(),
+            }
+        }
+    }
+
+    /// Calls `method_id` (see [`crate::method_id`]) with `request` and awaits the response.
+    ///
+    /// The future works on any executor. Dropping it before it completes cancels the call at
+    /// the server.
+    pub fn unary<Req, Resp>(
+        &self,
+        method_id: u32,
+        request: Request<Req>,
+    ) -> impl Future<Output = Result<Response<Resp>, Status>> + Send + 'static
+    where
+        Req: Message + Send + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
+        let channel = self.clone();
+        async move {
+            // The deadline runs from the start: waiting for a connection, or for room to
+            // send, counts against it.
+            let deadline = channel.deadline(request.timeout());
+            channel.check_size(&request)?;
+            let conn = channel.connection(deadline).await?;
+            let (mut call, header) = conn.register_call(method_id, request.metadata(), deadline)?;
+            let mut frame = request_frame(header, &request)?;
+            call.schedule_deadline();
+            poll_fn(|cx| call.poll_send(cx, &mut frame)).await?;
+            decode_response(call.await?)
+        }
+    }
+
+    /// The blocking form of [`Channel::unary`], for synchronous code. The calling thread
+    /// waits on its own call (and may drive the transport itself while it does).
+    pub fn unary_blocking<Req, Resp>(
+        &self,
+        method_id: u32,
+        request: Request<Req>,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Req: Message,
+        Resp: Message + Default,
+    {
+        let deadline = self.deadline(request.timeout());
+        self.check_size(&request)?;
+        let conn = self.connection_blocking(deadline)?;
+        let (mut call, header) = conn.register_call(method_id, request.metadata(), deadline)?;
+        let mut frame = request_frame(header, &request)?;
+        // A blocking caller may block in `send` itself when the transport is full.
+        let sent = conn.transport.send(&mut frame);
+        call.sent(sent)?;
+        decode_response(call.wait_blocking()?)
+    }
+
+    /// Refuses a request larger than the channel sends.
+    fn check_size<Req: Message>(&self, request: &Request<Req>) -> Result<(), Status> {
+        let limit = self.inner.config.max_message_size;
+        let size = Message::encoded_len(request.get_ref());
+        if size > limit {
+            return Err(Status::message_too_large(
+                "request",
+                size as u64,
+                limit as u64,
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Resolves to the connection a call goes over ([`Channel::connection`]).
+pub(crate) struct ConnectionFuture {
+    channel: Channel,
+    wait: ConnectWait,
+}
+
+impl Future for ConnectionFuture {
+    type Output = Result<Arc<Connection>, Status>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        match &this.channel.inner.source {
+            Source::Fixed(conn) => Poll::Ready(Ok(conn.clone())),
+            Source::Healing(healing) => healing.poll_connection(cx, &mut this.wait),
+        }
+    }
+}
+
+/// Wakes a thread parked in a blocking call.
+struct ThreadWaker(std::thread::Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// The frame of a request: `header`, then the request's metadata and message.
+fn request_frame<'a, Req: Message>(
+    header: Header,
+    request: &'a Request<Req>,
+) -> Result<OutgoingFrame<'a>, Status> {
+    let metadata: &MetadataMap = request.metadata();
+    OutgoingFrame::new(header, metadata, request.get_ref())
+        .map_err(|e| Status::resource_exhausted(e.to_string()))
+}
+
+pub(crate) fn decode_response<Resp: Message + Default>(
+    frame: InboundFrame,
+) -> Result<Response<Resp>, Status> {
+    let status = frame.header.status;
+    if status != Code::Ok {
+        return Err(Status::new(
+            status,
+            String::from_utf8_lossy(&frame.payload).into_owned(),
+        ));
+    }
+    let metadata = frame
+        .decode_metadata()
+        .map_err(|e| Status::internal(format!("response {e}")))?;
+    let message = Resp::decode(frame.payload)
+        .map_err(|e| Status::internal(format!("failed to decode the response message: {e}")))?;
+    Ok(Response::from_parts(metadata, message))
+}

@@ -1,0 +1,338 @@
+//! A healing channel against a scripted server that can go down, come back, and kill
+//! connections.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::executor::block_on;
+use parking_lot::Mutex;
+
+use super::reconnect::ConnectWait;
+use super::{Channel, ChannelConfig, Connection, Connectivity, Connector, ReconnectConfig, Source};
+use crate::frame::{FrameSender, InboundFrame, OutgoingFrame};
+use crate::header::{FrameKind, Header};
+use crate::{CallTable, ClientTransport, Code, Request, Status};
+
+/// A connection to a server that answers every request at once with an empty message,
+/// unless told to hold its answers.
+struct Answers {
+    calls: Arc<CallTable>,
+    hold: bool,
+}
+
+impl FrameSender for Answers {
+    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        let header = *frame.header();
+        if header.kind == FrameKind::Request && !self.hold {
+            let answer = InboundFrame {
+                header: Header::new(FrameKind::Response, header.call_id),
+                metadata: Bytes::new(),
+                payload: Bytes::new(),
+            };
+            self.calls.complete(header.call_id, Ok(answer));
+        }
+        Ok(())
+    }
+
+    fn poll_send(
+        &self,
+        _: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        Poll::Ready(self.send(frame))
+    }
+}
+
+impl ClientTransport for Answers {
+    fn peer(&self) -> &str {
+        "scripted://server"
+    }
+
+    fn close(&self) {
+        self.calls
+            .close(Status::unavailable("scripted connection closed"));
+    }
+}
+
+/// A server that is up or down, and remembers every attempt and connection.
+#[derive(Default)]
+struct Server {
+    down: AtomicBool,
+    hold: AtomicBool,
+    attempts: Mutex<Vec<Instant>>,
+    connections: Mutex<Vec<Arc<CallTable>>>,
+}
+
+impl Server {
+    fn attempts(&self) -> usize {
+        self.attempts.lock().len()
+    }
+
+    /// Kills the newest connection, as a server restart or a QP error would.
+    fn kill(&self) {
+        let calls = self
+            .connections
+            .lock()
+            .last()
+            .cloned()
+            .expect("a connection");
+        calls.close(Status::unavailable(
+            "connection reset by the scripted server",
+        ));
+    }
+}
+
+struct ToServer(Arc<Server>);
+
+impl Connector for ToServer {
+    fn connect(&self) -> Result<Connection, Status> {
+        self.0.attempts.lock().push(Instant::now());
+        if self.0.down.load(Ordering::SeqCst) {
+            return Err(Status::unavailable(
+                "cannot connect to scripted://server: refused",
+            ));
+        }
+        let calls = Arc::new(CallTable::new());
+        self.0.connections.lock().push(calls.clone());
+        let transport = Answers {
+            calls: calls.clone(),
+            hold: self.0.hold.load(Ordering::SeqCst),
+        };
+        Ok(Connection::new(calls, Arc::new(transport)))
+    }
+
+    fn target(&self) -> &str {
+        "scripted://server"
+    }
+}
+
+fn no_jitter() -> ReconnectConfig {
+    ReconnectConfig {
+        initial_backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(80),
+        multiplier: 2.0,
+        jitter: 0.0,
+        ..ReconnectConfig::default()
+    }
+}
+
+fn healing(server: &Arc<Server>, reconnect: ReconnectConfig) -> Channel {
+    let connector = Arc::new(ToServer(server.clone()));
+    Channel::healing(connector, None, reconnect, ChannelConfig::default())
+}
+
+fn call(channel: &Channel) -> Result<(), Status> {
+    block_on(channel.unary::<(), ()>(1, Request::new(()))).map(|_| ())
+}
+
+fn call_blocking(channel: &Channel, timeout: Option<Duration>) -> Result<(), Status> {
+    let mut request = Request::new(());
+    if let Some(timeout) = timeout {
+        request.set_timeout(timeout);
+    }
+    channel.unary_blocking::<(), ()>(1, request).map(|_| ())
+}
+
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < until, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn connects_lazily_and_replaces_a_dead_connection() {
+    let server = Arc::new(Server::default());
+    let channel = healing(&server, no_jitter());
+    assert_eq!(channel.connectivity(), Connectivity::Idle);
+    assert_eq!(
+        server.attempts(),
+        0,
+        "nothing happens before the first call"
+    );
+
+    call(&channel).expect("the first call connects");
+    assert_eq!(channel.connectivity(), Connectivity::Ready);
+    call_blocking(&channel, None).expect("a blocking call on the same connection");
+    assert_eq!(server.attempts(), 1);
+
+    server.kill();
+    assert_eq!(channel.connectivity(), Connectivity::Idle);
+    call(&channel).expect("the next call reconnects at once (no backoff after a success)");
+    assert_eq!(server.attempts(), 2);
+    server.kill();
+    call_blocking(&channel, None).expect("a blocking call reconnects too");
+    assert_eq!(server.attempts(), 3);
+}
+
+#[test]
+fn calls_in_flight_on_a_dying_connection_fail_unavailable() {
+    let server = Arc::new(Server::default());
+    server.hold.store(true, Ordering::SeqCst);
+    let channel = healing(&server, no_jitter());
+    let pending = {
+        let channel = channel.clone();
+        std::thread::spawn(move || call_blocking(&channel, None))
+    };
+    eventually("the call is in flight", || channel.in_flight() == 1);
+    server.kill();
+    let status = pending.join().unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status}");
+    assert!(status.message().contains("reset"), "{status}");
+}
+
+#[test]
+fn while_attempts_fail_calls_fail_fast_and_attempts_back_off() {
+    let server = Arc::new(Server::default());
+    server.down.store(true, Ordering::SeqCst);
+    let channel = healing(&server, no_jitter());
+
+    // The first call waits for the first attempt: nothing is known to be wrong yet.
+    let status = call(&channel).unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status}");
+    assert!(
+        status.message().contains("refused"),
+        "names the cause: {status}"
+    );
+    assert_eq!(channel.connectivity(), Connectivity::TransientFailure);
+
+    // Then calls fail at once, without an attempt of their own.
+    let attempts = server.attempts();
+    for _ in 0..100 {
+        let status = call_blocking(&channel, None).unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status}");
+        assert!(status.message().contains("reconnecting"), "{status}");
+    }
+    assert!(
+        server.attempts() <= attempts + 1,
+        "calls do not start attempts"
+    );
+
+    eventually("five attempts", || server.attempts() >= 5);
+    let gaps: Vec<Duration> = server
+        .attempts
+        .lock()
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .collect();
+    for (gap, expected) in gaps.iter().zip([20, 40, 80, 80]) {
+        assert!(
+            *gap >= Duration::from_millis(expected),
+            "gaps {gaps:?} grow 20, 40, 80 ms and stay at the 80 ms cap"
+        );
+    }
+
+    server.down.store(false, Ordering::SeqCst);
+    eventually("connected again", || {
+        channel.connectivity() == Connectivity::Ready
+    });
+    call(&channel).expect("calls go through once the server is back");
+}
+
+#[test]
+fn wait_for_ready_calls_wait_until_their_deadline_or_the_connection() {
+    let server = Arc::new(Server::default());
+    server.down.store(true, Ordering::SeqCst);
+    let reconnect = ReconnectConfig {
+        wait_for_ready: true,
+        connect_wait: Duration::from_millis(150),
+        ..no_jitter()
+    };
+    let channel = healing(&server, reconnect);
+
+    // A deadline bounds the wait, async (woken by the timer) and blocking alike.
+    let mut request = Request::new(());
+    request.set_timeout(Duration::from_millis(100));
+    let started = Instant::now();
+    let status = block_on(channel.unary::<(), ()>(1, request)).unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status}");
+    assert!(
+        status.message().contains("refused"),
+        "names the cause: {status}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    let status = call_blocking(&channel, Some(Duration::from_millis(50))).unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status}");
+
+    // Without a deadline, `connect_wait` bounds it.
+    let started = Instant::now();
+    let status = call_blocking(&channel, None).unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status}");
+    assert!(status.message().contains("150ms"), "{status}");
+    assert!(started.elapsed() >= Duration::from_millis(150));
+
+    // A call waiting when the server comes back goes through.
+    let waiting = {
+        let channel = channel.clone();
+        std::thread::spawn(move || call_blocking(&channel, Some(Duration::from_secs(10))))
+    };
+    std::thread::sleep(Duration::from_millis(30));
+    server.down.store(false, Ordering::SeqCst);
+    waiting
+        .join()
+        .unwrap()
+        .expect("the waiting call went through");
+}
+
+#[test]
+fn a_waiting_call_is_one_waiter_however_often_it_is_polled() {
+    let server = Arc::new(Server::default());
+    server.down.store(true, Ordering::SeqCst);
+    let reconnect = ReconnectConfig {
+        wait_for_ready: true,
+        ..no_jitter()
+    };
+    let channel = healing(&server, reconnect);
+    let Source::Healing(healing) = &channel.inner.source else {
+        unreachable!()
+    };
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let mut waits: Vec<ConnectWait> = (0..10).map(|_| ConnectWait::new(None, true)).collect();
+    for _ in 0..1_000 {
+        for wait in &mut waits {
+            assert!(healing.poll_connection(&mut cx, wait).is_pending());
+        }
+    }
+    assert_eq!(healing.waiters(), 10);
+    waits.truncate(3);
+    assert_eq!(healing.waiters(), 3, "a dropped wait leaves the waiters");
+}
+
+#[test]
+fn dropping_the_channel_ends_its_helper_thread() {
+    let server = Arc::new(Server::default());
+    server.down.store(true, Ordering::SeqCst);
+    let channel = healing(&server, no_jitter());
+    call(&channel).unwrap_err();
+    // The helper holds the server only through the channel's connector.
+    drop(channel);
+    eventually("the helper thread let go of the connector", || {
+        Arc::strong_count(&server) == 1
+    });
+    let attempts = server.attempts();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(server.attempts(), attempts, "no attempts after the drop");
+}
+
+#[test]
+fn backoff_grows_to_its_cap_and_jitter_spreads_it() {
+    let config = ReconnectConfig::default();
+    let delays: Vec<u128> = (1..=12).map(|n| config.backoff(n).as_millis()).collect();
+    assert_eq!(&delays[..4], &[100, 160, 256, 409]);
+    assert_eq!(delays[11], 10_000, "capped by max_backoff");
+    assert_eq!(config.backoff(u32::MAX), Duration::from_secs(10));
+
+    let draws: Vec<Duration> = (0..1_000).map(|_| config.jittered_backoff(2)).collect();
+    let (low, high) = (Duration::from_millis(128), Duration::from_millis(192));
+    assert!(
+        draws.iter().all(|d| (low..=high).contains(d)),
+        "±20% of 160 ms"
+    );
+    assert!(draws.iter().any(|d| *d < Duration::from_millis(150)));
+    assert!(draws.iter().any(|d| *d > Duration::from_millis(170)));
+}
