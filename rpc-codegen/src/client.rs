@@ -46,6 +46,16 @@ pub(crate) fn generate(service: &ServiceModel) -> TokenStream {
                     Self { channel }
                 }
 
+                /// A client that calls over `channel`, every call first passing
+                /// `interceptor` (which may add metadata or refuse the call).
+                #[must_use]
+                pub fn with_interceptor(
+                    channel: #core::Channel,
+                    interceptor: impl #core::Interceptor,
+                ) -> Self {
+                    Self::new(channel.with_interceptor(interceptor))
+                }
+
                 /// The channel the client calls over.
                 #[must_use]
                 pub const fn channel(&self) -> &#core::Channel {

@@ -73,6 +73,15 @@ pub(crate) fn generate(service: &ServiceModel) -> TokenStream {
                 pub const fn from_arc(inner: ::std::sync::Arc<T>) -> Self {
                     Self { inner }
                 }
+
+                /// Serves `inner`, every call first passing `interceptor` (which may
+                /// check metadata and refuse the call with a status).
+                pub fn with_interceptor(
+                    inner: T,
+                    interceptor: impl #core::Interceptor,
+                ) -> #core::InterceptedService<Self> {
+                    #core::InterceptedService::new(Self::new(inner), interceptor)
+                }
             }
 
             impl<T> ::core::clone::Clone for #server_ident<T> {

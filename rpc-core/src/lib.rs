@@ -16,6 +16,7 @@ pub mod client;
 mod error;
 pub mod frame;
 pub mod header;
+pub mod interceptor;
 mod message;
 mod metadata;
 pub mod server;
@@ -31,6 +32,7 @@ pub use client::{
 pub use error::{Error, HeaderError};
 pub use frame::FrameSender;
 pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};
+pub use interceptor::{AsyncInterceptor, InterceptedService, Interceptor};
 pub use message::{method_id, IntoRequest, IntoStreamingRequest, Request, Response};
 pub use metadata::{MetadataMap, MAX_METADATA_LEN};
 pub use server::{Server, ServerBuilder};

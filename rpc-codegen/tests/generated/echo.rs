@@ -39,6 +39,15 @@ pub mod echo_client {
         pub const fn new(channel: ::rpc_core::Channel) -> Self {
             Self { channel }
         }
+        /// A client that calls over `channel`, every call first passing
+        /// `interceptor` (which may add metadata or refuse the call).
+        #[must_use]
+        pub fn with_interceptor(
+            channel: ::rpc_core::Channel,
+            interceptor: impl ::rpc_core::Interceptor,
+        ) -> Self {
+            Self::new(channel.with_interceptor(interceptor))
+        }
         /// The channel the client calls over.
         #[must_use]
         pub const fn channel(&self) -> &::rpc_core::Channel {
@@ -254,6 +263,14 @@ pub mod echo_server {
         /// Serves an implementation that is shared with other code.
         pub const fn from_arc(inner: ::std::sync::Arc<T>) -> Self {
             Self { inner }
+        }
+        /// Serves `inner`, every call first passing `interceptor` (which may
+        /// check metadata and refuse the call with a status).
+        pub fn with_interceptor(
+            inner: T,
+            interceptor: impl ::rpc_core::Interceptor,
+        ) -> ::rpc_core::InterceptedService<Self> {
+            ::rpc_core::InterceptedService::new(Self::new(inner), interceptor)
         }
     }
     impl<T> ::core::clone::Clone for EchoServer<T> {

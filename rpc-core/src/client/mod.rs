@@ -24,6 +24,9 @@ pub use reconnect::{Connectivity, Connector, ReconnectConfig};
 use crate::call_table::CallTable;
 use crate::frame::{FrameSender, InboundFrame, OutgoingFrame};
 use crate::header::Header;
+use crate::interceptor::{
+    intercept_all, intercept_all_blocking, AsyncInterceptor, Intercept, Interceptor,
+};
 use crate::message::{Request, Response};
 use crate::metadata::MetadataMap;
 use crate::status::{Code, Status};
@@ -142,6 +145,8 @@ impl Drop for ChannelInner {
 #[derive(Clone)]
 pub struct Channel {
     inner: Arc<ChannelInner>,
+    /// Run in order on every call made through this handle ([`Channel::with_interceptor`]).
+    intercepts: Option<Arc<[Intercept]>>,
 }
 
 impl std::fmt::Debug for Channel {
@@ -183,6 +188,46 @@ impl Channel {
     fn with_source(source: Source, config: ChannelConfig) -> Channel {
         Channel {
             inner: Arc::new(ChannelInner { source, config }),
+            intercepts: None,
+        }
+    }
+
+    /// This channel (the same connection and settings) with `interceptor` run on every call
+    /// made through the returned handle, after the interceptors it already had; see
+    /// [`crate::interceptor`].
+    #[must_use]
+    pub fn with_interceptor(&self, interceptor: impl Interceptor) -> Channel {
+        self.intercepted(Intercept::Sync(Arc::new(interceptor)))
+    }
+
+    /// [`Channel::with_interceptor`] for an interceptor that awaits.
+    #[must_use]
+    pub fn with_async_interceptor(&self, interceptor: impl AsyncInterceptor) -> Channel {
+        self.intercepted(Intercept::Async(Arc::new(interceptor)))
+    }
+
+    fn intercepted(&self, intercept: Intercept) -> Channel {
+        let mut intercepts: Vec<Intercept> = self.intercepts.as_deref().unwrap_or(&[]).to_vec();
+        intercepts.push(intercept);
+        Channel {
+            inner: self.inner.clone(),
+            intercepts: Some(intercepts.into()),
+        }
+    }
+
+    /// `request` after this handle's interceptors.
+    pub(crate) async fn intercept<T>(&self, request: Request<T>) -> Result<Request<T>, Status> {
+        match &self.intercepts {
+            None => Ok(request),
+            Some(intercepts) => intercept_all(intercepts, request).await,
+        }
+    }
+
+    /// The blocking form of [`Channel::intercept`].
+    pub(crate) fn intercept_blocking<T>(&self, request: Request<T>) -> Result<Request<T>, Status> {
+        match &self.intercepts {
+            None => Ok(request),
+            Some(intercepts) => intercept_all_blocking(intercepts, request),
         }
     }
 
@@ -270,8 +315,9 @@ impl Channel {
     {
         let channel = self.clone();
         async move {
-            // The deadline runs from the start: waiting for a connection, or for room to
-            // send, counts against it.
+            let request = channel.intercept(request).await?;
+            // The deadline runs from here: waiting for a connection, or for room to send,
+            // counts against it.
             let deadline = channel.deadline(request.timeout());
             channel.check_size(&request)?;
             let conn = channel.connection(deadline).await?;
@@ -294,6 +340,7 @@ impl Channel {
         Req: Message,
         Resp: Message + Default,
     {
+        let request = self.intercept_blocking(request)?;
         let deadline = self.deadline(request.timeout());
         self.check_size(&request)?;
         let conn = self.connection_blocking(deadline)?;

@@ -123,7 +123,7 @@ impl Channel {
         S: Stream<Item = Req> + Send + 'static,
         Req: Message + Send + Sync + 'static,
     {
-        let (metadata, messages, timeout) = request.into_parts();
+        let (metadata, messages, timeout) = self.intercept(request).await?.into_parts();
         let deadline = self.deadline(timeout);
         let conn = self.connection(deadline).await?;
         let (mut opening, header) = self.open_stream(&conn, method_id, &metadata, deadline)?;
@@ -223,7 +223,7 @@ impl Channel {
         Req: Message + Send + Sync + 'static,
         Resp: Message + Default + Send + 'static,
     {
-        let (metadata, message, timeout) = request.into_parts();
+        let (metadata, message, timeout) = self.intercept_blocking(request)?.into_parts();
         let (mut opening, header) = self.open_stream_blocking(method_id, &metadata, timeout)?;
         opening.send_opening_blocking(header, &metadata)?;
         opening.out.send_blocking(&message)?;
@@ -250,7 +250,7 @@ impl Channel {
         Req: Message,
         Resp: Message + Default,
     {
-        let (metadata, messages, timeout) = request.into_parts();
+        let (metadata, messages, timeout) = self.intercept_blocking(request)?.into_parts();
         let (mut opening, header) = self.open_stream_blocking(method_id, &metadata, timeout)?;
         opening.send_opening_blocking(header, &metadata)?;
         for message in messages {

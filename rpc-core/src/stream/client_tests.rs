@@ -74,3 +74,33 @@ fn headers_that_overtake_the_opening_window_update_open_the_stream() {
     let opened = futures::executor::block_on(channel.streaming::<_, (), ()>(1, request));
     assert!(opened.is_ok(), "{:?}", opened.err());
 }
+
+/// Streaming calls pass the channel's interceptors too, async and blocking: one that
+/// refuses fails the call with its status before anything is sent.
+#[test]
+fn streaming_calls_pass_the_channels_interceptors() {
+    let calls = Arc::new(CallTable::new());
+    let transport = AnswersAtOnce {
+        calls: Arc::clone(&calls),
+        update_refused: AtomicBool::new(true),
+    };
+    let channel = Channel::new(calls, Arc::new(transport), ChannelConfig::default())
+        .with_interceptor(|_: Request<()>| Err(Status::permission_denied("no streams today")));
+    let request = Request::new(futures::stream::empty::<()>());
+    let refused = futures::executor::block_on(channel.streaming::<_, (), ()>(1, request));
+    assert_eq!(
+        refused.err().map(|s| s.code()),
+        Some(crate::Code::PermissionDenied)
+    );
+    let refused = channel.server_streaming_blocking::<(), ()>(1, Request::new(()));
+    assert_eq!(
+        refused.err().map(|s| s.code()),
+        Some(crate::Code::PermissionDenied)
+    );
+    let refused = channel.client_streaming_blocking::<_, (), ()>(1, Request::new(vec![()]));
+    assert_eq!(
+        refused.err().map(|s| s.code()),
+        Some(crate::Code::PermissionDenied)
+    );
+    assert_eq!(channel.in_flight(), 0, "nothing was registered");
+}

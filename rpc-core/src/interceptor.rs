@@ -1,0 +1,210 @@
+//! Interceptors: code that sees (and may change or refuse) every call's metadata before
+//! it goes out (client) or before its handler runs (server), as in tonic.
+//!
+//! An interceptor gets the call as a `Request<()>`: its metadata, its time budget and, on
+//! the server, its peer. It returns the request to go on with (metadata added or removed),
+//! or a [`Status`] that ends the call: on the client the call fails with it before anything
+//! is sent; on the server the client gets it and the handler never runs.
+//!
+//! ```
+//! use rpc_core::{Request, Status};
+//! // Client: add a token to every call.
+//! let add_token = |mut request: Request<()>| -> Result<Request<()>, Status> {
+//!     request.metadata_mut().insert("authorization", "Bearer s3cr3t").unwrap();
+//!     Ok(request)
+//! };
+//! // Server: refuse calls without it.
+//! let check_token = |request: Request<()>| match request.metadata().get("authorization") {
+//!     Some(b"Bearer s3cr3t") => Ok(request),
+//!     _ => Err(Status::unauthenticated("no valid token")),
+//! };
+//! // channel.with_interceptor(add_token), FooServer::with_interceptor(service, check_token)
+//! # fn is_interceptor(_: impl rpc_core::Interceptor) {}
+//! # is_interceptor(add_token);
+//! # is_interceptor(check_token);
+//! ```
+//!
+//! Async interceptors ([`AsyncInterceptor`]) may await (fetch a token, ask a policy
+//! service). A blocking call runs them with `futures::executor::block_on` on its own
+//! thread, so there they must not need a runtime's reactor or timers.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+
+use crate::message::Request;
+use crate::server::{MethodDescriptor, NamedService, ServerCall, ServerReply, Service};
+use crate::status::Status;
+
+/// A synchronous interceptor; any `Fn(Request<()>) -> Result<Request<()>, Status>` is one.
+pub trait Interceptor: Send + Sync + 'static {
+    /// Looks at a call: the request to go on with, or the status that ends the call.
+    fn call(&self, request: Request<()>) -> Result<Request<()>, Status>;
+}
+
+impl<F> Interceptor for F
+where
+    F: Fn(Request<()>) -> Result<Request<()>, Status> + Send + Sync + 'static,
+{
+    fn call(&self, request: Request<()>) -> Result<Request<()>, Status> {
+        self(request)
+    }
+}
+
+/// An interceptor that may await; any `Fn(Request<()>) -> impl Future<Output =
+/// Result<Request<()>, Status>>` is one.
+pub trait AsyncInterceptor: Send + Sync + 'static {
+    /// Looks at a call: the request to go on with, or the status that ends the call.
+    fn call(&self, request: Request<()>) -> BoxFuture<'static, Result<Request<()>, Status>>;
+}
+
+impl<F, Fut> AsyncInterceptor for F
+where
+    F: Fn(Request<()>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Request<()>, Status>> + Send + 'static,
+{
+    fn call(&self, request: Request<()>) -> BoxFuture<'static, Result<Request<()>, Status>> {
+        self(request).boxed()
+    }
+}
+
+/// One interceptor, either kind.
+#[derive(Clone)]
+pub(crate) enum Intercept {
+    Sync(Arc<dyn Interceptor>),
+    Async(Arc<dyn AsyncInterceptor>),
+}
+
+impl std::fmt::Debug for Intercept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Intercept::Sync(_) => "Interceptor",
+            Intercept::Async(_) => "AsyncInterceptor",
+        })
+    }
+}
+
+impl Intercept {
+    pub(crate) async fn run(&self, request: Request<()>) -> Result<Request<()>, Status> {
+        match self {
+            Intercept::Sync(interceptor) => interceptor.call(request),
+            Intercept::Async(interceptor) => interceptor.call(request).await,
+        }
+    }
+
+    pub(crate) fn run_blocking(&self, request: Request<()>) -> Result<Request<()>, Status> {
+        match self {
+            Intercept::Sync(interceptor) => interceptor.call(request),
+            Intercept::Async(interceptor) => futures::executor::block_on(interceptor.call(request)),
+        }
+    }
+}
+
+/// Runs `intercepts` in order on `request`'s metadata and budget; the message rides along.
+pub(crate) async fn intercept_all<T>(
+    intercepts: &[Intercept],
+    request: Request<T>,
+) -> Result<Request<T>, Status> {
+    let (mut head, message) = split(request);
+    for intercept in intercepts {
+        head = intercept.run(head).await?;
+    }
+    Ok(head.map(|()| message))
+}
+
+/// The blocking form of [`intercept_all`].
+pub(crate) fn intercept_all_blocking<T>(
+    intercepts: &[Intercept],
+    request: Request<T>,
+) -> Result<Request<T>, Status> {
+    let (mut head, message) = split(request);
+    for intercept in intercepts {
+        head = intercept.run_blocking(head)?;
+    }
+    Ok(head.map(|()| message))
+}
+
+fn split<T>(request: Request<T>) -> (Request<()>, T) {
+    let peer = request.peer.clone();
+    let (metadata, message, timeout) = request.into_parts();
+    let mut head = Request::from_parts(metadata, (), timeout);
+    head.peer = peer;
+    (head, message)
+}
+
+/// A service whose calls pass an interceptor before its handlers run (tonic's
+/// `InterceptedService`); generated servers make one with `FooServer::with_interceptor`.
+pub struct InterceptedService<S> {
+    inner: Arc<S>,
+    intercept: Intercept,
+}
+
+impl<S> std::fmt::Debug for InterceptedService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InterceptedService")
+            .field("intercept", &self.intercept)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Service> InterceptedService<S> {
+    /// `inner`, its calls first passing `interceptor`.
+    pub fn new(inner: S, interceptor: impl Interceptor) -> Self {
+        InterceptedService {
+            inner: Arc::new(inner),
+            intercept: Intercept::Sync(Arc::new(interceptor)),
+        }
+    }
+
+    /// `inner`, its calls first passing the async `interceptor`.
+    pub fn new_async(inner: S, interceptor: impl AsyncInterceptor) -> Self {
+        InterceptedService {
+            inner: Arc::new(inner),
+            intercept: Intercept::Async(Arc::new(interceptor)),
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for InterceptedService<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S: Service> Service for InterceptedService<S> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn methods(&self) -> &'static [MethodDescriptor] {
+        self.inner.methods()
+    }
+
+    fn call(
+        &self,
+        method_id: u32,
+        call: ServerCall,
+    ) -> BoxFuture<'static, Result<ServerReply, Status>> {
+        let mut call = call;
+        let mut head = Request::from_parts(std::mem::take(&mut call.metadata), (), call.timeout);
+        head.peer = call.peer.clone();
+        match &self.intercept {
+            // A sync interceptor decides before the handler's future exists.
+            Intercept::Sync(interceptor) => match interceptor.call(head) {
+                Ok(head) => {
+                    call.metadata = head.into_parts().0;
+                    self.inner.call(method_id, call)
+                }
+                Err(status) => futures::future::ready(Err(status)).boxed(),
+            },
+            Intercept::Async(interceptor) => {
+                let (inner, checked) = (self.inner.clone(), interceptor.call(head));
+                async move {
+                    call.metadata = checked.await?.into_parts().0;
+                    inner.call(method_id, call).await
+                }
+                .boxed()
+            }
+        }
+    }
+}
