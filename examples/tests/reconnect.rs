@@ -115,7 +115,10 @@ async fn restart_under_calls(server: ServerHandle, options: ServeOptions) {
     .await;
     let waiting = tokio::spawn({
         let patient = patient.clone();
-        async move { patient.echo(request(u64::MAX)).await }
+        // Longer than a restart may take (`restart` retries for up to 10 s).
+        let mut waiting = request(u64::MAX);
+        waiting.set_timeout(Duration::from_secs(15));
+        async move { patient.echo(waiting).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let failures_while_down = outcomes.failures.lock().len();
@@ -128,7 +131,7 @@ async fn restart_under_calls(server: ServerHandle, options: ServeOptions) {
     .unwrap();
     let resumed_from = ok();
     until("calls after the restart", || ok() >= resumed_from + 50).await;
-    let answered = tokio::time::timeout(CALL_TIMEOUT * 2, waiting)
+    let answered = tokio::time::timeout(Duration::from_secs(20), waiting)
         .await
         .expect("the wait-for-ready call ended")
         .unwrap()
@@ -144,6 +147,8 @@ async fn restart_under_calls(server: ServerHandle, options: ServeOptions) {
     }
     let failures = std::mem::take(&mut *outcomes.failures.lock());
     assert!(failures_while_down > 0);
+    // Strict on purpose: a call whose connection dies fails at once with UNAVAILABLE,
+    // never by running out its deadline.
     for status in failures.iter() {
         assert_eq!(status.code(), Code::Unavailable, "{status}");
         assert!(!status.message().is_empty(), "{status}");

@@ -89,7 +89,9 @@ impl DeadlineTimer {
     }
 
     pub(crate) fn cancel(&self, key: TimerKey) {
-        self.entries.lock().remove(&key);
+        // A waker's drop may run a task's code: not under our lock.
+        let removed = self.entries.lock().remove(&key);
+        drop(removed);
     }
 
     fn run(&self) {

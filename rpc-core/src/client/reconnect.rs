@@ -10,6 +10,7 @@
 //! per channel at most, and only while it has no connection; it sleeps between attempts and
 //! ends when the channel is dropped.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::thread::Thread;
@@ -55,6 +56,10 @@ pub struct ReconnectConfig {
     /// How long a call without a deadline waits for a connection, in either mode, before it
     /// fails with `Unavailable` (default 20 s). Calls with a deadline wait until it.
     pub connect_wait: Duration,
+    /// A connection that dies sooner than this after it was made counts as a failed
+    /// attempt (default 1 s): a server that accepts and drops at once gets backoff, not a
+    /// reconnect storm.
+    pub min_connected: Duration,
 }
 
 impl Default for ReconnectConfig {
@@ -66,27 +71,43 @@ impl Default for ReconnectConfig {
             jitter: 0.2,
             wait_for_ready: false,
             connect_wait: Duration::from_secs(20),
+            min_connected: Duration::from_secs(1),
         }
     }
 }
 
 impl ReconnectConfig {
     /// The delay after `failures` failed attempts in a row (at least one), before jitter.
+    /// Any settings give a delay: a multiplier below 1 or not a number counts as 1.
     pub fn backoff(&self, failures: u32) -> Duration {
         let exponent = failures.saturating_sub(1).min(64) as i32;
-        let grown = self.initial_backoff.as_secs_f64() * self.multiplier.max(1.0).powi(exponent);
-        Duration::from_secs_f64(grown.min(self.max_backoff.as_secs_f64()))
+        let multiplier = if self.multiplier >= 1.0 {
+            self.multiplier
+        } else {
+            1.0
+        };
+        let grown = self.initial_backoff.as_secs_f64() * multiplier.powi(exponent);
+        let cap = self.max_backoff.min(MAX_DELAY);
+        Duration::try_from_secs_f64(grown).map_or(cap, |d| d.min(cap))
     }
 
     /// [`ReconnectConfig::backoff`] randomized by ±`jitter`.
     pub(crate) fn jittered_backoff(&self, failures: u32) -> Duration {
-        let base = self.backoff(failures).as_secs_f64();
-        let jitter = self.jitter.clamp(0.0, 1.0);
-        // A uniform draw in [-1, 1]; without randomness the delay is simply not spread.
-        let unit = getrandom::u64().map_or(0.0, |r| (r >> 11) as f64 / (1u64 << 53) as f64);
-        Duration::from_secs_f64(base * (1.0 + jitter * (2.0 * unit - 1.0)))
+        let base = self.backoff(failures);
+        let jitter = if self.jitter > 0.0 {
+            self.jitter.min(1.0)
+        } else {
+            0.0
+        };
+        // A uniform draw in [0, 1); without randomness the delay is simply not spread.
+        let unit = getrandom::u64().map_or(0.5, |r| (r >> 11) as f64 / (1u64 << 53) as f64);
+        base.mul_f64(1.0 + jitter * (2.0 * unit - 1.0))
     }
 }
+
+/// The longest delay between attempts, whatever the settings: no sleep is ever asked for
+/// that the clock cannot add.
+const MAX_DELAY: Duration = Duration::from_secs(24 * 3600);
 
 /// What a channel's connection is doing (gRPC's connectivity states).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +124,15 @@ pub enum Connectivity {
     Shutdown,
 }
 
+impl Phase {
+    fn ready(conn: Connection) -> Phase {
+        Phase::Ready {
+            conn: Arc::new(conn),
+            since: Instant::now(),
+        }
+    }
+}
+
 enum Phase {
     Idle,
     /// The helper thread connects, or sleeps before its next attempt.
@@ -110,7 +140,10 @@ enum Phase {
         /// The last attempt's error, once one has failed.
         failure: Option<Status>,
     },
-    Ready(Arc<Connection>),
+    Ready {
+        conn: Arc<Connection>,
+        since: Instant,
+    },
     Shutdown,
 }
 
@@ -143,7 +176,7 @@ impl Healing {
             connector,
             config,
             state: Mutex::new(State {
-                phase: connected.map_or(Phase::Idle, |c| Phase::Ready(Arc::new(c))),
+                phase: connected.map_or(Phase::Idle, Phase::ready),
                 failures: 0,
                 worker: None,
                 waiters: FxHashMap::default(),
@@ -161,8 +194,8 @@ impl Healing {
             Phase::Idle => Connectivity::Idle,
             Phase::Connecting { failure: None } => Connectivity::Connecting,
             Phase::Connecting { failure: Some(_) } => Connectivity::TransientFailure,
-            Phase::Ready(conn) if conn.is_closed() => Connectivity::Idle,
-            Phase::Ready(_) => Connectivity::Ready,
+            Phase::Ready { conn, .. } if conn.is_closed() => Connectivity::Idle,
+            Phase::Ready { .. } => Connectivity::Ready,
             Phase::Shutdown => Connectivity::Shutdown,
         }
     }
@@ -170,7 +203,7 @@ impl Healing {
     /// The live connection, if there is one (no attempt is started).
     pub(crate) fn current(&self) -> Option<Arc<Connection>> {
         match &self.state.lock().phase {
-            Phase::Ready(conn) => Some(conn.clone()),
+            Phase::Ready { conn, .. } => Some(conn.clone()),
             _ => None,
         }
     }
@@ -182,37 +215,46 @@ impl Healing {
         wait: &mut ConnectWait,
     ) -> Poll<Result<Arc<Connection>, Status>> {
         let mut state = self.state.lock();
-        match &state.phase {
-            Phase::Ready(conn) if !conn.is_closed() => {
-                let conn = conn.clone();
-                wait.forget(&mut state);
-                return Poll::Ready(Ok(conn));
-            }
-            Phase::Ready(_) | Phase::Idle => {
-                // Never connected, or the connection died: a call wants one now.
-                if let Err(status) = self.start_worker(&mut state) {
+        loop {
+            match &state.phase {
+                Phase::Ready { conn, .. } if !conn.is_closed() => {
+                    let conn = conn.clone();
+                    wait.forget(&mut state);
+                    return Poll::Ready(Ok(conn));
+                }
+                Phase::Ready { .. } | Phase::Idle => {
+                    // Never connected, or the connection died: a call wants one now
+                    // (unless its time is up already). Then look again: a connection that
+                    // died young is a failure already.
+                    if let Some(status) = wait.expired(self.target(), &state.phase, &self.config) {
+                        wait.forget(&mut state);
+                        return Poll::Ready(Err(status));
+                    }
+                    if let Err(status) = self.start_worker(&mut state) {
+                        wait.forget(&mut state);
+                        return Poll::Ready(Err(status));
+                    }
+                    continue;
+                }
+                Phase::Connecting {
+                    failure: Some(failure),
+                } if !self.config.wait_for_ready => {
+                    let status = Status::unavailable(format!(
+                        "not connected to {}, reconnecting: {}",
+                        self.target(),
+                        failure.message()
+                    ));
                     wait.forget(&mut state);
                     return Poll::Ready(Err(status));
                 }
-            }
-            Phase::Connecting {
-                failure: Some(failure),
-            } if !self.config.wait_for_ready => {
-                let status = Status::unavailable(format!(
-                    "not connected to {}, reconnecting: {}",
-                    self.target(),
-                    failure.message()
-                ));
-                wait.forget(&mut state);
-                return Poll::Ready(Err(status));
-            }
-            Phase::Connecting { .. } => {}
-            Phase::Shutdown => {
-                wait.forget(&mut state);
-                return Poll::Ready(Err(Status::unavailable(format!(
-                    "the channel to {} is closed",
-                    self.target()
-                ))));
+                Phase::Connecting { .. } => break,
+                Phase::Shutdown => {
+                    wait.forget(&mut state);
+                    return Poll::Ready(Err(Status::unavailable(format!(
+                        "the channel to {} is closed",
+                        self.target()
+                    ))));
+                }
             }
         }
         if let Some(status) = wait.expired(self.target(), &state.phase, &self.config) {
@@ -230,19 +272,36 @@ impl Healing {
         Poll::Pending
     }
 
-    /// Starts the helper thread unless it runs; the phase becomes `Connecting`.
+    /// Starts the helper thread (none runs while the phase is `Idle` or `Ready`); the
+    /// phase becomes `Connecting`. A dead connection goes to the helper to be torn down
+    /// there, off the caller's thread and outside the lock.
     fn start_worker(self: &Arc<Self>, state: &mut State) -> Result<(), Status> {
-        if !matches!(state.phase, Phase::Connecting { .. }) {
-            state.phase = Phase::Connecting { failure: None };
+        let old = std::mem::replace(&mut state.phase, Phase::Connecting { failure: None });
+        let mut first_delay = Duration::ZERO;
+        if let Phase::Ready { since, conn } = &old {
+            if since.elapsed() < self.config.min_connected {
+                // It died young: that was a failed attempt.
+                state.failures = state.failures.saturating_add(1);
+                first_delay = self.config.jittered_backoff(state.failures);
+                let why = conn.calls.closed_status().map(|s| s.message().to_owned());
+                state.phase = Phase::Connecting {
+                    failure: Some(Status::unavailable(format!(
+                        "the connection to {} died as soon as it was made: {}",
+                        self.target(),
+                        why.unwrap_or_default()
+                    ))),
+                };
+            } else {
+                state.failures = 0;
+            }
         }
-        if state.worker.is_some() {
-            return Ok(());
-        }
-        let healing = Arc::downgrade(self);
+        let (healing, connector) = (Arc::downgrade(self), self.connector.clone());
         match std::thread::Builder::new()
             .name("rpc-reconnect".into())
-            .spawn(move || reconnect(healing))
-        {
+            .spawn(move || {
+                drop(old);
+                reconnect(healing, connector, first_delay);
+            }) {
             Ok(handle) => {
                 state.worker = Some(handle.thread().clone());
                 Ok(())
@@ -261,11 +320,17 @@ impl Healing {
     /// thread is done (connected, or the channel closed).
     fn settle(&self, result: Result<Connection, Status>) -> Option<Duration> {
         let mut state = self.state.lock();
+        // Torn down after the lock, should the channel have closed meanwhile.
+        let mut unwanted = None;
         let delay = match (&state.phase, result) {
-            (Phase::Shutdown, _) => None,
+            (Phase::Shutdown, result) => {
+                unwanted = result.ok();
+                None
+            }
             (_, Ok(conn)) => {
-                state.phase = Phase::Ready(Arc::new(conn));
-                state.failures = 0;
+                // The count of failures resets once the connection proves itself
+                // (`min_connected`).
+                state.phase = Phase::ready(conn);
                 None
             }
             (_, Err(status)) => {
@@ -289,6 +354,7 @@ impl Healing {
         }
         let waiters = std::mem::take(&mut state.waiters);
         drop(state);
+        drop(unwanted);
         waiters.into_values().for_each(Waker::wake);
         delay
     }
@@ -318,28 +384,38 @@ impl Healing {
     }
 }
 
-/// The helper thread: attempts until one succeeds or the channel closes.
-fn reconnect(healing: Weak<Healing>) {
+/// The helper thread: after `delay`, attempts until one succeeds or the channel closes.
+/// It holds the channel only while it settles an attempt, so dropping the channel ends it
+/// (at its next wake: the drop unparks it, or when its attempt returns).
+fn reconnect(healing: Weak<Healing>, connector: Arc<dyn Connector>, mut delay: Duration) {
     loop {
-        let Some(strong) = healing.upgrade() else {
-            return;
-        };
-        let result = strong.connector.connect();
-        let Some(delay) = strong.settle(result) else {
-            return;
-        };
-        drop(strong);
-        let until = Instant::now() + delay;
+        let until = Instant::now().checked_add(delay);
         loop {
             match healing.upgrade() {
                 Some(h) if !h.is_shut_down() => {}
                 _ => return,
             }
-            let now = Instant::now();
-            if now >= until {
-                break;
+            let left = until.map(|at| at.saturating_duration_since(Instant::now()));
+            match left {
+                Some(left) if left.is_zero() => break,
+                Some(left) => std::thread::park_timeout(left),
+                None => std::thread::park(),
             }
-            std::thread::park_timeout(until - now);
+        }
+        // A connector that panics is one that failed: the channel backs off and tries again.
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| connector.connect()))
+            .unwrap_or_else(|_| {
+                Err(Status::internal(format!(
+                    "the connector to {} panicked",
+                    connector.target()
+                )))
+            });
+        let Some(strong) = healing.upgrade() else {
+            return;
+        };
+        match strong.settle(result) {
+            Some(next) => delay = next,
+            None => return,
         }
     }
 }
@@ -354,7 +430,7 @@ pub(crate) struct ConnectWait {
     give_up: Option<Instant>,
     /// Wake the task at the limit (async waits; blocking ones park with a timeout).
     use_timer: bool,
-    timer: Option<TimerKey>,
+    timer: Option<(TimerKey, Waker)>,
     healing: Option<Weak<Healing>>,
 }
 
@@ -401,12 +477,19 @@ impl ConnectWait {
         })
     }
 
+    /// Has the task woken at the limit; again if it is now a different task's waker.
     fn arm_timer(&mut self, cx: &Context<'_>) {
-        if self.use_timer && self.timer.is_none() {
-            if let Some(at) = self.limit() {
-                self.timer = Some(DeadlineTimer::global().schedule_wake(at, cx.waker().clone()));
+        let (true, Some(at)) = (self.use_timer, self.limit()) else {
+            return;
+        };
+        if let Some((timer, waker)) = &self.timer {
+            if waker.will_wake(cx.waker()) {
+                return;
             }
+            DeadlineTimer::global().cancel(*timer);
         }
+        let key = DeadlineTimer::global().schedule_wake(at, cx.waker().clone());
+        self.timer = Some((key, cx.waker().clone()));
     }
 
     /// Leaves the waiters (under the channel's lock) and stops the timer.
@@ -414,7 +497,7 @@ impl ConnectWait {
         if let Some(key) = self.key.take() {
             state.waiters.remove(&key);
         }
-        if let Some(timer) = self.timer.take() {
+        if let Some((timer, _)) = self.timer.take() {
             DeadlineTimer::global().cancel(timer);
         }
     }
@@ -422,7 +505,7 @@ impl ConnectWait {
 
 impl Drop for ConnectWait {
     fn drop(&mut self) {
-        if let Some(timer) = self.timer.take() {
+        if let Some((timer, _)) = self.timer.take() {
             DeadlineTimer::global().cancel(timer);
         }
         let (Some(key), Some(healing)) = (self.key.take(), self.healing.take()) else {

@@ -61,6 +61,9 @@ impl ClientTransport for Answers {
 #[derive(Default)]
 struct Server {
     down: AtomicBool,
+    /// Connections are made, then die at once (a server that accepts and drops).
+    drops: AtomicBool,
+    panics: AtomicBool,
     hold: AtomicBool,
     attempts: Mutex<Vec<Instant>>,
     connections: Mutex<Vec<Arc<CallTable>>>,
@@ -90,6 +93,9 @@ struct ToServer(Arc<Server>);
 impl Connector for ToServer {
     fn connect(&self) -> Result<Connection, Status> {
         self.0.attempts.lock().push(Instant::now());
+        if self.0.panics.load(Ordering::SeqCst) {
+            panic!("a connector bug");
+        }
         if self.0.down.load(Ordering::SeqCst) {
             return Err(Status::unavailable(
                 "cannot connect to scripted://server: refused",
@@ -101,6 +107,9 @@ impl Connector for ToServer {
             calls: calls.clone(),
             hold: self.0.hold.load(Ordering::SeqCst),
         };
+        if self.0.drops.load(Ordering::SeqCst) {
+            calls.close(Status::unavailable("dropped by the scripted server"));
+        }
         Ok(Connection::new(calls, Arc::new(transport)))
     }
 
@@ -115,6 +124,7 @@ fn no_jitter() -> ReconnectConfig {
         max_backoff: Duration::from_millis(80),
         multiplier: 2.0,
         jitter: 0.0,
+        min_connected: Duration::ZERO,
         ..ReconnectConfig::default()
     }
 }
@@ -225,6 +235,7 @@ fn while_attempts_fail_calls_fail_fast_and_attempts_back_off() {
             "gaps {gaps:?} grow 20, 40, 80 ms and stay at the 80 ms cap"
         );
     }
+    assert!(gaps[0] < gaps[2], "the delay grows: {gaps:?}");
 
     server.down.store(false, Ordering::SeqCst);
     eventually("connected again", || {
@@ -307,12 +318,23 @@ fn a_waiting_call_is_one_waiter_however_often_it_is_polled() {
 fn dropping_the_channel_ends_its_helper_thread() {
     let server = Arc::new(Server::default());
     server.down.store(true, Ordering::SeqCst);
-    let channel = healing(&server, no_jitter());
+    let connector = Arc::new(ToServer(server.clone()));
+    let channel = Channel::healing(
+        connector.clone(),
+        None,
+        no_jitter(),
+        ChannelConfig::default(),
+    );
     call(&channel).unwrap_err();
-    // The helper holds the server only through the channel's connector.
+    // The helper thread holds the connector until it ends.
+    assert_eq!(
+        Arc::strong_count(&connector),
+        3,
+        "ours, the channel's, its helper's"
+    );
     drop(channel);
-    eventually("the helper thread let go of the connector", || {
-        Arc::strong_count(&server) == 1
+    eventually("the helper thread ended", || {
+        Arc::strong_count(&connector) == 1
     });
     let attempts = server.attempts();
     std::thread::sleep(Duration::from_millis(200));
@@ -335,4 +357,69 @@ fn backoff_grows_to_its_cap_and_jitter_spreads_it() {
     );
     assert!(draws.iter().any(|d| *d < Duration::from_millis(150)));
     assert!(draws.iter().any(|d| *d > Duration::from_millis(170)));
+}
+
+#[test]
+fn a_server_that_drops_every_connection_at_once_gets_backoff_not_a_storm() {
+    let server = Arc::new(Server::default());
+    server.drops.store(true, Ordering::SeqCst);
+    let reconnect = ReconnectConfig {
+        min_connected: Duration::from_secs(10),
+        ..no_jitter()
+    };
+    let channel = healing(&server, reconnect);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(300) {
+        let _ = call(&channel);
+    }
+    // Immediate attempts would number in the thousands; with 20, 40, 80, 80... ms between
+    // them there is room for at most 7 in 300 ms.
+    let attempts = server.attempts();
+    assert!((2..=7).contains(&attempts), "{attempts} attempts in 300 ms");
+    let status = call(&channel).unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status}");
+    assert!(status.message().contains("died as soon as"), "{status}");
+}
+
+#[test]
+fn a_panicking_connector_is_a_failed_attempt() {
+    let server = Arc::new(Server::default());
+    server.panics.store(true, Ordering::SeqCst);
+    let channel = healing(&server, no_jitter());
+    let status = call(&channel).unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status}");
+    assert!(status.message().contains("panicked"), "{status}");
+    server.panics.store(false, Ordering::SeqCst);
+    eventually("connected after the panics", || {
+        channel.connectivity() == Connectivity::Ready
+    });
+    call(&channel).expect("the helper thread survived its connector's panic");
+}
+
+#[test]
+fn any_settings_give_a_delay() {
+    let odd = [
+        (
+            f64::NAN,
+            f64::NAN,
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+        ),
+        (f64::INFINITY, 2.0, Duration::from_secs(1), Duration::MAX),
+        (1e300, -1.0, Duration::MAX, Duration::MAX),
+        (0.5, 7.0, Duration::ZERO, Duration::from_millis(1)),
+    ];
+    for (multiplier, jitter, initial_backoff, max_backoff) in odd {
+        let config = ReconnectConfig {
+            initial_backoff,
+            max_backoff,
+            multiplier,
+            jitter,
+            ..ReconnectConfig::default()
+        };
+        for failures in [0, 1, 2, 30, u32::MAX] {
+            let delay = config.jittered_backoff(failures);
+            assert!(delay <= Duration::from_secs(2 * 24 * 3600), "{delay:?}");
+        }
+    }
 }
