@@ -91,7 +91,7 @@ fn run_ours(
         poll: None,
     };
     let result = ours::run_client(server.local_url(), &plan);
-    server.shutdown(std::time::Duration::from_secs(1));
+    server.shutdown_blocking(std::time::Duration::from_secs(1));
     result
 }
 

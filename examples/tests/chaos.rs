@@ -107,6 +107,6 @@ fn a_thousand_peers_connect_and_vanish_under_64_connections() {
         "the 64 connections never noticed: {:?}",
         lock(&outcomes.failed)
     );
-    server.shutdown(Duration::from_secs(1));
+    server.shutdown_blocking(Duration::from_secs(1));
     back_to(&baseline, "peers vanished");
 }

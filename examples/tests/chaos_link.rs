@@ -89,6 +89,6 @@ fn the_link_goes_down_under_64_connections() {
     std::thread::sleep(BOUND);
     down.up_again(server.local_url());
     calling.finish(0).report("link down");
-    server.shutdown(Duration::from_secs(1));
+    server.shutdown_blocking(Duration::from_secs(1));
     back_to(&baseline, "link down");
 }

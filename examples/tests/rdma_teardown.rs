@@ -77,7 +77,7 @@ async fn shutdown_under_load_answers_every_accepted_call_by_send_and_by_write() 
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let started = Instant::now();
-    let shutdown = tokio::task::spawn_blocking(move || server.shutdown(Duration::from_secs(5)));
+    let shutdown = tokio::spawn(server.shutdown(Duration::from_secs(5)));
     tokio::time::sleep(Duration::from_millis(50)).await;
     let late: Vec<_> = (0..8).map(|i| call(i, Duration::ZERO)).collect();
     shutdown.await.unwrap();

@@ -319,9 +319,7 @@ async fn graceful_shutdown_finishes_running_calls_and_dead_server_fails_the_rest
     eventually("sleep started", || {
         tester.stats.sleeps_started.load(Ordering::SeqCst) == 1
     });
-    tokio::task::spawn_blocking(move || server.shutdown(Duration::from_secs(5)))
-        .await
-        .unwrap();
+    server.shutdown(Duration::from_secs(5)).await;
     finishing
         .await
         .unwrap()
@@ -341,9 +339,7 @@ async fn graceful_shutdown_finishes_running_calls_and_dead_server_fails_the_rest
     eventually("long sleep started", || {
         tester.stats.sleeps_started.load(Ordering::SeqCst) == 2
     });
-    tokio::task::spawn_blocking(move || server.shutdown(Duration::ZERO))
-        .await
-        .unwrap();
+    server.shutdown(Duration::ZERO).await;
     let err = tokio::time::timeout(Duration::from_secs(5), pending)
         .await
         .expect("pending call ended promptly")

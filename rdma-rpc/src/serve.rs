@@ -20,7 +20,7 @@ const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 /// # fn demo(echo: impl rdma_rpc::server::Service) -> Result<(), rdma_rpc::Error> {
 /// let server = Server::builder().add_service(echo).start("tcp://0.0.0.0:50051")?;
 /// println!("listening on {}", server.local_url());
-/// server.shutdown(std::time::Duration::from_secs(1));
+/// server.shutdown_blocking(std::time::Duration::from_secs(1)); // or .shutdown(..).await
 /// # Ok(()) }
 /// ```
 pub trait ServeExt {
@@ -94,7 +94,7 @@ impl ServeExt for ServerBuilder {
         let handle = self.start(url)?;
         tracing::info!(url = handle.local_url(), "serving");
         signal.await;
-        handle.shutdown(DEFAULT_GRACE);
+        handle.shutdown(DEFAULT_GRACE).await;
         Ok(())
     }
 }
@@ -118,9 +118,35 @@ impl ServerHandle {
         &self.local_url
     }
 
-    /// Stops accepting connections and new calls, gives running handlers up to `grace` to
-    /// answer, then closes every connection. Blocks until done.
-    pub fn shutdown(self, grace: Duration) {
+    /// Stops accepting connections and new calls (new calls on open connections get
+    /// `UNAVAILABLE`), gives running handlers up to `grace` to answer and their answers time
+    /// to go out, then closes every connection. On either transport.
+    ///
+    /// Begins at once; the future resolves when the server is down. The work runs on a
+    /// helper thread, so awaiting it never blocks the executor (handlers on the same
+    /// runtime keep running and finish); dropping the future lets the shutdown finish in
+    /// the background.
+    pub fn shutdown(self, grace: Duration) -> impl Future<Output = ()> + Send + 'static {
+        let (done, finished) = futures::channel::oneshot::channel::<()>();
+        let helper = std::thread::Builder::new()
+            .name("rpc-shutdown".into())
+            .spawn(move || {
+                self.shutdown_blocking(grace);
+                let _ = done.send(());
+            });
+        if let Err(e) = &helper {
+            // The handle went down with the closure: its drop shut the server down here.
+            tracing::warn!("no thread for the shutdown ({e}); it ran on the caller's");
+        }
+        async move {
+            // The sender goes away only once the server is down (or the helper died).
+            let _ = finished.await;
+        }
+    }
+
+    /// The blocking form of [`ServerHandle::shutdown`], for synchronous code: the calling
+    /// thread waits for the handlers and the close.
+    pub fn shutdown_blocking(self, grace: Duration) {
         match self.inner {
             Inner::Tcp(mut server) => server.shutdown(grace),
             Inner::Rdma(mut server) => server.shutdown(grace),

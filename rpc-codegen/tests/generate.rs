@@ -78,6 +78,7 @@ fn echo_has_the_client_and_server_shape() {
         impl_fns(client),
         [
             "new",
+            "with_interceptor",
             "channel",
             "echo",
             "echo_blocking",
@@ -97,7 +98,7 @@ fn echo_has_the_client_and_server_shape() {
     );
     assert_eq!(trait_fns(server, "Echo"), ["echo", "now", "ping", "r#type"]);
     assert!(has_struct(server, "EchoServer"));
-    assert_eq!(impl_fns(server), ["new", "from_arc"]);
+    assert_eq!(impl_fns(server), ["new", "from_arc", "with_interceptor"]);
 }
 
 #[test]

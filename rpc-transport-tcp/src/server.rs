@@ -24,6 +24,9 @@ use crate::handshake;
 
 /// Pause after a failed `accept` (out of file descriptors, say) before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
+/// How long a shutdown waits for the accept loop to close the listener (it takes a task
+/// switch; a runtime with every thread stuck in a handler is the only way to miss it).
+const LISTENER_CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 struct Shared {
     dispatcher: Arc<Dispatcher>,
@@ -38,6 +41,8 @@ struct Shared {
     auth: Option<Checker>,
     /// Connections accepted and authenticating (they count against `max_connections`).
     handshaking: AtomicUsize,
+    /// Tells the accept loop to close the listener (the start of a shutdown).
+    stop_accepting: tokio::sync::Notify,
 }
 
 struct Connection {
@@ -49,6 +54,8 @@ struct Connection {
 pub struct TcpServer {
     shared: Arc<Shared>,
     runtime: Option<tokio::runtime::Runtime>,
+    /// Told when the accept loop has closed the listener.
+    listener_closed: std::sync::mpsc::Receiver<()>,
 }
 
 impl std::fmt::Debug for TcpServer {
@@ -91,11 +98,14 @@ impl TcpServer {
             next_conn: AtomicU64::new(0),
             connections: Mutex::new(HashMap::new()),
             gone: Condvar::new(),
+            stop_accepting: tokio::sync::Notify::new(),
         });
-        runtime.spawn(accept_loop(listener, shared.clone()));
+        let (closed, listener_closed) = std::sync::mpsc::sync_channel(1);
+        runtime.spawn(accept_loop(listener, shared.clone(), closed));
         Ok(TcpServer {
             shared,
             runtime: Some(runtime),
+            listener_closed,
         })
     }
 
@@ -118,6 +128,16 @@ impl TcpServer {
         };
         let until = Instant::now() + grace;
         self.shared.draining.store(true, Ordering::SeqCst);
+        // New connections are refused from now on, not accepted and then reset: a client
+        // that reconnects meanwhile learns at once that nobody listens here.
+        self.shared.stop_accepting.notify_one();
+        if self
+            .listener_closed
+            .recv_timeout(LISTENER_CLOSE_WAIT)
+            .is_err()
+        {
+            tracing::warn!("the listener did not close within {LISTENER_CLOSE_WAIT:?}");
+        }
         for c in self.shared.connections.lock().values() {
             c.dispatch.drain();
         }
@@ -157,9 +177,24 @@ impl Drop for TcpServer {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+/// Accepts connections until the shutdown says stop, then closes the listener and says so
+/// on `closed`.
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    closed: std::sync::mpsc::SyncSender<()>,
+) {
+    accept_until_stopped(listener, &shared).await;
+    let _ = closed.try_send(());
+}
+
+async fn accept_until_stopped(listener: TcpListener, shared: &Arc<Shared>) {
     loop {
-        match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shared.stop_accepting.notified() => return,
+        };
+        match accepted {
             Ok((stream, peer)) => {
                 if shared.draining.load(Ordering::SeqCst) {
                     return;
@@ -169,7 +204,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     continue;
                 }
                 let who = Peer::anonymous(format!("tcp://{peer}"));
-                if let Err(e) = start_connection(stream, who, &shared) {
+                if let Err(e) = start_connection(stream, who, shared) {
                     tracing::warn!(%peer, %e, "could not start a connection");
                 }
             }

@@ -140,7 +140,7 @@ fn client(args: &ClientArgs, url: Option<&str>) -> Result<(), BenchError> {
 fn loopback(args: &ClientArgs) -> Result<(), BenchError> {
     let server = ours::start_server(&args.url, args.rdma.config())?;
     let outcome = client(args, Some(server.local_url()));
-    server.shutdown(std::time::Duration::from_secs(1));
+    server.shutdown_blocking(std::time::Duration::from_secs(1));
     outcome
 }
 

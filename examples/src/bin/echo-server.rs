@@ -30,7 +30,7 @@ async fn main() -> Result<(), rdma_rpc::Error> {
     println!("echo-server listening on {}", server.local_url());
     shutdown_signal().await;
     println!("shutting down");
-    server.shutdown(std::time::Duration::from_secs(5));
+    server.shutdown(std::time::Duration::from_secs(5)).await;
     Ok(())
 }
 

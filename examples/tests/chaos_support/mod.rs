@@ -102,7 +102,7 @@ pub fn baseline() -> Usage {
         .echo_blocking(EchoRequest::default())
         .expect("a call");
     drop(channel);
-    server.shutdown(Duration::ZERO);
+    server.shutdown_blocking(Duration::ZERO);
     let settled = Instant::now() + Duration::from_secs(5);
     let mut before = usage();
     loop {

@@ -4,9 +4,11 @@
 //!
 //! The states are gRPC's ([`Connectivity`]). A channel connects lazily: the first call
 //! (or a call that finds the connection dead) starts an attempt on a helper thread, and calls
-//! wait for it. While attempts fail, calls fail fast with `Unavailable` naming the last
-//! error, or, with [`ReconnectConfig::wait_for_ready`], wait for a connection until their
-//! deadline (or [`ReconnectConfig::connect_wait`] when they have none). One helper thread
+//! wait for it. While attempts fail, calls fail fast with the last error's code and message
+//! (`UNAVAILABLE` for a refused connection, `UNAUTHENTICATED` for refused credentials,
+//! `RESOURCE_EXHAUSTED` for a server at its connection limit), or, with
+//! [`ReconnectConfig::wait_for_ready`], wait for a connection until their deadline (or
+//! [`ReconnectConfig::connect_wait`] when they have none). One helper thread
 //! per channel at most, and only while it has no connection; it sleeps between attempts and
 //! ends when the channel is dropped.
 
@@ -239,11 +241,15 @@ impl Healing {
                 Phase::Connecting {
                     failure: Some(failure),
                 } if !self.config.wait_for_ready => {
-                    let status = Status::unavailable(format!(
-                        "not connected to {}, reconnecting: {}",
-                        self.target(),
-                        failure.message()
-                    ));
+                    // The failure's own code: UNAUTHENTICATED for a refused secret, say.
+                    let status = Status::new(
+                        failure.code(),
+                        format!(
+                            "not connected to {}, reconnecting: {}",
+                            self.target(),
+                            failure.message()
+                        ),
+                    );
                     wait.forget(&mut state);
                     return Poll::Ready(Err(status));
                 }
@@ -283,13 +289,20 @@ impl Healing {
                 // It died young: that was a failed attempt.
                 state.failures = state.failures.saturating_add(1);
                 first_delay = self.config.jittered_backoff(state.failures);
-                let why = conn.calls.closed_status().map(|s| s.message().to_owned());
+                // Its closing status says why (a server at its connection limit, say).
+                let why = conn
+                    .calls
+                    .closed_status()
+                    .unwrap_or_else(|| Status::unavailable(""));
                 state.phase = Phase::Connecting {
-                    failure: Some(Status::unavailable(format!(
-                        "the connection to {} died as soon as it was made: {}",
-                        self.target(),
-                        why.unwrap_or_default()
-                    ))),
+                    failure: Some(Status::new(
+                        why.code(),
+                        format!(
+                            "the connection to {} died as soon as it was made: {}",
+                            self.target(),
+                            why.message()
+                        ),
+                    )),
                 };
             } else {
                 state.failures = 0;
