@@ -33,6 +33,10 @@ fn services(tester: &Tester, checks: &Arc<Checks>) -> ServerBuilder {
         let checks = checks.clone();
         move |mut request: Request<()>| {
             checks.seen.fetch_add(1, Ordering::SeqCst);
+            assert!(
+                request.metadata().get("x-panic").is_none(),
+                "an interceptor bug"
+            );
             if request.metadata().get("authorization") != Some(TOKEN) {
                 checks.refused.fetch_add(1, Ordering::SeqCst);
                 return Err(Status::unauthenticated("missing or wrong token"));
@@ -105,6 +109,8 @@ async fn intercept(server: ServerHandle, tester: Tester, checks: Arc<Checks>) {
         move |mut request: Request<()>| {
             let id = ids.fetch_add(1, Ordering::SeqCst);
             async move {
+                // Needs the runtime's timer, in async and blocking calls alike.
+                tokio::time::sleep(Duration::from_millis(1)).await;
                 request
                     .metadata_mut()
                     .insert("x-request-id", id.to_string())
@@ -128,6 +134,17 @@ async fn intercept(server: ServerHandle, tester: Tester, checks: Arc<Checks>) {
         .unwrap();
     assert_eq!(reply.metadata().get("x-request-id"), Some(&b"1"[..]));
     assert_eq!(reply.get_ref().seq, 3);
+
+    // A server interceptor that panics answers INTERNAL, like a handler that panics, and
+    // the connection serves on.
+    let mut request = echo(8);
+    request.metadata_mut().insert("x-panic", "1").unwrap();
+    let status = authed.echo(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Internal, "{status}");
+    authed
+        .echo(echo(9))
+        .await
+        .expect("the connection serves on");
 
     // A client interceptor that refuses: the call fails with its status, nothing is sent.
     let seen = checks.seen.load(Ordering::SeqCst);

@@ -128,15 +128,25 @@ impl ServerHandle {
     /// the background.
     pub fn shutdown(self, grace: Duration) -> impl Future<Output = ()> + Send + 'static {
         let (done, finished) = futures::channel::oneshot::channel::<()>();
+        let (hand_over, handed) = std::sync::mpsc::channel::<ServerHandle>();
         let helper = std::thread::Builder::new()
             .name("rpc-shutdown".into())
             .spawn(move || {
-                self.shutdown_blocking(grace);
-                let _ = done.send(());
+                if let Ok(handle) = handed.recv() {
+                    handle.shutdown_blocking(grace);
+                    let _ = done.send(());
+                }
             });
-        if let Err(e) = &helper {
-            // The handle went down with the closure: its drop shut the server down here.
-            tracing::warn!("no thread for the shutdown ({e}); it ran on the caller's");
+        match helper {
+            Ok(_) => {
+                // The helper waits on this very channel: the send cannot fail.
+                let _ = hand_over.send(self);
+            }
+            Err(e) => {
+                // No thread to spare: shut down here, as asked, rather than not at all.
+                tracing::warn!("no thread for the shutdown ({e}): it runs on the caller's");
+                self.shutdown_blocking(grace);
+            }
         }
         async move {
             // The sender goes away only once the server is down (or the helper died).

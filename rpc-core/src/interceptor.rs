@@ -25,14 +25,20 @@
 //! ```
 //!
 //! Async interceptors ([`AsyncInterceptor`]) may await (fetch a token, ask a policy
-//! service). A blocking call runs them with `futures::executor::block_on` on its own
-//! thread, so there they must not need a runtime's reactor or timers.
+//! service). A blocking call made on a multi-threaded tokio runtime's thread runs them on
+//! that runtime; made outside any runtime it runs them on its own thread, where they must
+//! not need a reactor; on a current-thread runtime's thread it fails `FAILED_PRECONDITION`
+//! (blocking that thread would stop what the interceptor waits for).
+//!
+//! A call's budget starts after the client's interceptors; a server interceptor runs
+//! within the call's deadline, and a panic in it answers `INTERNAL` like a handler's.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use tokio::runtime::RuntimeFlavor;
 
 use crate::message::Request;
 use crate::server::{MethodDescriptor, NamedService, ServerCall, ServerReply, Service};
@@ -94,10 +100,25 @@ impl Intercept {
         }
     }
 
+    /// Runs the interceptor for a blocking call: an async one on the current tokio
+    /// runtime if there is a multi-threaded one (its timers and I/O work), on the calling
+    /// thread otherwise (it must then need no reactor).
     pub(crate) fn run_blocking(&self, request: Request<()>) -> Result<Request<()>, Status> {
-        match self {
-            Intercept::Sync(interceptor) => interceptor.call(request),
-            Intercept::Async(interceptor) => futures::executor::block_on(interceptor.call(request)),
+        let interceptor = match self {
+            Intercept::Sync(interceptor) => return interceptor.call(request),
+            Intercept::Async(interceptor) => interceptor,
+        };
+        let intercepted = interceptor.call(request);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if runtime.runtime_flavor() == RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| runtime.block_on(intercepted))
+            }
+            // Blocking this thread would stop the runtime the interceptor may need.
+            Ok(_) => Err(Status::failed_precondition(
+                "a blocking call with an async interceptor on a current-thread runtime's \
+                 thread: use the async call",
+            )),
+            Err(_) => futures::executor::block_on(intercepted),
         }
     }
 }
@@ -185,26 +206,63 @@ impl<S: Service> Service for InterceptedService<S> {
         method_id: u32,
         call: ServerCall,
     ) -> BoxFuture<'static, Result<ServerReply, Status>> {
-        let mut call = call;
-        let mut head = Request::from_parts(std::mem::take(&mut call.metadata), (), call.timeout);
-        head.peer = call.peer.clone();
-        match &self.intercept {
-            // A sync interceptor decides before the handler's future exists.
-            Intercept::Sync(interceptor) => match interceptor.call(head) {
-                Ok(head) => {
-                    call.metadata = head.into_parts().0;
-                    self.inner.call(method_id, call)
-                }
-                Err(status) => futures::future::ready(Err(status)).boxed(),
-            },
-            Intercept::Async(interceptor) => {
-                let (inner, checked) = (self.inner.clone(), interceptor.call(head));
-                async move {
-                    call.metadata = checked.await?.into_parts().0;
-                    inner.call(method_id, call).await
-                }
-                .boxed()
-            }
+        let (inner, intercept) = (self.inner.clone(), self.intercept.clone());
+        // In the handler's future, so the interceptor runs where a handler does: inside
+        // the server's runtime, its panic caught (INTERNAL), its time within the deadline.
+        async move {
+            let mut call = call;
+            let mut head =
+                Request::from_parts(std::mem::take(&mut call.metadata), (), call.timeout);
+            head.peer = call.peer.clone();
+            // Only the metadata comes back: the budget is the client's to set.
+            call.metadata = intercept.run(head).await?.into_parts().0;
+            inner.call(method_id, call).await
         }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn tagging() -> Intercept {
+        Intercept::Async(Arc::new(|mut request: Request<()>| async move {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            request.metadata_mut().insert("x-tag", "1").unwrap();
+            Ok(request)
+        }))
+    }
+
+    /// A blocking call runs an async interceptor on a multi-threaded runtime it is called
+    /// from (the interceptor's timer works), and refuses on a current-thread one instead
+    /// of blocking the thread that would run it.
+    #[test]
+    fn blocking_calls_run_async_interceptors_where_they_can() {
+        let intercepts = [tagging()];
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .unwrap();
+        let tagged = multi
+            .block_on(async {
+                tokio::spawn(async move { intercept_all_blocking(&intercepts, Request::new(7)) })
+                    .await
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(tagged.metadata().get("x-tag"), Some(&b"1"[..]));
+        assert_eq!(tagged.into_inner(), 7);
+
+        let single = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let refused = single
+            .block_on(async { intercept_all_blocking(&[tagging()], Request::new(7)) })
+            .unwrap_err();
+        assert_eq!(refused.code(), crate::Code::FailedPrecondition, "{refused}");
     }
 }

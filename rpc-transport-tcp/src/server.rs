@@ -128,6 +128,9 @@ impl TcpServer {
         };
         let until = Instant::now() + grace;
         self.shared.draining.store(true, Ordering::SeqCst);
+        for c in self.shared.connections.lock().values() {
+            c.dispatch.drain();
+        }
         // New connections are refused from now on, not accepted and then reset: a client
         // that reconnects meanwhile learns at once that nobody listens here.
         self.shared.stop_accepting.notify_one();
@@ -138,10 +141,8 @@ impl TcpServer {
         {
             tracing::warn!("the listener did not close within {LISTENER_CLOSE_WAIT:?}");
         }
-        for c in self.shared.connections.lock().values() {
-            c.dispatch.drain();
-        }
-        if !self.shared.dispatcher.wait_idle(grace) {
+        let left = until.saturating_duration_since(Instant::now());
+        if !self.shared.dispatcher.wait_idle(left) {
             tracing::warn!(
                 in_flight = self.shared.dispatcher.in_flight(),
                 "shutdown grace period over with handlers still running"
@@ -233,6 +234,10 @@ async fn authenticate(mut stream: tokio::net::TcpStream, peer: SocketAddr, share
     };
     shared.handshaking.fetch_add(1, Ordering::AcqRel);
     let counted = Handshaking(&shared.handshaking);
+    if shared.draining.load(Ordering::SeqCst) {
+        // Accepted just before the shutdown: closed before anything is built for it.
+        return;
+    }
     if at_limit(&stream, peer, &shared, 1) {
         return;
     }

@@ -4,9 +4,9 @@
 //!
 //! The states are gRPC's ([`Connectivity`]). A channel connects lazily: the first call
 //! (or a call that finds the connection dead) starts an attempt on a helper thread, and calls
-//! wait for it. While attempts fail, calls fail fast with the last error's code and message
-//! (`UNAVAILABLE` for a refused connection, `UNAUTHENTICATED` for refused credentials,
-//! `RESOURCE_EXHAUSTED` for a server at its connection limit), or, with
+//! wait for it. While attempts fail, calls fail fast with the last error's message and
+//! `UNAVAILABLE` (or the last error's own code when the client must act on it:
+//! `UNAUTHENTICATED`, `PERMISSION_DENIED`, `RESOURCE_EXHAUSTED`), or, with
 //! [`ReconnectConfig::wait_for_ready`], wait for a connection until their deadline (or
 //! [`ReconnectConfig::connect_wait`] when they have none). One helper thread
 //! per channel at most, and only while it has no connection; it sleeps between attempts and
@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::Connection;
-use crate::status::Status;
+use crate::status::{Code, Status};
 use crate::timer::{DeadlineTimer, TimerKey};
 
 /// Opens the connections of a healing channel (a transport and an address).
@@ -104,6 +104,16 @@ impl ReconnectConfig {
         // A uniform draw in [0, 1); without randomness the delay is simply not spread.
         let unit = getrandom::u64().map_or(0.5, |r| (r >> 11) as f64 / (1u64 << 53) as f64);
         base.mul_f64(1.0 + jitter * (2.0 * unit - 1.0))
+    }
+}
+
+/// What a call that fails fast says: a refusal the client must act on keeps its code
+/// (credentials, permissions, a server at its connection limit); anything else is gRPC's
+/// "not connected", `UNAVAILABLE`, which retry policies key on.
+fn fail_fast_code(failure: Code) -> Code {
+    match failure {
+        Code::Unauthenticated | Code::PermissionDenied | Code::ResourceExhausted => failure,
+        _ => Code::Unavailable,
     }
 }
 
@@ -241,9 +251,8 @@ impl Healing {
                 Phase::Connecting {
                     failure: Some(failure),
                 } if !self.config.wait_for_ready => {
-                    // The failure's own code: UNAUTHENTICATED for a refused secret, say.
                     let status = Status::new(
-                        failure.code(),
+                        fail_fast_code(failure.code()),
                         format!(
                             "not connected to {}, reconnecting: {}",
                             self.target(),

@@ -387,7 +387,7 @@ fn a_panicking_connector_is_a_failed_attempt() {
     server.panics.store(true, Ordering::SeqCst);
     let channel = healing(&server, no_jitter());
     let status = call(&channel).unwrap_err();
-    assert_eq!(status.code(), Code::Internal, "{status}");
+    assert_eq!(status.code(), Code::Unavailable, "{status}");
     assert!(status.message().contains("panicked"), "{status}");
     server.panics.store(false, Ordering::SeqCst);
     eventually("connected after the panics", || {
