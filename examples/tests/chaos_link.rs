@@ -18,6 +18,27 @@ use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::EchoRequest;
 use rpc_transport_rdma::verbs::test_support::require_device;
 
+/// Prints every thread's stack of this process (through gdb, when the machine has it): what
+/// a step that should have ended is stuck in.
+pub fn print_stacks(why: &str) {
+    say(format!("{why}: the threads' stacks follow"));
+    let pid = std::process::id().to_string();
+    let Ok(out) = Command::new("gdb")
+        .args(["-batch", "-p", &pid, "-ex", "thread apply all bt 30"])
+        .output()
+    else {
+        return say("(no gdb here)".into());
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if line.starts_with("Thread") || line.starts_with('#') {
+            say(line.to_string());
+        }
+    }
+}
+
+/// How long the probe of new connections after the link comes back may take.
+const PROBE_BOUND: Duration = Duration::from_secs(20);
+
 /// Sets veth0's link down for as long as it lives.
 struct LinkDown;
 
@@ -41,7 +62,21 @@ impl LinkDown {
     /// Brings the link up and reports whether new connections to `url` work again within
     /// a few seconds (on soft-RoCE they do not: its connection manager's messages sent
     /// while the link was down leave it stuck, which is why this binary runs last).
+    /// On its own thread and bounded (20 s): a probe that hangs is reported with every
+    /// thread's stack and left behind, not a test that never ends.
     fn up_again(self, url: &str) {
+        let url = url.to_owned();
+        let probe = std::thread::spawn(move || self.probe(&url));
+        let until = Instant::now() + PROBE_BOUND;
+        while !probe.is_finished() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !probe.is_finished() {
+            print_stacks("link down: the probe of new connections did not end within 20 s");
+        }
+    }
+
+    fn probe(self, url: &str) {
         drop(self);
         let since = Instant::now();
         let works = loop {
@@ -50,8 +85,10 @@ impl LinkDown {
                 .connect_blocking(url)
                 .map_err(|e| e.to_string())
                 .and_then(|channel| {
+                    let mut request = rdma_rpc::Request::new(EchoRequest::default());
+                    request.set_timeout(Duration::from_secs(1));
                     EchoClient::new(channel)
-                        .echo_blocking(EchoRequest::default())
+                        .echo_blocking(request)
                         .map_err(|e| e.to_string())
                 });
             match attempt {
