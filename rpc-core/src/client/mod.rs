@@ -9,7 +9,6 @@ mod reconnect;
 mod reconnect_tests;
 
 use std::future::{poll_fn, Future};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -270,11 +269,12 @@ impl Channel {
 
     /// The connection a call made now goes over: at once when the channel has one, else
     /// when one is made (or the wait fails: see [`ReconnectConfig`]).
-    pub(crate) fn connection(&self, deadline: Option<Instant>) -> ConnectionFuture {
-        ConnectionFuture {
-            channel: self.clone(),
-            wait: ConnectWait::new(deadline, true),
-        }
+    pub(crate) async fn connection(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<Arc<Connection>, Status> {
+        let mut wait = ConnectWait::new(deadline, true);
+        poll_fn(|cx| self.poll_connection(cx, &mut wait)).await
     }
 
     /// The blocking form of [`Channel::connection`]: parks the calling thread.
@@ -282,21 +282,32 @@ impl Channel {
         &self,
         deadline: Option<Instant>,
     ) -> Result<Arc<Connection>, Status> {
-        let healing = match &self.inner.source {
-            Source::Fixed(conn) => return Ok(conn.clone()),
-            Source::Healing(healing) => healing,
-        };
+        // A fixed connection needs no waker (the common case: no allocation per call).
+        if let Source::Fixed(conn) = &self.inner.source {
+            return Ok(conn.clone());
+        }
         let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
         let mut cx = Context::from_waker(&waker);
         let mut wait = ConnectWait::new(deadline, false);
         loop {
-            if let Poll::Ready(result) = healing.poll_connection(&mut cx, &mut wait) {
+            if let Poll::Ready(result) = self.poll_connection(&mut cx, &mut wait) {
                 return result;
             }
             match wait.limit() {
                 Some(at) => std::thread::park_timeout(at.saturating_duration_since(Instant::now())),
                 None => std::thread::park(),
             }
+        }
+    }
+
+    fn poll_connection(
+        &self,
+        cx: &mut Context<'_>,
+        wait: &mut ConnectWait,
+    ) -> Poll<Result<Arc<Connection>, Status>> {
+        match &self.inner.source {
+            Source::Fixed(conn) => Poll::Ready(Ok(conn.clone())),
+            Source::Healing(healing) => healing.poll_connection(cx, wait),
         }
     }
 
@@ -364,24 +375,6 @@ impl Channel {
             ));
         }
         Ok(())
-    }
-}
-
-/// Resolves to the connection a call goes over ([`Channel::connection`]).
-pub(crate) struct ConnectionFuture {
-    channel: Channel,
-    wait: ConnectWait,
-}
-
-impl Future for ConnectionFuture {
-    type Output = Result<Arc<Connection>, Status>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        match &this.channel.inner.source {
-            Source::Fixed(conn) => Poll::Ready(Ok(conn.clone())),
-            Source::Healing(healing) => healing.poll_connection(cx, &mut this.wait),
-        }
     }
 }
 

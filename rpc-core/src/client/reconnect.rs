@@ -227,54 +227,9 @@ impl Healing {
         wait: &mut ConnectWait,
     ) -> Poll<Result<Arc<Connection>, Status>> {
         let mut state = self.state.lock();
-        loop {
-            match &state.phase {
-                Phase::Ready { conn, .. } if !conn.is_closed() => {
-                    let conn = conn.clone();
-                    wait.forget(&mut state);
-                    return Poll::Ready(Ok(conn));
-                }
-                Phase::Ready { .. } | Phase::Idle => {
-                    // Never connected, or the connection died: a call wants one now
-                    // (unless its time is up already). Then look again: a connection that
-                    // died young is a failure already.
-                    if let Some(status) = wait.expired(self.target(), &state.phase, &self.config) {
-                        wait.forget(&mut state);
-                        return Poll::Ready(Err(status));
-                    }
-                    if let Err(status) = self.start_worker(&mut state) {
-                        wait.forget(&mut state);
-                        return Poll::Ready(Err(status));
-                    }
-                    continue;
-                }
-                Phase::Connecting {
-                    failure: Some(failure),
-                } if !self.config.wait_for_ready => {
-                    let status = Status::new(
-                        fail_fast_code(failure.code()),
-                        format!(
-                            "not connected to {}, reconnecting: {}",
-                            self.target(),
-                            failure.message()
-                        ),
-                    );
-                    wait.forget(&mut state);
-                    return Poll::Ready(Err(status));
-                }
-                Phase::Connecting { .. } => break,
-                Phase::Shutdown => {
-                    wait.forget(&mut state);
-                    return Poll::Ready(Err(Status::unavailable(format!(
-                        "the channel to {} is closed",
-                        self.target()
-                    ))));
-                }
-            }
-        }
-        if let Some(status) = wait.expired(self.target(), &state.phase, &self.config) {
+        if let Some(outcome) = self.decide(&mut state, wait) {
             wait.forget(&mut state);
-            return Poll::Ready(Err(status));
+            return Poll::Ready(outcome);
         }
         let key = *wait.key.get_or_insert_with(|| {
             state.next_waiter += 1;
@@ -285,6 +240,53 @@ impl Healing {
         drop(state);
         wait.arm_timer(cx);
         Poll::Pending
+    }
+
+    /// What a call gets now: the live connection, or the status that ends its wait; `None`
+    /// while it waits for an attempt.
+    fn decide(
+        self: &Arc<Self>,
+        state: &mut State,
+        wait: &mut ConnectWait,
+    ) -> Option<Result<Arc<Connection>, Status>> {
+        loop {
+            match &state.phase {
+                Phase::Ready { conn, .. } if !conn.is_closed() => return Some(Ok(conn.clone())),
+                Phase::Ready { .. } | Phase::Idle => {
+                    // Never connected, or the connection died: a call wants one now
+                    // (unless its time is up already). Then look again: a connection that
+                    // died young is a failure already.
+                    if let Some(status) = wait.expired(self.target(), &state.phase, &self.config) {
+                        return Some(Err(status));
+                    }
+                    if let Err(status) = self.start_worker(state) {
+                        return Some(Err(status));
+                    }
+                }
+                Phase::Connecting {
+                    failure: Some(failure),
+                } if !self.config.wait_for_ready => {
+                    return Some(Err(Status::new(
+                        fail_fast_code(failure.code()),
+                        format!(
+                            "not connected to {}, reconnecting: {}",
+                            self.target(),
+                            failure.message()
+                        ),
+                    )));
+                }
+                Phase::Connecting { .. } => {
+                    let expired = wait.expired(self.target(), &state.phase, &self.config);
+                    return expired.map(Err);
+                }
+                Phase::Shutdown => {
+                    return Some(Err(Status::unavailable(format!(
+                        "the channel to {} is closed",
+                        self.target()
+                    ))));
+                }
+            }
+        }
     }
 
     /// Starts the helper thread (none runs while the phase is `Idle` or `Ready`); the
@@ -514,22 +516,24 @@ impl ConnectWait {
         self.timer = Some((key, cx.waker().clone()));
     }
 
+    fn stop_timer(&mut self) {
+        if let Some((timer, _)) = self.timer.take() {
+            DeadlineTimer::global().cancel(timer);
+        }
+    }
+
     /// Leaves the waiters (under the channel's lock) and stops the timer.
     fn forget(&mut self, state: &mut State) {
         if let Some(key) = self.key.take() {
             state.waiters.remove(&key);
         }
-        if let Some((timer, _)) = self.timer.take() {
-            DeadlineTimer::global().cancel(timer);
-        }
+        self.stop_timer();
     }
 }
 
 impl Drop for ConnectWait {
     fn drop(&mut self) {
-        if let Some((timer, _)) = self.timer.take() {
-            DeadlineTimer::global().cancel(timer);
-        }
+        self.stop_timer();
         let (Some(key), Some(healing)) = (self.key.take(), self.healing.take()) else {
             return;
         };
