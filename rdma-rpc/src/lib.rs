@@ -12,6 +12,7 @@
 //! # let _ = channel; Ok(()) }
 //! ```
 
+mod balance;
 mod connector;
 mod endpoint;
 mod error;
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 use connector::UrlConnector;
 
+pub use balance::Discovery;
 pub use endpoint::{Endpoint, TransportKind};
 pub use error::Error;
 pub use rpc_core::*;

@@ -21,13 +21,21 @@ pub(crate) fn generate(service: &ServiceModel) -> TokenStream {
     let struct_docs = doc_attrs(
         &format!(
             "Client for `{full_name}`: one async and one blocking method per RPC. \
-             Cheap to clone; every clone shares the channel."
+             Cheap to clone; every clone shares the channel. Unary methods call over any \
+             `CallService` (a channel, or tower layers over one); streaming methods over \
+             a `Channel`."
         ),
         &[],
     );
-    let methods = service
+    let unary = service
         .methods
         .iter()
+        .filter(|method| method.kind == MethodKind::Unary)
+        .map(|method| generate_method(service, method));
+    let streaming = service
+        .methods
+        .iter()
+        .filter(|method| method.kind != MethodKind::Unary)
         .map(|method| generate_method(service, method));
 
     quote! {
@@ -35,17 +43,32 @@ pub(crate) fn generate(service: &ServiceModel) -> TokenStream {
         pub mod #client_mod {
             #struct_docs
             #[derive(Debug, Clone)]
-            pub struct #client_ident {
-                channel: #core::Channel,
+            pub struct #client_ident<S = #core::Channel> {
+                service: S,
             }
 
-            impl #client_ident {
-                /// A client that calls over `channel`.
+            impl<S> #client_ident<S> {
+                /// A client that calls over `service`: a `Channel`, or tower layers over
+                /// one (any `CallService`).
                 #[must_use]
-                pub const fn new(channel: #core::Channel) -> Self {
-                    Self { channel }
+                pub const fn new(service: S) -> Self {
+                    Self { service }
                 }
 
+                /// The service the client calls over.
+                #[must_use]
+                pub const fn get_ref(&self) -> &S {
+                    &self.service
+                }
+
+                /// The service the client calls over.
+                #[must_use]
+                pub fn into_inner(self) -> S {
+                    self.service
+                }
+            }
+
+            impl #client_ident<#core::Channel> {
                 /// A client that calls over `channel`, every call first passing
                 /// `interceptor` (which may add metadata or refuse the call).
                 #[must_use]
@@ -59,10 +82,14 @@ pub(crate) fn generate(service: &ServiceModel) -> TokenStream {
                 /// The channel the client calls over.
                 #[must_use]
                 pub const fn channel(&self) -> &#core::Channel {
-                    &self.channel
+                    &self.service
                 }
 
-                #(#methods)*
+                #(#streaming)*
+            }
+
+            impl<S: #core::CallService> #client_ident<S> {
+                #(#unary)*
             }
         }
     }
@@ -101,7 +128,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
     // A named request type instead of `impl IntoRequest`, so that `use<R>` can keep the
     // future from capturing `&self` (Rust 2024 capture rules): it outlives the client.
     let async_fn =
-        |call: TokenStream, request: TokenStream, into: TokenStream, out: TokenStream| {
+        |call: TokenStream, captures: TokenStream, request: TokenStream, out: TokenStream| {
             quote! {
                 #docs
                 pub fn #fn_ident<R: #request>(
@@ -109,9 +136,9 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
                     request: R,
                 ) -> impl ::core::future::Future<
                     Output = ::core::result::Result<#core::Response<#out>, #core::Status>,
-                > + ::core::marker::Send + 'static + use<R> {
+                > + ::core::marker::Send + 'static + use<#captures> {
                     const METHOD_ID: u32 = #core::method_id(#path);
-                    self.channel.#call(METHOD_ID, #into)
+                    #call
                 }
             }
         };
@@ -122,7 +149,12 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
     let streaming_out = quote!(#core::Streaming<#output>);
     match method.kind {
         MethodKind::Unary => {
-            let call = async_fn(quote!(unary), single, into_single, quote!(#output));
+            let call = async_fn(
+                quote!(#core::client::service::unary(&self.service, METHOD_ID, #into_single)),
+                quote!(R, S),
+                single,
+                quote!(#output),
+            );
             quote! {
                 #call
 
@@ -132,7 +164,8 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
                     request: impl #core::IntoRequest<#input>,
                 ) -> ::core::result::Result<#core::Response<#output>, #core::Status> {
                     const METHOD_ID: u32 = #core::method_id(#path);
-                    self.channel.unary_blocking(
+                    #core::client::service::unary_blocking(
+                        &self.service,
                         METHOD_ID,
                         #core::IntoRequest::<#input>::into_request(request),
                     )
@@ -140,7 +173,12 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
             }
         }
         MethodKind::ServerStreaming => {
-            let call = async_fn(quote!(server_streaming), single, into_single, streaming_out);
+            let call = async_fn(
+                quote!(self.service.server_streaming(METHOD_ID, #into_single)),
+                quote!(R),
+                single,
+                streaming_out,
+            );
             quote! {
                 #call
 
@@ -153,7 +191,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
                     #core::Status,
                 > {
                     const METHOD_ID: u32 = #core::method_id(#path);
-                    self.channel.server_streaming_blocking(
+                    self.service.server_streaming_blocking(
                         METHOD_ID,
                         #core::IntoRequest::<#input>::into_request(request),
                     )
@@ -161,7 +199,12 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
             }
         }
         MethodKind::ClientStreaming => {
-            let call = async_fn(quote!(client_streaming), many, into_many, quote!(#output));
+            let call = async_fn(
+                quote!(self.service.client_streaming(METHOD_ID, #into_many)),
+                quote!(R),
+                many,
+                quote!(#output),
+            );
             quote! {
                 #call
 
@@ -171,7 +214,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
                     request: impl #core::IntoRequest<I>,
                 ) -> ::core::result::Result<#core::Response<#output>, #core::Status> {
                     const METHOD_ID: u32 = #core::method_id(#path);
-                    self.channel.client_streaming_blocking(
+                    self.service.client_streaming_blocking(
                         METHOD_ID,
                         #core::IntoRequest::<I>::into_request(request),
                     )
@@ -179,6 +222,11 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
             }
         }
         // No blocking form: one thread cannot both wait for responses and produce requests.
-        MethodKind::Bidi => async_fn(quote!(streaming), many, into_many, streaming_out),
+        MethodKind::Bidi => async_fn(
+            quote!(self.service.streaming(METHOD_ID, #into_many)),
+            quote!(R),
+            many,
+            streaming_out,
+        ),
     }
 }

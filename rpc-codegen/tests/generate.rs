@@ -78,6 +78,8 @@ fn echo_has_the_client_and_server_shape() {
         impl_fns(client),
         [
             "new",
+            "get_ref",
+            "into_inner",
             "with_interceptor",
             "channel",
             "echo",

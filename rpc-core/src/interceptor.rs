@@ -38,7 +38,6 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use tokio::runtime::RuntimeFlavor;
 
 use crate::message::Request;
 use crate::server::{MethodDescriptor, NamedService, ServerCall, ServerReply, Service};
@@ -108,18 +107,7 @@ impl Intercept {
             Intercept::Sync(interceptor) => return interceptor.call(request),
             Intercept::Async(interceptor) => interceptor,
         };
-        let intercepted = interceptor.call(request);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) if runtime.runtime_flavor() == RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(|| runtime.block_on(intercepted))
-            }
-            // Blocking this thread would stop the runtime the interceptor may need.
-            Ok(_) => Err(Status::failed_precondition(
-                "a blocking call with an async interceptor on a current-thread runtime's \
-                 thread: use the async call",
-            )),
-            Err(_) => futures::executor::block_on(intercepted),
-        }
+        crate::blocking::run("an async interceptor", interceptor.call(request))
     }
 }
 

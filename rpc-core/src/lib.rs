@@ -10,6 +10,7 @@
 //! * [`server`]: services, routing by method id, dispatch with deadlines and cancellation.
 
 pub mod auth;
+mod blocking;
 pub mod body;
 pub mod call_table;
 pub mod client;
@@ -26,8 +27,8 @@ mod timer;
 
 pub use call_table::CallTable;
 pub use client::{
-    Channel, ChannelConfig, ClientTransport, Connection, Connectivity, Connector, Drive,
-    ReconnectConfig,
+    CallService, Channel, ChannelConfig, ClientTransport, Connection, Connectivity, Connector,
+    Drive, ReconnectConfig, UnaryCall,
 };
 pub use error::{Error, HeaderError};
 pub use frame::FrameSender;
@@ -38,6 +39,8 @@ pub use metadata::{MetadataMap, MAX_METADATA_LEN};
 pub use server::{Server, ServerBuilder};
 pub use status::{Code, Status};
 pub use stream::Streaming;
+/// The tower version rpc-core's services and balancer are built on.
+pub use tower;
 
 /// Re-exports used by generated code; not part of the public API.
 #[doc(hidden)]

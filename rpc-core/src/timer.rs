@@ -5,9 +5,10 @@
 //! Blocking calls do not use this: they park with a timeout.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::task::Waker;
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -130,4 +131,61 @@ fn fire(entry: Entry) {
         }
         Entry::Wake(waker) => waker.wake(),
     }
+}
+
+/// Has a task woken at an instant, once per waker (the task's, as last polled); stops on
+/// drop. For futures that look at their own limit when polled.
+#[derive(Debug, Default)]
+pub(crate) struct WakeAt {
+    armed: Option<(TimerKey, Waker)>,
+}
+
+impl WakeAt {
+    /// Wakes `cx`'s task at `at`: schedules it once, again if the task's waker changed.
+    pub(crate) fn arm(&mut self, at: Instant, cx: &Context<'_>) {
+        if let Some((key, waker)) = &self.armed {
+            if key.at == at && waker.will_wake(cx.waker()) {
+                return;
+            }
+            DeadlineTimer::global().cancel(*key);
+        }
+        let key = DeadlineTimer::global().schedule_wake(at, cx.waker().clone());
+        self.armed = Some((key, cx.waker().clone()));
+    }
+
+    /// Cancels the wake, if one is scheduled.
+    pub(crate) fn stop(&mut self) {
+        if let Some((key, _)) = self.armed.take() {
+            DeadlineTimer::global().cancel(key);
+        }
+    }
+}
+
+impl Drop for WakeAt {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// `future`'s output, or `None` if it is still pending at `limit` (never, without one).
+pub(crate) async fn within<T>(
+    limit: Option<Instant>,
+    future: impl Future<Output = T>,
+) -> Option<T> {
+    let mut future = std::pin::pin!(future);
+    let mut wake = WakeAt::default();
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = future.as_mut().poll(cx) {
+            return Poll::Ready(Some(out));
+        }
+        match limit {
+            Some(at) if Instant::now() >= at => Poll::Ready(None),
+            Some(at) => {
+                wake.arm(at, cx);
+                Poll::Pending
+            }
+            None => Poll::Pending,
+        }
+    })
+    .await
 }

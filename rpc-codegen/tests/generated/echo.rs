@@ -28,17 +28,30 @@ pub struct EchoReply {
 ///
 /// See [the docs](<https://example.invalid/echo>) for details.
 pub mod echo_client {
-    /// Client for `echo.Echo`: one async and one blocking method per RPC. Cheap to clone; every clone shares the channel.
+    /// Client for `echo.Echo`: one async and one blocking method per RPC. Cheap to clone; every clone shares the channel. Unary methods call over any `CallService` (a channel, or tower layers over one); streaming methods over a `Channel`.
     #[derive(Debug, Clone)]
-    pub struct EchoClient {
-        channel: ::rpc_core::Channel,
+    pub struct EchoClient<S = ::rpc_core::Channel> {
+        service: S,
     }
-    impl EchoClient {
-        /// A client that calls over `channel`.
+    impl<S> EchoClient<S> {
+        /// A client that calls over `service`: a `Channel`, or tower layers over
+        /// one (any `CallService`).
         #[must_use]
-        pub const fn new(channel: ::rpc_core::Channel) -> Self {
-            Self { channel }
+        pub const fn new(service: S) -> Self {
+            Self { service }
         }
+        /// The service the client calls over.
+        #[must_use]
+        pub const fn get_ref(&self) -> &S {
+            &self.service
+        }
+        /// The service the client calls over.
+        #[must_use]
+        pub fn into_inner(self) -> S {
+            self.service
+        }
+    }
+    impl EchoClient<::rpc_core::Channel> {
         /// A client that calls over `channel`, every call first passing
         /// `interceptor` (which may add metadata or refuse the call).
         #[must_use]
@@ -51,8 +64,10 @@ pub mod echo_client {
         /// The channel the client calls over.
         #[must_use]
         pub const fn channel(&self) -> &::rpc_core::Channel {
-            &self.channel
+            &self.service
         }
+    }
+    impl<S: ::rpc_core::CallService> EchoClient<S> {
         /// Returns the request's message unchanged.
         pub fn echo<R: ::rpc_core::IntoRequest<super::EchoRequest>>(
             &self,
@@ -62,13 +77,13 @@ pub mod echo_client {
                 ::rpc_core::Response<super::EchoReply>,
                 ::rpc_core::Status,
             >,
-        > + ::core::marker::Send + 'static + use<R> {
+        > + ::core::marker::Send + 'static + use<R, S> {
             const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Echo");
-            self.channel
-                .unary(
-                    METHOD_ID,
-                    ::rpc_core::IntoRequest::<super::EchoRequest>::into_request(request),
-                )
+            ::rpc_core::client::service::unary(
+                &self.service,
+                METHOD_ID,
+                ::rpc_core::IntoRequest::<super::EchoRequest>::into_request(request),
+            )
         }
         /// Blocking form of [`EchoClient::echo`]: waits on the calling thread.
         ///
@@ -83,11 +98,11 @@ pub mod echo_client {
             ::rpc_core::Status,
         > {
             const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Echo");
-            self.channel
-                .unary_blocking(
-                    METHOD_ID,
-                    ::rpc_core::IntoRequest::<super::EchoRequest>::into_request(request),
-                )
+            ::rpc_core::client::service::unary_blocking(
+                &self.service,
+                METHOD_ID,
+                ::rpc_core::IntoRequest::<super::EchoRequest>::into_request(request),
+            )
         }
         /// Reports the server's clock.
         pub fn now<R: ::rpc_core::IntoRequest<()>>(
@@ -98,10 +113,13 @@ pub mod echo_client {
                 ::rpc_core::Response<::prost_types::Timestamp>,
                 ::rpc_core::Status,
             >,
-        > + ::core::marker::Send + 'static + use<R> {
+        > + ::core::marker::Send + 'static + use<R, S> {
             const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Now");
-            self.channel
-                .unary(METHOD_ID, ::rpc_core::IntoRequest::<()>::into_request(request))
+            ::rpc_core::client::service::unary(
+                &self.service,
+                METHOD_ID,
+                ::rpc_core::IntoRequest::<()>::into_request(request),
+            )
         }
         /// Blocking form of [`EchoClient::now`]: waits on the calling thread.
         ///
@@ -116,11 +134,11 @@ pub mod echo_client {
             ::rpc_core::Status,
         > {
             const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Now");
-            self.channel
-                .unary_blocking(
-                    METHOD_ID,
-                    ::rpc_core::IntoRequest::<()>::into_request(request),
-                )
+            ::rpc_core::client::service::unary_blocking(
+                &self.service,
+                METHOD_ID,
+                ::rpc_core::IntoRequest::<()>::into_request(request),
+            )
         }
         /// Calls `/echo.Echo/Ping`.
         pub fn ping<R: ::rpc_core::IntoRequest<()>>(
@@ -128,10 +146,13 @@ pub mod echo_client {
             request: R,
         ) -> impl ::core::future::Future<
             Output = ::core::result::Result<::rpc_core::Response<()>, ::rpc_core::Status>,
-        > + ::core::marker::Send + 'static + use<R> {
+        > + ::core::marker::Send + 'static + use<R, S> {
             const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Ping");
-            self.channel
-                .unary(METHOD_ID, ::rpc_core::IntoRequest::<()>::into_request(request))
+            ::rpc_core::client::service::unary(
+                &self.service,
+                METHOD_ID,
+                ::rpc_core::IntoRequest::<()>::into_request(request),
+            )
         }
         /// Blocking form of [`EchoClient::ping`]: waits on the calling thread.
         ///
@@ -143,11 +164,11 @@ pub mod echo_client {
             request: impl ::rpc_core::IntoRequest<()>,
         ) -> ::core::result::Result<::rpc_core::Response<()>, ::rpc_core::Status> {
             const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Ping");
-            self.channel
-                .unary_blocking(
-                    METHOD_ID,
-                    ::rpc_core::IntoRequest::<()>::into_request(request),
-                )
+            ::rpc_core::client::service::unary_blocking(
+                &self.service,
+                METHOD_ID,
+                ::rpc_core::IntoRequest::<()>::into_request(request),
+            )
         }
         /// A method whose name is a Rust keyword.
         pub fn r#type<R: ::rpc_core::IntoRequest<super::EchoRequest>>(
@@ -158,13 +179,13 @@ pub mod echo_client {
                 ::rpc_core::Response<super::EchoReply>,
                 ::rpc_core::Status,
             >,
-        > + ::core::marker::Send + 'static + use<R> {
+        > + ::core::marker::Send + 'static + use<R, S> {
             const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Type");
-            self.channel
-                .unary(
-                    METHOD_ID,
-                    ::rpc_core::IntoRequest::<super::EchoRequest>::into_request(request),
-                )
+            ::rpc_core::client::service::unary(
+                &self.service,
+                METHOD_ID,
+                ::rpc_core::IntoRequest::<super::EchoRequest>::into_request(request),
+            )
         }
         /// Blocking form of `EchoClient::r#type`: waits on the calling thread.
         ///
@@ -179,11 +200,11 @@ pub mod echo_client {
             ::rpc_core::Status,
         > {
             const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Type");
-            self.channel
-                .unary_blocking(
-                    METHOD_ID,
-                    ::rpc_core::IntoRequest::<super::EchoRequest>::into_request(request),
-                )
+            ::rpc_core::client::service::unary_blocking(
+                &self.service,
+                METHOD_ID,
+                ::rpc_core::IntoRequest::<super::EchoRequest>::into_request(request),
+            )
         }
     }
 }

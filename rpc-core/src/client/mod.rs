@@ -2,24 +2,34 @@
 //! or one at a time for a channel that heals), and the unary call machinery that generated
 //! stubs use.
 
+pub mod balance;
+#[cfg(test)]
+mod balance_tests;
 mod call;
 mod connection;
 mod reconnect;
 #[cfg(test)]
 mod reconnect_tests;
+pub mod service;
+#[cfg(test)]
+mod test_support;
 
 use std::future::{poll_fn, Future};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use prost::Message;
 
+use balance::Balanced;
 pub(crate) use call::PendingCall;
 pub use connection::Connection;
 use reconnect::{ConnectWait, Healing};
 pub use reconnect::{Connectivity, Connector, ReconnectConfig};
+pub use service::{CallService, UnaryCall};
 
+use crate::body::EncodeBody;
 use crate::call_table::CallTable;
 use crate::frame::{FrameSender, InboundFrame, OutgoingFrame};
 use crate::header::Header;
@@ -102,6 +112,10 @@ pub struct ChannelConfig {
     /// [`crate::stream::INITIAL_WINDOW`]): per stream, at most `bytes` plus
     /// `max_message_size` are buffered.
     pub stream_window: Window,
+    /// Calls of a balanced channel ([`Channel::balance`]) waiting for the balancer's pick at
+    /// once (default [`balance::DEFAULT_BALANCE_QUEUE`]); more wait for room, within their
+    /// deadline.
+    pub balance_queue: usize,
 }
 
 impl Default for ChannelConfig {
@@ -110,6 +124,7 @@ impl Default for ChannelConfig {
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             default_timeout: None,
             stream_window: DEFAULT_STREAM_WINDOW,
+            balance_queue: balance::DEFAULT_BALANCE_QUEUE,
         }
     }
 }
@@ -120,6 +135,8 @@ enum Source {
     Fixed(Arc<Connection>),
     /// One connection at a time, replaced when it dies (`Channel::healing`).
     Healing(Arc<Healing>),
+    /// Several endpoint channels, one picked per call (`Channel::balance`).
+    Balanced(Box<Balanced>),
 }
 
 struct ChannelInner {
@@ -240,6 +257,7 @@ impl Channel {
         match &self.inner.source {
             Source::Fixed(conn) => conn.peer(),
             Source::Healing(healing) => healing.target(),
+            Source::Balanced(_) => "balanced endpoints",
         }
     }
 
@@ -249,6 +267,7 @@ impl Channel {
             Source::Fixed(conn) if conn.is_closed() => Connectivity::Shutdown,
             Source::Fixed(_) => Connectivity::Ready,
             Source::Healing(healing) => healing.connectivity(),
+            Source::Balanced(balanced) => balanced.connectivity(),
         }
     }
 
@@ -257,6 +276,7 @@ impl Channel {
         match &self.inner.source {
             Source::Fixed(conn) => conn.calls.in_flight(),
             Source::Healing(healing) => healing.current().map_or(0, |c| c.calls.in_flight()),
+            Source::Balanced(balanced) => balanced.in_flight(),
         }
     }
 
@@ -268,13 +288,20 @@ impl Channel {
     }
 
     /// The connection a call made now goes over: at once when the channel has one, else
-    /// when one is made (or the wait fails: see [`ReconnectConfig`]).
+    /// when one is made (or the wait fails: see [`ReconnectConfig`]). A balanced channel
+    /// first has its balancer pick an endpoint.
     pub(crate) async fn connection(
         &self,
         deadline: Option<Instant>,
     ) -> Result<Arc<Connection>, Status> {
+        let mut picked;
+        let mut channel = self;
+        while let Source::Balanced(balanced) = &channel.inner.source {
+            picked = balanced.pick(deadline).await?;
+            channel = &picked;
+        }
         let mut wait = ConnectWait::new(deadline, true);
-        poll_fn(|cx| self.poll_connection(cx, &mut wait)).await
+        poll_fn(|cx| channel.poll_connection(cx, &mut wait)).await
     }
 
     /// The blocking form of [`Channel::connection`]: parks the calling thread.
@@ -282,15 +309,22 @@ impl Channel {
         &self,
         deadline: Option<Instant>,
     ) -> Result<Arc<Connection>, Status> {
+        let mut picked;
+        let mut channel = self;
+        while let Source::Balanced(balanced) = &channel.inner.source {
+            // The pick needs no reactor: the balancer runs on its own thread.
+            picked = futures::executor::block_on(balanced.pick(deadline))?;
+            channel = &picked;
+        }
         // A fixed connection needs no waker (the common case: no allocation per call).
-        if let Source::Fixed(conn) = &self.inner.source {
+        if let Source::Fixed(conn) = &channel.inner.source {
             return Ok(conn.clone());
         }
         let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
         let mut cx = Context::from_waker(&waker);
         let mut wait = ConnectWait::new(deadline, false);
         loop {
-            if let Poll::Ready(result) = self.poll_connection(&mut cx, &mut wait) {
+            if let Poll::Ready(result) = channel.poll_connection(&mut cx, &mut wait) {
                 return result;
             }
             match wait.limit() {
@@ -300,6 +334,7 @@ impl Channel {
         }
     }
 
+    /// The connection of a channel that is not balanced.
     fn poll_connection(
         &self,
         cx: &mut Context<'_>,
@@ -308,6 +343,9 @@ impl Channel {
         match &self.inner.source {
             Source::Fixed(conn) => Poll::Ready(Ok(conn.clone())),
             Source::Healing(healing) => healing.poll_connection(cx, wait),
+            Source::Balanced(_) => Poll::Ready(Err(Status::internal(
+                "a balanced channel has no connection of its own",
+            ))),
         }
     }
 
@@ -324,6 +362,17 @@ impl Channel {
         Req: Message + Send + 'static,
         Resp: Message + Default + Send + 'static,
     {
+        let call = self.unary_encoded(method_id, request);
+        async move { decode_message(call.await?) }
+    }
+
+    /// [`Channel::unary`] with the response's message left encoded: the call as a
+    /// [`tower::Service`] makes it ([`UnaryCall`]).
+    pub(crate) fn unary_encoded<B: EncodeBody + 'static>(
+        &self,
+        method_id: u32,
+        request: Request<B>,
+    ) -> impl Future<Output = Result<Response<Bytes>, Status>> + Send + 'static {
         let channel = self.clone();
         async move {
             let request = channel.intercept(request).await?;
@@ -336,7 +385,7 @@ impl Channel {
             let mut frame = request_frame(header, &request)?;
             call.schedule_deadline();
             poll_fn(|cx| call.poll_send(cx, &mut frame)).await?;
-            decode_response(call.await?)
+            encoded_response(call.await?)
         }
     }
 
@@ -351,6 +400,15 @@ impl Channel {
         Req: Message,
         Resp: Message + Default,
     {
+        decode_message(self.unary_encoded_blocking(method_id, request)?)
+    }
+
+    /// The blocking form of [`Channel::unary_encoded`].
+    pub(crate) fn unary_encoded_blocking<B: EncodeBody>(
+        &self,
+        method_id: u32,
+        request: Request<B>,
+    ) -> Result<Response<Bytes>, Status> {
         let request = self.intercept_blocking(request)?;
         let deadline = self.deadline(request.timeout());
         self.check_size(&request)?;
@@ -360,13 +418,13 @@ impl Channel {
         // A blocking caller may block in `send` itself when the transport is full.
         let sent = conn.transport.send(&mut frame);
         call.sent(sent)?;
-        decode_response(call.wait_blocking()?)
+        encoded_response(call.wait_blocking()?)
     }
 
     /// Refuses a request larger than the channel sends.
-    fn check_size<Req: Message>(&self, request: &Request<Req>) -> Result<(), Status> {
+    fn check_size<B: EncodeBody>(&self, request: &Request<B>) -> Result<(), Status> {
         let limit = self.inner.config.max_message_size;
-        let size = Message::encoded_len(request.get_ref());
+        let size = request.get_ref().encoded_len();
         if size > limit {
             return Err(Status::message_too_large(
                 "request",
@@ -392,9 +450,9 @@ impl Wake for ThreadWaker {
 }
 
 /// The frame of a request: `header`, then the request's metadata and message.
-fn request_frame<'a, Req: Message>(
+fn request_frame<'a, B: EncodeBody>(
     header: Header,
-    request: &'a Request<Req>,
+    request: &'a Request<B>,
 ) -> Result<OutgoingFrame<'a>, Status> {
     let metadata: &MetadataMap = request.metadata();
     OutgoingFrame::new(header, metadata, request.get_ref())
@@ -404,6 +462,11 @@ fn request_frame<'a, Req: Message>(
 pub(crate) fn decode_response<Resp: Message + Default>(
     frame: InboundFrame,
 ) -> Result<Response<Resp>, Status> {
+    decode_message(encoded_response(frame)?)
+}
+
+/// A response frame's status, or its metadata and still encoded message.
+fn encoded_response(frame: InboundFrame) -> Result<Response<Bytes>, Status> {
     let status = frame.header.status;
     if status != Code::Ok {
         return Err(Status::new(
@@ -414,7 +477,15 @@ pub(crate) fn decode_response<Resp: Message + Default>(
     let metadata = frame
         .decode_metadata()
         .map_err(|e| Status::internal(format!("response {e}")))?;
-    let message = Resp::decode(frame.payload)
+    Ok(Response::from_parts(metadata, frame.payload))
+}
+
+/// Decodes a response's message.
+pub(crate) fn decode_message<Resp: Message + Default>(
+    response: Response<Bytes>,
+) -> Result<Response<Resp>, Status> {
+    let (metadata, payload) = response.into_parts();
+    let message = Resp::decode(payload)
         .map_err(|e| Status::internal(format!("failed to decode the response message: {e}")))?;
     Ok(Response::from_parts(metadata, message))
 }

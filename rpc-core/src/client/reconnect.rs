@@ -23,7 +23,7 @@ use rustc_hash::FxHashMap;
 
 use super::Connection;
 use crate::status::{Code, Status};
-use crate::timer::{DeadlineTimer, TimerKey};
+use crate::timer::{DeadlineTimer, WakeAt};
 
 /// Opens the connections of a healing channel (a transport and an address).
 pub trait Connector: Send + Sync + 'static {
@@ -242,6 +242,55 @@ impl Healing {
         Poll::Pending
     }
 
+    /// Whether the channel has a live connection, for a balancer choosing among endpoints:
+    /// ready if it has; else an attempt is started (or runs, backing off) and the task under
+    /// `key` is woken when one ends. Never fails while the channel is open: an endpoint whose
+    /// server is down stays pending, not removed.
+    pub(crate) fn poll_ready(
+        self: &Arc<Self>,
+        cx: &mut Context<'_>,
+        key: &mut Option<u64>,
+    ) -> Poll<Result<(), Status>> {
+        let mut state = self.state.lock();
+        loop {
+            match &state.phase {
+                Phase::Ready { conn, .. } if !conn.is_closed() => {
+                    if let Some(key) = key.take() {
+                        state.waiters.remove(&key);
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                Phase::Ready { .. } | Phase::Idle => {
+                    if self.start_worker(&mut state).is_err() {
+                        // No thread for an attempt now: look again after a backoff.
+                        let at = Instant::now() + self.config.jittered_backoff(1);
+                        DeadlineTimer::global().schedule_wake(at, cx.waker().clone());
+                        return Poll::Pending;
+                    }
+                }
+                Phase::Connecting { .. } => {
+                    let key = *key.get_or_insert_with(|| {
+                        state.next_waiter += 1;
+                        state.next_waiter
+                    });
+                    state.waiters.insert(key, cx.waker().clone());
+                    return Poll::Pending;
+                }
+                Phase::Shutdown => {
+                    return Poll::Ready(Err(Status::unavailable(format!(
+                        "the channel to {} is closed",
+                        self.target()
+                    ))))
+                }
+            }
+        }
+    }
+
+    /// Forgets the waiter `key` of [`Healing::poll_ready`].
+    pub(crate) fn forget_waiter(&self, key: u64) {
+        self.state.lock().waiters.remove(&key);
+    }
+
     /// What a call gets now: the live connection, or the status that ends its wait; `None`
     /// while it waits for an attempt.
     fn decide(
@@ -454,7 +503,7 @@ pub(crate) struct ConnectWait {
     give_up: Option<Instant>,
     /// Wake the task at the limit (async waits; blocking ones park with a timeout).
     use_timer: bool,
-    timer: Option<(TimerKey, Waker)>,
+    timer: WakeAt,
     healing: Option<Weak<Healing>>,
 }
 
@@ -465,7 +514,7 @@ impl ConnectWait {
             deadline,
             give_up: None,
             use_timer,
-            timer: None,
+            timer: WakeAt::default(),
             healing: None,
         }
     }
@@ -503,22 +552,8 @@ impl ConnectWait {
 
     /// Has the task woken at the limit; again if it is now a different task's waker.
     fn arm_timer(&mut self, cx: &Context<'_>) {
-        let (true, Some(at)) = (self.use_timer, self.limit()) else {
-            return;
-        };
-        if let Some((timer, waker)) = &self.timer {
-            if waker.will_wake(cx.waker()) {
-                return;
-            }
-            DeadlineTimer::global().cancel(*timer);
-        }
-        let key = DeadlineTimer::global().schedule_wake(at, cx.waker().clone());
-        self.timer = Some((key, cx.waker().clone()));
-    }
-
-    fn stop_timer(&mut self) {
-        if let Some((timer, _)) = self.timer.take() {
-            DeadlineTimer::global().cancel(timer);
+        if let (true, Some(at)) = (self.use_timer, self.limit()) {
+            self.timer.arm(at, cx);
         }
     }
 
@@ -527,13 +562,12 @@ impl ConnectWait {
         if let Some(key) = self.key.take() {
             state.waiters.remove(&key);
         }
-        self.stop_timer();
+        self.timer.stop();
     }
 }
 
 impl Drop for ConnectWait {
     fn drop(&mut self) {
-        self.stop_timer();
         let (Some(key), Some(healing)) = (self.key.take(), self.healing.take()) else {
             return;
         };

@@ -1,158 +1,17 @@
 //! A healing channel against a scripted server that can go down, come back, and kill
 //! connections.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Context;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use futures::executor::block_on;
-use parking_lot::Mutex;
 
 use super::reconnect::ConnectWait;
-use super::{Channel, ChannelConfig, Connection, Connectivity, Connector, ReconnectConfig, Source};
-use crate::frame::{FrameSender, InboundFrame, OutgoingFrame};
-use crate::header::{FrameKind, Header};
-use crate::{CallTable, ClientTransport, Code, Request, Status};
-
-/// A connection to a server that answers every request at once with an empty message,
-/// unless told to hold its answers.
-struct Answers {
-    calls: Arc<CallTable>,
-    hold: bool,
-}
-
-impl FrameSender for Answers {
-    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        let header = *frame.header();
-        if header.kind == FrameKind::Request && !self.hold {
-            let answer = InboundFrame {
-                header: Header::new(FrameKind::Response, header.call_id),
-                metadata: Bytes::new(),
-                payload: Bytes::new(),
-            };
-            self.calls.complete(header.call_id, Ok(answer));
-        }
-        Ok(())
-    }
-
-    fn poll_send(
-        &self,
-        _: &mut Context<'_>,
-        frame: &mut OutgoingFrame<'_>,
-    ) -> Poll<Result<(), Status>> {
-        Poll::Ready(self.send(frame))
-    }
-}
-
-impl ClientTransport for Answers {
-    fn peer(&self) -> &str {
-        "scripted://server"
-    }
-
-    fn close(&self) {
-        self.calls
-            .close(Status::unavailable("scripted connection closed"));
-    }
-}
-
-/// A server that is up or down, and remembers every attempt and connection.
-#[derive(Default)]
-struct Server {
-    down: AtomicBool,
-    /// Connections are made, then die at once (a server that accepts and drops).
-    drops: AtomicBool,
-    panics: AtomicBool,
-    hold: AtomicBool,
-    attempts: Mutex<Vec<Instant>>,
-    connections: Mutex<Vec<Arc<CallTable>>>,
-}
-
-impl Server {
-    fn attempts(&self) -> usize {
-        self.attempts.lock().len()
-    }
-
-    /// Kills the newest connection, as a server restart or a QP error would.
-    fn kill(&self) {
-        let calls = self
-            .connections
-            .lock()
-            .last()
-            .cloned()
-            .expect("a connection");
-        calls.close(Status::unavailable(
-            "connection reset by the scripted server",
-        ));
-    }
-}
-
-struct ToServer(Arc<Server>);
-
-impl Connector for ToServer {
-    fn connect(&self) -> Result<Connection, Status> {
-        self.0.attempts.lock().push(Instant::now());
-        if self.0.panics.load(Ordering::SeqCst) {
-            panic!("a connector bug");
-        }
-        if self.0.down.load(Ordering::SeqCst) {
-            return Err(Status::unavailable(
-                "cannot connect to scripted://server: refused",
-            ));
-        }
-        let calls = Arc::new(CallTable::new());
-        self.0.connections.lock().push(calls.clone());
-        let transport = Answers {
-            calls: calls.clone(),
-            hold: self.0.hold.load(Ordering::SeqCst),
-        };
-        if self.0.drops.load(Ordering::SeqCst) {
-            calls.close(Status::unavailable("dropped by the scripted server"));
-        }
-        Ok(Connection::new(calls, Arc::new(transport)))
-    }
-
-    fn target(&self) -> &str {
-        "scripted://server"
-    }
-}
-
-fn no_jitter() -> ReconnectConfig {
-    ReconnectConfig {
-        initial_backoff: Duration::from_millis(20),
-        max_backoff: Duration::from_millis(80),
-        multiplier: 2.0,
-        jitter: 0.0,
-        min_connected: Duration::ZERO,
-        ..ReconnectConfig::default()
-    }
-}
-
-fn healing(server: &Arc<Server>, reconnect: ReconnectConfig) -> Channel {
-    let connector = Arc::new(ToServer(server.clone()));
-    Channel::healing(connector, None, reconnect, ChannelConfig::default())
-}
-
-fn call(channel: &Channel) -> Result<(), Status> {
-    block_on(channel.unary::<(), ()>(1, Request::new(()))).map(|_| ())
-}
-
-fn call_blocking(channel: &Channel, timeout: Option<Duration>) -> Result<(), Status> {
-    let mut request = Request::new(());
-    if let Some(timeout) = timeout {
-        request.set_timeout(timeout);
-    }
-    channel.unary_blocking::<(), ()>(1, request).map(|_| ())
-}
-
-fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < until, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
+use super::test_support::*;
+use super::{Channel, ChannelConfig, Connectivity, ReconnectConfig, Source};
+use crate::{Code, Request};
 
 #[test]
 fn connects_lazily_and_replaces_a_dead_connection() {

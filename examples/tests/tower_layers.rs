@@ -1,0 +1,174 @@
+//! Generated clients over tower layers (over TCP): a timeout, a concurrency limit with load
+//! shedding, and retries within a budget compose with a channel as they do with tonic's,
+//! their errors reaching the caller as statuses.
+
+use std::future::Ready;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdma_rpc::prelude::*;
+use rdma_rpc::{ServerHandle, UnaryCall};
+use rpc_examples::echo::echo_client::EchoClient;
+use rpc_examples::echo::echo_server::{Echo, EchoServer};
+use rpc_examples::echo::{EchoReply, EchoRequest};
+use rpc_examples::testing::tester_client::TesterClient;
+use rpc_examples::testing::tester_server::TesterServer;
+use rpc_examples::testing::SleepRequest;
+use rpc_examples::Tester;
+use tower::retry::budget::{Budget, TpsBudget};
+use tower::retry::Policy;
+use tower::ServiceBuilder;
+
+fn sleep(ms: u64) -> SleepRequest {
+    SleepRequest {
+        duration: Some(Duration::from_millis(ms).try_into().unwrap()),
+    }
+}
+
+async fn tester() -> (ServerHandle, Channel) {
+    let server = Server::builder()
+        .add_service(TesterServer::new(Tester::default()))
+        .start("tcp://127.0.0.1:0")
+        .unwrap();
+    let channel = rdma_rpc::connect(server.local_url()).await.unwrap();
+    (server, channel)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_layer_ends_a_slow_call_deadline_exceeded() {
+    let (server, channel) = tester().await;
+    let client = TesterClient::new(
+        ServiceBuilder::new()
+            .timeout(Duration::from_millis(50))
+            .service(channel.clone()),
+    );
+    let started = Instant::now();
+    let status = client.sleep(sleep(2_000)).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status}");
+    assert!(status.message().contains("timeout layer"), "{status}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    client.sleep(sleep(1)).await.expect("a quick call passes");
+
+    // The blocking form runs the stack on this runtime.
+    let blocking = tokio::task::spawn_blocking(move || client.sleep_blocking(sleep(2_000)));
+    let status = blocking.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status}");
+    server.shutdown(Duration::ZERO).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_limit_with_load_shedding_refuses_beyond_the_limit() {
+    let (server, channel) = tester().await;
+    let client = TesterClient::new(
+        ServiceBuilder::new()
+            .load_shed()
+            .concurrency_limit(2)
+            .service(channel),
+    );
+    let running: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(client.sleep(sleep(300))))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let status = client.sleep(sleep(1)).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status}");
+    assert!(status.message().contains("load-shed"), "{status}");
+    for call in running {
+        call.await
+            .unwrap()
+            .expect("the calls within the limit finish");
+    }
+    client.sleep(sleep(1)).await.expect("room again");
+    server.shutdown(Duration::ZERO).await;
+}
+
+/// Fails every other call `UNAVAILABLE`, or every call; counts what it saw.
+#[derive(Clone, Default)]
+struct Flaky {
+    seen: Arc<AtomicUsize>,
+    always: bool,
+}
+
+impl Echo for Flaky {
+    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        let n = self.seen.fetch_add(1, Ordering::SeqCst);
+        if self.always || n.is_multiple_of(2) {
+            return Err(Status::unavailable("flaky"));
+        }
+        let EchoRequest { payload, seq } = request.into_inner();
+        Ok(Response::new(EchoReply { payload, seq }))
+    }
+}
+
+/// Retries `UNAVAILABLE` while the budget allows (tower's own retry budget).
+#[derive(Clone)]
+struct RetryUnavailable(Arc<TpsBudget>);
+
+impl<Res> Policy<UnaryCall, Res, Status> for RetryUnavailable {
+    type Future = Ready<()>;
+
+    fn retry(&mut self, _: &mut UnaryCall, result: &mut Result<Res, Status>) -> Option<Ready<()>> {
+        match result {
+            Ok(_) => {
+                self.0.deposit();
+                None
+            }
+            Err(status) if status.code() == Code::Unavailable && self.0.withdraw() => {
+                Some(std::future::ready(()))
+            }
+            Err(_) => None,
+        }
+    }
+
+    fn clone_request(&mut self, call: &UnaryCall) -> Option<UnaryCall> {
+        Some(call.clone())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_within_a_budget() {
+    for always in [false, true] {
+        let flaky = Flaky {
+            always,
+            ..Flaky::default()
+        };
+        let server = Server::builder()
+            .add_service(EchoServer::new(flaky.clone()))
+            .start("tcp://127.0.0.1:0")
+            .unwrap();
+        let channel = rdma_rpc::connect(server.local_url()).await.unwrap();
+        // Retries as many calls as succeed, plus 10 in reserve (1 s × 10/s).
+        let budget = Arc::new(TpsBudget::new(Duration::from_secs(1), 10, 1.0));
+        let client = EchoClient::new(
+            ServiceBuilder::new()
+                .retry(RetryUnavailable(budget))
+                .service(channel),
+        );
+        let mut answered = 0;
+        for seq in 0..100 {
+            match client
+                .echo(EchoRequest {
+                    payload: Default::default(),
+                    seq,
+                })
+                .await
+            {
+                Ok(reply) => {
+                    assert_eq!(reply.get_ref().seq, seq);
+                    answered += 1;
+                }
+                Err(status) => assert_eq!(status.code(), Code::Unavailable, "{status}"),
+            }
+        }
+        let seen = flaky.seen.load(Ordering::SeqCst);
+        if always {
+            assert_eq!(answered, 0);
+            // No success deposits anything: only the reserve is retried.
+            assert!((101..=111).contains(&seen), "the server saw {seen} calls");
+        } else {
+            assert_eq!(answered, 100, "every failed call was retried once");
+            assert_eq!(seen, 200);
+        }
+        server.shutdown(Duration::ZERO).await;
+    }
+}
