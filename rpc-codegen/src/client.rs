@@ -137,7 +137,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
                 ) -> impl ::core::future::Future<
                     Output = ::core::result::Result<#core::Response<#out>, #core::Status>,
                 > + ::core::marker::Send + 'static + use<#captures> {
-                    const METHOD_ID: u32 = #core::method_id(#path);
+                    static METHOD: #core::Method = #core::Method::new(#path);
                     #call
                 }
             }
@@ -150,7 +150,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
     match method.kind {
         MethodKind::Unary => {
             let call = async_fn(
-                quote!(#core::client::service::unary(&self.service, METHOD_ID, #into_single)),
+                quote!(#core::client::service::unary(&self.service, &METHOD, #into_single)),
                 quote!(R, S),
                 single,
                 quote!(#output),
@@ -163,10 +163,10 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
                     &self,
                     request: impl #core::IntoRequest<#input>,
                 ) -> ::core::result::Result<#core::Response<#output>, #core::Status> {
-                    const METHOD_ID: u32 = #core::method_id(#path);
+                    static METHOD: #core::Method = #core::Method::new(#path);
                     #core::client::service::unary_blocking(
                         &self.service,
-                        METHOD_ID,
+                        &METHOD,
                         #core::IntoRequest::<#input>::into_request(request),
                     )
                 }
@@ -174,7 +174,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
         }
         MethodKind::ServerStreaming => {
             let call = async_fn(
-                quote!(self.service.server_streaming(METHOD_ID, #into_single)),
+                quote!(self.service.server_streaming(&METHOD, #into_single)),
                 quote!(R),
                 single,
                 streaming_out,
@@ -190,9 +190,9 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
                     #core::Response<#core::stream::BlockingStreaming<#output>>,
                     #core::Status,
                 > {
-                    const METHOD_ID: u32 = #core::method_id(#path);
+                    static METHOD: #core::Method = #core::Method::new(#path);
                     self.service.server_streaming_blocking(
-                        METHOD_ID,
+                        &METHOD,
                         #core::IntoRequest::<#input>::into_request(request),
                     )
                 }
@@ -200,7 +200,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
         }
         MethodKind::ClientStreaming => {
             let call = async_fn(
-                quote!(self.service.client_streaming(METHOD_ID, #into_many)),
+                quote!(self.service.client_streaming(&METHOD, #into_many)),
                 quote!(R),
                 many,
                 quote!(#output),
@@ -213,9 +213,9 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
                     &self,
                     request: impl #core::IntoRequest<I>,
                 ) -> ::core::result::Result<#core::Response<#output>, #core::Status> {
-                    const METHOD_ID: u32 = #core::method_id(#path);
+                    static METHOD: #core::Method = #core::Method::new(#path);
                     self.service.client_streaming_blocking(
-                        METHOD_ID,
+                        &METHOD,
                         #core::IntoRequest::<I>::into_request(request),
                     )
                 }
@@ -223,7 +223,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
         }
         // No blocking form: one thread cannot both wait for responses and produce requests.
         MethodKind::Bidi => async_fn(
-            quote!(self.service.streaming(METHOD_ID, #into_many)),
+            quote!(self.service.streaming(&METHOD, #into_many)),
             quote!(R),
             many,
             streaming_out,

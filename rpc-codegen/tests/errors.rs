@@ -114,7 +114,7 @@ service S {
         "::rpc_core::server::streaming(call,|request|inner.chat(request),)",
         // Client: streams in, streams out, blocking iterators.
         "pubfnchat<R:::rpc_core::IntoStreamingRequest<Message=super::M>>",
-        "self.service.server_streaming(METHOD_ID,",
+        "self.service.server_streaming(&METHOD,",
         "pubfnlisten_blocking(",
         "::rpc_core::stream::BlockingStreaming<super::M>",
         "pubfnupload_blocking<I:::core::iter::IntoIterator<Item=super::M>>",

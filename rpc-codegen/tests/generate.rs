@@ -276,7 +276,7 @@ fn files_without_a_package_go_to_underscore_rs() {
     assert_eq!(out.files(), ["_.rs"]);
     let code = out.package("_");
     parse(&code);
-    assert!(code.contains("::rpc_core::method_id(\"/Pinger/Ping\")"));
+    assert!(code.contains("::rpc_core::Method::new(\"/Pinger/Ping\")"));
     assert!(code.contains("pub const SERVICE_NAME: &str = \"Pinger\";"));
 }
 

@@ -20,6 +20,7 @@ pub mod header;
 pub mod interceptor;
 mod message;
 mod metadata;
+pub mod observe;
 pub mod server;
 mod status;
 pub mod stream;
@@ -36,6 +37,7 @@ pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEA
 pub use interceptor::{AsyncInterceptor, InterceptedService, Interceptor};
 pub use message::{method_id, IntoRequest, IntoStreamingRequest, Request, Response};
 pub use metadata::{MetadataMap, MAX_METADATA_LEN};
+pub use observe::{Method, MethodRef};
 pub use server::{Server, ServerBuilder};
 pub use status::{Code, Status};
 pub use stream::Streaming;

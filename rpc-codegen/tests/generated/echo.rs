@@ -78,10 +78,12 @@ pub mod echo_client {
                 ::rpc_core::Status,
             >,
         > + ::core::marker::Send + 'static + use<R, S> {
-            const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Echo");
+            static METHOD: ::rpc_core::Method = ::rpc_core::Method::new(
+                "/echo.Echo/Echo",
+            );
             ::rpc_core::client::service::unary(
                 &self.service,
-                METHOD_ID,
+                &METHOD,
                 ::rpc_core::IntoRequest::<super::EchoRequest>::into_request(request),
             )
         }
@@ -97,10 +99,12 @@ pub mod echo_client {
             ::rpc_core::Response<super::EchoReply>,
             ::rpc_core::Status,
         > {
-            const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Echo");
+            static METHOD: ::rpc_core::Method = ::rpc_core::Method::new(
+                "/echo.Echo/Echo",
+            );
             ::rpc_core::client::service::unary_blocking(
                 &self.service,
-                METHOD_ID,
+                &METHOD,
                 ::rpc_core::IntoRequest::<super::EchoRequest>::into_request(request),
             )
         }
@@ -114,10 +118,12 @@ pub mod echo_client {
                 ::rpc_core::Status,
             >,
         > + ::core::marker::Send + 'static + use<R, S> {
-            const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Now");
+            static METHOD: ::rpc_core::Method = ::rpc_core::Method::new(
+                "/echo.Echo/Now",
+            );
             ::rpc_core::client::service::unary(
                 &self.service,
-                METHOD_ID,
+                &METHOD,
                 ::rpc_core::IntoRequest::<()>::into_request(request),
             )
         }
@@ -133,10 +139,12 @@ pub mod echo_client {
             ::rpc_core::Response<::prost_types::Timestamp>,
             ::rpc_core::Status,
         > {
-            const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Now");
+            static METHOD: ::rpc_core::Method = ::rpc_core::Method::new(
+                "/echo.Echo/Now",
+            );
             ::rpc_core::client::service::unary_blocking(
                 &self.service,
-                METHOD_ID,
+                &METHOD,
                 ::rpc_core::IntoRequest::<()>::into_request(request),
             )
         }
@@ -147,10 +155,12 @@ pub mod echo_client {
         ) -> impl ::core::future::Future<
             Output = ::core::result::Result<::rpc_core::Response<()>, ::rpc_core::Status>,
         > + ::core::marker::Send + 'static + use<R, S> {
-            const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Ping");
+            static METHOD: ::rpc_core::Method = ::rpc_core::Method::new(
+                "/echo.Echo/Ping",
+            );
             ::rpc_core::client::service::unary(
                 &self.service,
-                METHOD_ID,
+                &METHOD,
                 ::rpc_core::IntoRequest::<()>::into_request(request),
             )
         }
@@ -163,10 +173,12 @@ pub mod echo_client {
             &self,
             request: impl ::rpc_core::IntoRequest<()>,
         ) -> ::core::result::Result<::rpc_core::Response<()>, ::rpc_core::Status> {
-            const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Ping");
+            static METHOD: ::rpc_core::Method = ::rpc_core::Method::new(
+                "/echo.Echo/Ping",
+            );
             ::rpc_core::client::service::unary_blocking(
                 &self.service,
-                METHOD_ID,
+                &METHOD,
                 ::rpc_core::IntoRequest::<()>::into_request(request),
             )
         }
@@ -180,10 +192,12 @@ pub mod echo_client {
                 ::rpc_core::Status,
             >,
         > + ::core::marker::Send + 'static + use<R, S> {
-            const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Type");
+            static METHOD: ::rpc_core::Method = ::rpc_core::Method::new(
+                "/echo.Echo/Type",
+            );
             ::rpc_core::client::service::unary(
                 &self.service,
-                METHOD_ID,
+                &METHOD,
                 ::rpc_core::IntoRequest::<super::EchoRequest>::into_request(request),
             )
         }
@@ -199,10 +213,12 @@ pub mod echo_client {
             ::rpc_core::Response<super::EchoReply>,
             ::rpc_core::Status,
         > {
-            const METHOD_ID: u32 = ::rpc_core::method_id("/echo.Echo/Type");
+            static METHOD: ::rpc_core::Method = ::rpc_core::Method::new(
+                "/echo.Echo/Type",
+            );
             ::rpc_core::client::service::unary_blocking(
                 &self.service,
-                METHOD_ID,
+                &METHOD,
                 ::rpc_core::IntoRequest::<super::EchoRequest>::into_request(request),
             )
         }

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use prost::Message;
+use tracing::Instrument;
 
 use balance::Balanced;
 pub(crate) use call::PendingCall;
@@ -38,6 +39,7 @@ use crate::interceptor::{
 };
 use crate::message::{Request, Response};
 use crate::metadata::MetadataMap;
+use crate::observe::{CallRecord, MethodRef};
 use crate::status::{Code, Status};
 use crate::stream::{Window, DEFAULT_STREAM_WINDOW};
 
@@ -349,62 +351,89 @@ impl Channel {
         }
     }
 
-    /// Calls `method_id` (see [`crate::method_id`]) with `request` and awaits the response.
+    /// Calls `method` (a generated [`crate::Method`], or a bare id: see
+    /// [`crate::method_id`]) with `request` and awaits the response.
     ///
     /// The future works on any executor. Dropping it before it completes cancels the call at
     /// the server.
     pub fn unary<Req, Resp>(
         &self,
-        method_id: u32,
+        method: impl Into<MethodRef>,
         request: Request<Req>,
     ) -> impl Future<Output = Result<Response<Resp>, Status>> + Send + 'static
     where
         Req: Message + Send + 'static,
         Resp: Message + Default + Send + 'static,
     {
-        let call = self.unary_encoded(method_id, request);
+        let call = self.unary_encoded(method.into(), request);
         async move { decode_message(call.await?) }
     }
 
     /// [`Channel::unary`] with the response's message left encoded: the call as a
-    /// [`tower::Service`] makes it ([`UnaryCall`]).
+    /// [`tower::Service`] makes it ([`UnaryCall`]). Recorded ([`crate::observe`]) from here.
     pub(crate) fn unary_encoded<B: EncodeBody + 'static>(
+        &self,
+        method: MethodRef,
+        mut request: Request<B>,
+    ) -> impl Future<Output = Result<Response<Bytes>, Status>> + Send + 'static {
+        let channel = self.clone();
+        let record = CallRecord::client(method, self.peer(), request.metadata_mut());
+        let span = record.span().clone();
+        async move {
+            let result = channel.unary_call(method.id(), request).await;
+            record.end(&result);
+            result
+        }
+        .instrument(span)
+    }
+
+    async fn unary_call<B: EncodeBody>(
         &self,
         method_id: u32,
         request: Request<B>,
-    ) -> impl Future<Output = Result<Response<Bytes>, Status>> + Send + 'static {
-        let channel = self.clone();
-        async move {
-            let request = channel.intercept(request).await?;
-            // The deadline runs from here: waiting for a connection, or for room to send,
-            // counts against it.
-            let deadline = channel.deadline(request.timeout());
-            channel.check_size(&request)?;
-            let conn = channel.connection(deadline).await?;
-            let (mut call, header) = conn.register_call(method_id, request.metadata(), deadline)?;
-            let mut frame = request_frame(header, &request)?;
-            call.schedule_deadline();
-            poll_fn(|cx| call.poll_send(cx, &mut frame)).await?;
-            encoded_response(call.await?)
-        }
+    ) -> Result<Response<Bytes>, Status> {
+        let request = self.intercept(request).await?;
+        // The deadline runs from here: waiting for a connection, or for room to send,
+        // counts against it.
+        let deadline = self.deadline(request.timeout());
+        self.check_size(&request)?;
+        let conn = self.connection(deadline).await?;
+        let (mut call, header) = conn.register_call(method_id, request.metadata(), deadline)?;
+        let mut frame = request_frame(header, &request)?;
+        call.schedule_deadline();
+        poll_fn(|cx| call.poll_send(cx, &mut frame)).await?;
+        encoded_response(call.await?)
     }
 
     /// The blocking form of [`Channel::unary`], for synchronous code. The calling thread
     /// waits on its own call (and may drive the transport itself while it does).
     pub fn unary_blocking<Req, Resp>(
         &self,
-        method_id: u32,
+        method: impl Into<MethodRef>,
         request: Request<Req>,
     ) -> Result<Response<Resp>, Status>
     where
         Req: Message,
         Resp: Message + Default,
     {
-        decode_message(self.unary_encoded_blocking(method_id, request)?)
+        decode_message(self.unary_encoded_blocking(method.into(), request)?)
     }
 
     /// The blocking form of [`Channel::unary_encoded`].
     pub(crate) fn unary_encoded_blocking<B: EncodeBody>(
+        &self,
+        method: MethodRef,
+        mut request: Request<B>,
+    ) -> Result<Response<Bytes>, Status> {
+        let record = CallRecord::client(method, self.peer(), request.metadata_mut());
+        let result = record
+            .span()
+            .in_scope(|| self.unary_call_blocking(method.id(), request));
+        record.end(&result);
+        result
+    }
+
+    fn unary_call_blocking<B: EncodeBody>(
         &self,
         method_id: u32,
         request: Request<B>,

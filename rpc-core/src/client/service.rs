@@ -30,6 +30,7 @@ use tower::{BoxError, Service, ServiceExt};
 use super::{decode_message, Channel};
 use crate::body::EncodeBody;
 use crate::message::{Request, Response};
+use crate::observe::{Method, MethodRef};
 use crate::status::Status;
 
 /// A unary call on its way through a [`tower::Service`]: the method and the request, its
@@ -37,14 +38,14 @@ use crate::status::Status;
 /// Cheap to clone, so a retry layer can send it again.
 #[derive(Clone)]
 pub struct UnaryCall {
-    method_id: u32,
+    method: MethodRef,
     request: Request<ErasedMessage>,
 }
 
 impl std::fmt::Debug for UnaryCall {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UnaryCall")
-            .field("method_id", &self.method_id)
+            .field("method", &self.method.path())
             .field("metadata", self.request.metadata())
             .field("timeout", &self.request.timeout())
             .finish_non_exhaustive()
@@ -52,17 +53,20 @@ impl std::fmt::Debug for UnaryCall {
 }
 
 impl UnaryCall {
-    /// A call of `method_id` (see [`crate::method_id`]) with `request`.
-    pub fn new<M: Message + Send + Sync + 'static>(method_id: u32, request: Request<M>) -> Self {
+    /// A call of `method` with `request`.
+    pub fn new<M: Message + Send + Sync + 'static>(
+        method: impl Into<MethodRef>,
+        request: Request<M>,
+    ) -> Self {
         UnaryCall {
-            method_id,
+            method: method.into(),
             request: request.map(|message| ErasedMessage(Arc::new(message))),
         }
     }
 
     /// The method called.
-    pub fn method_id(&self) -> u32 {
-        self.method_id
+    pub fn method(&self) -> MethodRef {
+        self.method
     }
 
     /// The request (metadata, time budget; the message is opaque).
@@ -103,7 +107,7 @@ impl Service<UnaryCall> for Channel {
     }
 
     fn call(&mut self, call: UnaryCall) -> Self::Future {
-        Box::pin(self.unary_encoded(call.method_id, call.request))
+        Box::pin(self.unary_encoded(call.method, call.request))
     }
 }
 
@@ -129,12 +133,12 @@ impl<S> CallService for S where
 {
 }
 
-/// Calls `method_id` with `request` over `service` and awaits the response (what a
+/// Calls `method` with `request` over `service` and awaits the response (what a
 /// generated client's unary method does). Over a plain [`Channel`] the call takes the
 /// channel's own path: no type erasure, no boxed future.
 pub fn unary<S, Req, Resp>(
     service: &S,
-    method_id: u32,
+    method: &'static Method,
     request: Request<Req>,
 ) -> impl Future<Output = Result<Response<Resp>, Status>> + Send + 'static
 where
@@ -143,12 +147,12 @@ where
     Resp: Message + Default + Send + 'static,
 {
     match (service as &dyn Any).downcast_ref::<Channel>() {
-        Some(channel) => Either::Left(channel.unary(method_id, request)),
+        Some(channel) => Either::Left(channel.unary(method, request)),
         None => {
             let service = service.clone();
             Either::Right(async move {
                 let response = service
-                    .oneshot(UnaryCall::new(method_id, request))
+                    .oneshot(UnaryCall::new(method, request))
                     .await
                     .map_err(status_from_error)?;
                 decode_message(response)
@@ -164,7 +168,7 @@ where
 /// timer, such as a timeout, needs a multi-threaded runtime there).
 pub fn unary_blocking<S, Req, Resp>(
     service: &S,
-    method_id: u32,
+    method: &'static Method,
     request: Request<Req>,
 ) -> Result<Response<Resp>, Status>
 where
@@ -173,9 +177,9 @@ where
     Resp: Message + Default + Send + 'static,
 {
     if let Some(channel) = (service as &dyn Any).downcast_ref::<Channel>() {
-        return channel.unary_blocking(method_id, request);
+        return channel.unary_blocking(method, request);
     }
-    crate::blocking::run("a tower service", unary(service, method_id, request))
+    crate::blocking::run("a tower service", unary(service, method, request))
 }
 
 /// The [`Status`] a service's error reaches the caller as: the status itself, or for tower's

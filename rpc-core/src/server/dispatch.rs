@@ -13,13 +13,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use futures::future::{AbortHandle, Abortable};
 use futures::FutureExt;
 use parking_lot::Mutex;
+use tracing::Instrument;
 
 use crate::auth::Peer;
-use crate::body::RawBody;
 use crate::error::Error;
-use crate::frame::{InboundFrame, OutgoingFrame};
+use crate::frame::InboundFrame;
 use crate::header::{Flags, FrameKind, Header};
-use crate::metadata::MetadataMap;
+use crate::observe::trace::TraceContext;
+use crate::observe::CallRecord;
+pub(crate) use crate::server::answer::Answer;
 use crate::server::calls::Calls;
 pub use crate::server::config::{
     ServerConfig, DEFAULT_MAX_CALLS, DEFAULT_MAX_CALLS_PER_CONNECTION,
@@ -27,31 +29,11 @@ pub use crate::server::config::{
 use crate::server::early::Streams;
 use crate::server::in_flight::InFlight;
 use crate::server::router::Router;
-use crate::server::service::{InboundStream, ServerCall, ServerReply};
+use crate::server::service::{InboundStream, ServerCall};
 pub use crate::server::sink::ReplySink;
 use crate::status::{Code, Status};
 use crate::stream::Outgoing;
 use crate::stream::{is_stream_frame, Link, StreamShared, Wakes};
-
-/// Longest status message sent on the wire; longer ones are cut at a char boundary.
-const MAX_STATUS_MESSAGE: usize = 4096;
-
-/// What a call is answered with.
-pub(crate) enum Answer {
-    /// The handler's reply.
-    Reply(ServerReply),
-    /// A status: the handler's error, or why its reply could not go.
-    Status(Status),
-}
-
-impl From<Result<ServerReply, Status>> for Answer {
-    fn from(result: Result<ServerReply, Status>) -> Self {
-        match result {
-            Ok(reply) => Answer::Reply(reply),
-            Err(status) => Answer::Status(status),
-        }
-    }
-}
 
 pub(super) enum RuntimeSlot {
     Owned(Option<tokio::runtime::Runtime>),
@@ -167,7 +149,7 @@ pub struct ConnectionDispatch {
     pub(super) dispatcher: Arc<Dispatcher>,
     /// Who is on the other end, for handlers ([`crate::Request::peer`]).
     peer: Arc<Peer>,
-    sink: Arc<dyn ReplySink>,
+    pub(super) sink: Arc<dyn ReplySink>,
     pub(super) running: Mutex<Calls>,
     /// Streaming calls running, for their stream frames, and the frames that came before
     /// their requests.
@@ -340,16 +322,6 @@ impl ConnectionDispatch {
                 );
             }
         }
-        if let Some(status) = self.over_limit() {
-            // Sent if there is room now, else dropped: a refusal must not queue a task
-            // either, and a peer that leaves us no room holds the credits that would carry
-            // it.
-            return self.refuse(call_id, status);
-        }
-        let limit = dispatcher.config.max_message_size;
-        if frame.payload.len() > limit {
-            return self.reject_oversized(&header, frame.payload.len() as u64);
-        }
         let Some(route) = dispatcher.router.get(header.method_id) else {
             return self.send_status(
                 call_id,
@@ -365,7 +337,20 @@ impl ConnectionDispatch {
                 return self.send_status(call_id, &Status::invalid_argument(format!("request {e}")))
             }
         };
-        let timeout = (header.timeout_us > 0).then(|| Duration::from_micros(header.timeout_us));
+        let record = CallRecord::server(route.metrics(), route.path, &self.peer.addr, &metadata);
+        if let Some(status) = self.over_limit() {
+            record.end_with(status.code());
+            // Sent if there is room now, else dropped: a refusal must not queue a task
+            // either, and a peer that leaves us no room holds the credits that would carry
+            // it.
+            return self.refuse(call_id, status);
+        }
+        let limit = dispatcher.config.max_message_size;
+        if frame.payload.len() > limit {
+            record.end_with(Code::ResourceExhausted);
+            return self.reject_oversized(&header, frame.payload.len() as u64);
+        }
+        let timeout = call_timeout(&header);
         let streaming = header.flags.contains(Flags::STREAM);
         let stream = streaming.then(|| {
             let shared = Arc::new(StreamShared::new(dispatcher.config.stream_window, limit));
@@ -392,8 +377,9 @@ impl ConnectionDispatch {
         let panicked = move || Err(Status::internal(format!("{path} panicked")));
 
         if let Some(out) = outgoing {
-            return self.spawn_stream(call_id, method_id, path, timeout, handler, out);
+            return self.spawn_stream(&header, path, handler, out, record);
         }
+        let trace = record.trace();
 
         if dispatcher.config.inline_handlers {
             // The fast path: poll the handler once right here. One that finishes without
@@ -404,24 +390,29 @@ impl ConnectionDispatch {
             let _running = dispatcher.in_flight.running();
             // A panicking handler answers INTERNAL instead of taking the connection down
             // with the thread it ran on (the transport's receive thread).
-            let polled =
-                std::panic::catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(&mut cx)));
+            let polled = record.span().in_scope(|| {
+                TraceContext::scope_sync(trace, || {
+                    std::panic::catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(&mut cx)))
+                })
+            });
             let done = match polled {
                 Ok(Poll::Ready(result)) => Some(result),
                 Ok(Poll::Pending) => None,
                 Err(_) => Some(panicked()),
             };
             if let Some(result) = done {
+                record.end(&result);
                 self.answer(call_id, method_id, result.into());
                 return;
             }
         }
 
-        let handler = AssertUnwindSafe(handler)
+        let handler = AssertUnwindSafe(TraceContext::scope(trace, handler))
             .catch_unwind()
             .map(move |outcome| outcome.unwrap_or_else(|_| panicked()));
         let guard = self.enter();
         let conn = self.clone();
+        let span = record.span().clone();
         let run = async move {
             let result = match timeout {
                 Some(t) => tokio::time::timeout(t, handler).await.unwrap_or_else(|_| {
@@ -431,11 +422,13 @@ impl ConnectionDispatch {
                 }),
                 None => handler.await,
             };
+            record.end(&result);
             let mut answer = Answer::from(result);
             futures::future::poll_fn(|cx| conn.poll_answer(cx, call_id, method_id, &mut answer))
                 .await;
             drop(guard);
-        };
+        }
+        .instrument(span);
         let (abort, registration) = AbortHandle::new_pair();
         let conn = self.clone();
         let task = Abortable::new(run, registration).map(move |_| {
@@ -445,150 +438,9 @@ impl ConnectionDispatch {
         self.running.lock().start(call_id, abort);
         dispatcher.runtime.handle().spawn(task);
     }
-
-    /// Answers `call_id` from the thread that received its request: sends the answer at
-    /// once if the transport has room, else finishes on the runtime, so the receive path
-    /// never blocks on a peer that does not hand back credits.
-    fn answer(self: &Arc<Self>, call_id: u64, method_id: u32, answer: Answer) {
-        let mut answer = answer;
-        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
-        if self
-            .poll_answer(&mut cx, call_id, method_id, &mut answer)
-            .is_ready()
-        {
-            return;
-        }
-        let guard = self.enter();
-        let conn = self.clone();
-        self.dispatcher.runtime.handle().spawn(async move {
-            futures::future::poll_fn(|cx| conn.poll_answer(cx, call_id, method_id, &mut answer))
-                .await;
-            drop(guard);
-        });
-    }
-
-    /// Sends the answer of `call_id`; the response echoes `method_id`, so that clients can
-    /// learn the size of each method's responses (RDMA clients advertise a response buffer
-    /// from it). A reply that cannot go (too large, bad metadata, more than the transport
-    /// carries) turns into a status naming the reason. `Pending` while the transport has no
-    /// room; each poll starts the frame over.
-    pub(crate) fn poll_answer(
-        &self,
-        cx: &mut Context<'_>,
-        call_id: u64,
-        method_id: u32,
-        answer: &mut Answer,
-    ) -> Poll<()> {
-        let mut header = Header::new(FrameKind::Response, call_id);
-        let failed = match answer {
-            Answer::Reply(reply) => {
-                header.method_id = method_id;
-                let sent = match self.check_reply(reply) {
-                    Err(status) => Err(status),
-                    Ok(()) => {
-                        let metadata: &MetadataMap = &reply.metadata;
-                        match OutgoingFrame::new(header, metadata, &*reply.body) {
-                            Ok(mut frame) => match self.sink.poll_send(cx, &mut frame) {
-                                Poll::Pending => return Poll::Pending,
-                                // Too large for what the transport can carry (an RDMA slot,
-                                // say): the call still gets an answer, with the reason.
-                                Poll::Ready(Err(status))
-                                    if status.code() == Code::ResourceExhausted =>
-                                {
-                                    Err(Status::resource_exhausted(format!(
-                                        "response {}",
-                                        status.message()
-                                    )))
-                                }
-                                Poll::Ready(Err(status)) => {
-                                    tracing::debug!(call_id, %status, "response not sent: connection gone");
-                                    Ok(())
-                                }
-                                Poll::Ready(Ok(())) => Ok(()),
-                            },
-                            Err(e) => Err(Status::resource_exhausted(e.to_string())),
-                        }
-                    }
-                };
-                match sent {
-                    Ok(()) => return Poll::Ready(()),
-                    Err(status) => status,
-                }
-            }
-            Answer::Status(status) => {
-                header.status = if status.code() == Code::Ok {
-                    Code::Unknown
-                } else {
-                    status.code()
-                };
-                let message = truncate_at_char(status.message(), MAX_STATUS_MESSAGE);
-                let body = RawBody(message.as_bytes());
-                let empty = MetadataMap::new();
-                match OutgoingFrame::new(header, &empty, &body) {
-                    Ok(mut frame) => match self.sink.poll_send(cx, &mut frame) {
-                        Poll::Pending => return Poll::Pending,
-                        Poll::Ready(Err(status)) => {
-                            tracing::debug!(call_id, %status, "response not sent: connection gone");
-                        }
-                        Poll::Ready(Ok(())) => {}
-                    },
-                    Err(e) => tracing::error!(call_id, %e, "status frame does not fit"),
-                }
-                return Poll::Ready(());
-            }
-        };
-        *answer = Answer::Status(failed);
-        self.poll_answer(cx, call_id, method_id, answer)
-    }
-
-    /// Why `reply` cannot be sent as it is, if it cannot.
-    fn check_reply(&self, reply: &ServerReply) -> Result<(), Status> {
-        let limit = self.dispatcher.config.max_message_size;
-        let size = reply.body.encoded_len();
-        if size > limit {
-            return Err(Status::message_too_large(
-                "response",
-                size as u64,
-                limit as u64,
-            ));
-        }
-        reply
-            .metadata
-            .checked_encoded_len()
-            .map(drop)
-            .map_err(|e| Status::internal(format!("response {e}")))
-    }
-
-    pub(crate) fn send_status(self: &Arc<Self>, call_id: u64, status: &Status) {
-        self.answer(call_id, 0, Answer::Status(status.clone()));
-    }
-
-    /// Answers `call_id` with `status` if the transport has room now, else drops it.
-    fn refuse(&self, call_id: u64, status: Status) {
-        tracing::debug!(call_id, %status, "refusing a request");
-        let mut answer = Answer::Status(status);
-        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
-        if self
-            .poll_answer(&mut cx, call_id, 0, &mut answer)
-            .is_pending()
-        {
-            tracing::debug!(call_id, "no room for the refusal; dropped");
-        }
-    }
 }
 
-/// The message of `status` as it goes on the wire: cut to [`MAX_STATUS_MESSAGE`] bytes.
-pub(crate) fn status_message(status: &Status) -> &str {
-    truncate_at_char(status.message(), MAX_STATUS_MESSAGE)
-}
-
-fn truncate_at_char(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+/// The time budget a request carries.
+pub(super) fn call_timeout(header: &Header) -> Option<Duration> {
+    (header.timeout_us > 0).then(|| Duration::from_micros(header.timeout_us))
 }

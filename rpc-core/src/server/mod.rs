@@ -10,6 +10,7 @@
 //! # Ok(()) }
 //! ```
 
+mod answer;
 mod calls;
 mod config;
 mod dispatch;
@@ -24,7 +25,7 @@ mod tests;
 
 use std::sync::Arc;
 
-pub(crate) use dispatch::status_message;
+pub(crate) use answer::status_message;
 pub use dispatch::{
     ConnectionDispatch, Dispatcher, ReplySink, ServerConfig, DEFAULT_MAX_CALLS,
     DEFAULT_MAX_CALLS_PER_CONNECTION,

@@ -1,14 +1,24 @@
 //! Method id → service lookup, checked for collisions when the server is built.
 
 use rustc_hash::FxHashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::error::Error;
+use crate::observe::{MethodMetrics, Side};
 use crate::server::service::Service;
 
 pub(crate) struct Route {
     pub(crate) service: Arc<dyn Service>,
     pub(crate) path: &'static str,
+    metrics: OnceLock<&'static MethodMetrics>,
+}
+
+impl Route {
+    /// The method's server-side metrics, registered at its first call.
+    pub(crate) fn metrics(&self) -> &'static MethodMetrics {
+        self.metrics
+            .get_or_init(|| MethodMetrics::of(Side::Server, self.path))
+    }
 }
 
 #[derive(Default)]
@@ -31,6 +41,7 @@ impl Router {
                 Route {
                     service: service.clone(),
                     path: method.path,
+                    metrics: OnceLock::new(),
                 },
             );
         }

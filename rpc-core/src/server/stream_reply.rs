@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use futures::future::{AbortHandle, Abortable};
 use futures::FutureExt;
+use tracing::Instrument;
 
 use super::dispatch::{Answer, ConnectionDispatch};
 use super::service::ServerReply;
@@ -15,6 +16,8 @@ use crate::body::EmptyBody;
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
 use crate::metadata::MetadataMap;
+use crate::observe::trace::TraceContext;
+use crate::observe::CallRecord;
 use crate::server::early::Routed;
 use crate::status::Status;
 use crate::stream::{Outgoing, StreamShared, Wakes};
@@ -204,27 +207,31 @@ impl ConnectionDispatch {
     /// trailers, all within the call's deadline.
     pub(super) fn spawn_stream(
         self: &Arc<Self>,
-        call_id: u64,
-        method_id: u32,
+        header: &Header,
         path: &'static str,
-        timeout: Option<Duration>,
         handler: futures::future::BoxFuture<'static, Result<ServerReply, Status>>,
         out: Outgoing,
+        record: CallRecord,
     ) {
-        let handler = AssertUnwindSafe(handler)
+        let (call_id, method_id) = (header.call_id, header.method_id);
+        let timeout = super::dispatch::call_timeout(header);
+        let handler = AssertUnwindSafe(TraceContext::scope(record.trace(), handler))
             .catch_unwind()
             .map(move |outcome| {
                 outcome.unwrap_or_else(|_| Err(Status::internal(format!("{path} panicked"))))
             });
         let guard = self.enter();
         let conn = self.clone();
+        let span = record.span().clone();
         let run = async move {
             let mut out = out;
             let mut sender = StreamReply::new(&conn, &mut out);
             let reply = sender.run(handler, timeout, path).await;
+            record.end(&reply);
             sender.finish(method_id, reply).await;
             drop(guard);
-        };
+        }
+        .instrument(span);
         let (abort, registration) = AbortHandle::new_pair();
         let conn = self.clone();
         let task = Abortable::new(run, registration).map(move |_| {

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use futures::{FutureExt, Stream, StreamExt};
 use prost::Message;
+use tracing::Instrument;
 
 use super::send::{Outgoing, TypedMessages};
 use super::{Link, StreamShared, Streaming};
@@ -16,7 +17,8 @@ use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
 use crate::message::{Request, Response};
 use crate::metadata::MetadataMap;
-use crate::status::Status;
+use crate::observe::{CallRecord, MethodRef};
+use crate::status::{Code, Status};
 use crate::timer::{DeadlineTimer, TimerKey};
 
 /// A streaming call between its start and its headers.
@@ -36,6 +38,8 @@ struct StreamGuard {
     shared: Arc<StreamShared>,
     /// The server answered: nothing to cancel.
     quiet: bool,
+    /// The call's metrics and span, from its headers on: it ends as its stream does.
+    record: Option<CallRecord>,
 }
 
 impl StreamGuard {
@@ -46,10 +50,27 @@ impl StreamGuard {
     }
 }
 
+impl StreamGuard {
+    /// How the call ended: its stream's failure or trailers, its connection's end, or given
+    /// up (`CANCELLED`).
+    fn outcome(&self) -> Code {
+        if let Some(code) = self.shared.outcome() {
+            return code;
+        }
+        match self.conn.calls.closed_status() {
+            Some(status) => status.code(),
+            None => Code::Cancelled,
+        }
+    }
+}
+
 impl Drop for StreamGuard {
     fn drop(&mut self) {
         if let Some(key) = self.timer.take() {
             DeadlineTimer::global().cancel(key);
+        }
+        if let Some(record) = self.record.take() {
+            record.end_with(self.outcome());
         }
         let calls = &self.conn.calls;
         calls.detach_stream(self.id);
@@ -96,6 +117,7 @@ impl Channel {
             timer,
             shared,
             quiet: false,
+            record: None,
         };
         Ok((Opening { call, out, guard }, header))
     }
@@ -137,19 +159,27 @@ impl Channel {
     /// dropping the stream before its end cancels the call.
     pub fn server_streaming<Req, Resp>(
         &self,
-        method_id: u32,
-        request: Request<Req>,
+        method: impl Into<MethodRef>,
+        mut request: Request<Req>,
     ) -> impl Future<Output = Result<Response<Streaming<Resp>>, Status>> + Send + 'static
     where
         Req: Message + Send + Sync + 'static,
         Resp: Message + Default + Send + 'static,
     {
         let channel = self.clone();
+        let method = method.into();
+        let record = CallRecord::client(method, self.peer(), request.metadata_mut());
+        let span = record.span().clone();
         async move {
             let request = request.map(|message| futures::stream::iter(Some(message)));
-            let (mut call, sending, guard) = channel.start_stream(method_id, request).await?;
-            let headers = await_headers(&mut call, sending).await?;
-            streaming_response(headers, call.id, guard, None)
+            let headers = async {
+                let (mut call, sending, guard) = channel.start_stream(method.id(), request).await?;
+                let headers = await_headers(&mut call, sending).await?;
+                Ok::<_, Status>((headers, call.id, guard))
+            }
+            .instrument(span)
+            .await;
+            streaming_response(headers, None, record)
         }
     }
 
@@ -158,8 +188,8 @@ impl Channel {
     /// ends: sending then stops).
     pub fn client_streaming<S, Req, Resp>(
         &self,
-        method_id: u32,
-        request: Request<S>,
+        method: impl Into<MethodRef>,
+        mut request: Request<S>,
     ) -> impl Future<Output = Result<Response<Resp>, Status>> + Send + 'static
     where
         S: Stream<Item = Req> + Send + 'static,
@@ -167,11 +197,20 @@ impl Channel {
         Resp: Message + Default + Send + 'static,
     {
         let channel = self.clone();
+        let method = method.into();
+        let record = CallRecord::client(method, self.peer(), request.metadata_mut());
+        let span = record.span().clone();
         async move {
-            let (mut call, sending, guard) = channel.start_stream(method_id, request).await?;
-            let frame = await_headers(&mut call, sending).await;
-            guard.finish_quietly();
-            decode_response(frame?)
+            let response = async {
+                let (mut call, sending, guard) = channel.start_stream(method.id(), request).await?;
+                let frame = await_headers(&mut call, sending).await;
+                guard.finish_quietly();
+                decode_response(frame?)
+            }
+            .instrument(span)
+            .await;
+            record.end(&response);
+            response
         }
     }
 
@@ -181,8 +220,8 @@ impl Channel {
     /// is one, else whenever the response stream is polled).
     pub fn streaming<S, Req, Resp>(
         &self,
-        method_id: u32,
-        request: Request<S>,
+        method: impl Into<MethodRef>,
+        mut request: Request<S>,
     ) -> impl Future<Output = Result<Response<Streaming<Resp>>, Status>> + Send + 'static
     where
         S: Stream<Item = Req> + Send + 'static,
@@ -190,9 +229,25 @@ impl Channel {
         Resp: Message + Default + Send + 'static,
     {
         let channel = self.clone();
+        let method = method.into();
+        let record = CallRecord::client(method, self.peer(), request.metadata_mut());
+        let span = record.span().clone();
         async move {
-            let (mut call, mut sending, guard) = channel.start_stream(method_id, request).await?;
-            let headers = await_headers(&mut call, &mut sending).await?;
+            let opened = async {
+                let (mut call, mut sending, guard) =
+                    channel.start_stream(method.id(), request).await?;
+                let headers = await_headers(&mut call, &mut sending).await?;
+                Ok::<_, Status>((headers, call.id, guard, sending))
+            }
+            .instrument(span)
+            .await;
+            let (headers, id, guard, sending) = match opened {
+                Ok(opened) => opened,
+                Err(status) => {
+                    record.end_with(status.code());
+                    return Err(status);
+                }
+            };
             // The requests go on after the headers; a failure to send them fails the call.
             let failed = guard.shared.clone();
             let rest = async move {
@@ -208,7 +263,7 @@ impl Channel {
                 }
                 Err(_) => Some(rest),
             };
-            streaming_response(headers, call.id, guard, pump)
+            streaming_response(Ok((headers, id, guard)), pump, record)
         }
     }
 
@@ -216,31 +271,54 @@ impl Channel {
     /// iterating on the calling thread.
     pub fn server_streaming_blocking<Req, Resp>(
         &self,
-        method_id: u32,
-        request: Request<Req>,
+        method: impl Into<MethodRef>,
+        mut request: Request<Req>,
     ) -> Result<Response<super::BlockingStreaming<Resp>>, Status>
     where
         Req: Message + Send + Sync + 'static,
         Resp: Message + Default + Send + 'static,
     {
-        let (metadata, message, timeout) = self.intercept_blocking(request)?.into_parts();
-        let (mut opening, header) = self.open_stream_blocking(method_id, &metadata, timeout)?;
-        opening.send_opening_blocking(header, &metadata)?;
-        opening.out.send_blocking(&message)?;
-        opening
-            .out
-            .send_control_blocking(opening.out.half_close())?;
-        let Opening { call, guard, .. } = opening;
-        let id = call.id;
-        let frame = call.wait_blocking()?;
-        let response = streaming_response(frame, id, guard, None)?;
-        let (metadata, stream) = response.into_parts();
+        let method = method.into();
+        let record = CallRecord::client(method, self.peer(), request.metadata_mut());
+        let headers = record.span().in_scope(|| {
+            let (metadata, message, timeout) = self.intercept_blocking(request)?.into_parts();
+            let (mut opening, header) =
+                self.open_stream_blocking(method.id(), &metadata, timeout)?;
+            opening.send_opening_blocking(header, &metadata)?;
+            opening.out.send_blocking(&message)?;
+            opening
+                .out
+                .send_control_blocking(opening.out.half_close())?;
+            let Opening { call, guard, .. } = opening;
+            let id = call.id;
+            Ok((call.wait_blocking()?, id, guard))
+        });
+        let (metadata, stream) = streaming_response(headers, None, record)?.into_parts();
         Ok(Response::from_parts(metadata, stream.into_blocking()))
     }
 
     /// The blocking form of [`Channel::client_streaming`]: sends every message of
     /// `messages` from the calling thread, then waits for the response.
     pub fn client_streaming_blocking<I, Req, Resp>(
+        &self,
+        method: impl Into<MethodRef>,
+        mut request: Request<I>,
+    ) -> Result<Response<Resp>, Status>
+    where
+        I: IntoIterator<Item = Req>,
+        Req: Message,
+        Resp: Message + Default,
+    {
+        let method = method.into();
+        let record = CallRecord::client(method, self.peer(), request.metadata_mut());
+        let response = record
+            .span()
+            .in_scope(|| self.client_streaming_call_blocking(method.id(), request));
+        record.end(&response);
+        response
+    }
+
+    fn client_streaming_call_blocking<I, Req, Resp>(
         &self,
         method_id: u32,
         request: Request<I>,
@@ -385,13 +463,28 @@ fn headers_of(frame: InboundFrame) -> Result<Response<()>, Status> {
     Ok(Response::from_parts(metadata, ()))
 }
 
+/// The stream of a call whose headers came (`headers`: the frame, the call's id and its
+/// guard), recorded until it ends; or the call's status, recorded now.
 fn streaming_response<Resp>(
-    frame: InboundFrame,
-    id: u64,
-    guard: StreamGuard,
+    headers: Result<(InboundFrame, u64, StreamGuard), Status>,
     pump: Option<super::streaming::Pump>,
+    record: CallRecord,
 ) -> Result<Response<Streaming<Resp>>, Status> {
-    let (metadata, ()) = headers_of(frame)?.into_parts();
+    let (frame, id, mut guard) = match headers {
+        Ok(headers) => headers,
+        Err(status) => {
+            record.end_with(status.code());
+            return Err(status);
+        }
+    };
+    let metadata = match headers_of(frame) {
+        Ok(headers) => headers.into_parts().0,
+        Err(status) => {
+            record.end_with(status.code());
+            return Err(status);
+        }
+    };
+    guard.record = Some(record);
     let link = Link::client(guard.conn.transport.clone());
     let shared = guard.shared.clone();
     let mut stream = Streaming::new(shared, link, id, Some(Box::new(guard)));

@@ -40,6 +40,8 @@ struct State {
     failed: Option<Status>,
     /// The reader is gone: arriving messages are dropped instead of buffered.
     reader_gone: bool,
+    /// The code of the server's trailers, once they came.
+    trailers: Option<Code>,
 }
 
 /// One streaming call's shared state (see the module documentation).
@@ -68,6 +70,7 @@ impl StreamShared {
                 writer: Waiter::None,
                 failed: None,
                 reader_gone: false,
+                trailers: None,
             }),
             has_failed: AtomicBool::new(false),
         }
@@ -103,9 +106,14 @@ impl StreamShared {
                 };
                 let message = String::from_utf8_lossy(&frame.payload).into_owned();
                 let status = Status::new(header.status, message);
-                state
+                let code = status.code();
+                let fed = state
                     .inbox
-                    .on_end(header.seq(), StreamEnd::Trailers { status, metadata })
+                    .on_end(header.seq(), StreamEnd::Trailers { status, metadata });
+                if fed.is_ok() {
+                    state.trailers = Some(code);
+                }
+                fed
             }
             FrameKind::WindowUpdate => {
                 let updated = WindowUpdate::decode(&frame.payload)
@@ -171,6 +179,13 @@ impl StreamShared {
         state.reader.wake();
         state.writer.wake();
         status
+    }
+
+    /// How the call ended, as far as this stream knows: the status it failed with, or its
+    /// trailers' code once they came.
+    pub(crate) fn outcome(&self) -> Option<Code> {
+        let state = self.state.lock();
+        state.failed.as_ref().map(Status::code).or(state.trailers)
     }
 
     /// Whether the stream failed or the peer's end was taken: nothing more comes.

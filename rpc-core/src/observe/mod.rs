@@ -1,0 +1,154 @@
+//! What every call records, on both sides, with no setup beyond installing a recorder and
+//! a subscriber:
+//!
+//! * **Metrics** through the [`metrics`] facade (the application installs the exporter,
+//!   Prometheus say), named as grpc-ecosystem's `go-grpc-prometheus` names them and labelled
+//!   `grpc_service`, `grpc_method`: `grpc_{server,client}_started_total`,
+//!   `grpc_{server,client}_handled_total` (also labelled `grpc_code`),
+//!   `grpc_{server,client}_handling_seconds` (a histogram) and
+//!   `grpc_{server,client}_in_flight`. Each method's handles are registered at its first
+//!   call, with the recorder installed then: install the recorder before making or serving
+//!   calls.
+//! * **A tracing span** per call, `rpc.client` or `rpc.server` (INFO), with the method,
+//!   the peer, the status code (`rpc.code`) and the W3C trace id (`trace_id`) once known;
+//!   its time is the call's. The trace crosses calls in the `traceparent` metadata
+//!   ([`trace`]).
+//!
+//! A call counts from its start (before the client's interceptors; on the server, once its
+//! request is routed) to its status; a call given up (its future dropped, its connection
+//! gone) ends `CANCELLED`.
+
+mod method;
+mod metrics;
+pub mod trace;
+
+use std::time::Instant;
+
+use tracing::field::{display, Empty};
+
+pub(crate) use self::metrics::MethodMetrics;
+pub use method::{Method, MethodRef};
+use trace::{TraceContext, TRACEPARENT};
+
+use crate::metadata::MetadataMap;
+use crate::status::{Code, Status};
+
+/// Which end of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Side {
+    Client,
+    Server,
+}
+
+/// One call being observed: counted as started and in flight until it ends ([`CallRecord::end`],
+/// or dropped: `CANCELLED`), inside its span.
+#[derive(Debug)]
+pub(crate) struct CallRecord {
+    metrics: &'static MethodMetrics,
+    started: Instant,
+    span: tracing::Span,
+    trace: Option<TraceContext>,
+    ended: bool,
+}
+
+impl CallRecord {
+    /// A client call of `method` to `peer` starts. Its trace context goes into `metadata`
+    /// unless one is there already: the current handler's, continued, or a new trace if
+    /// this call's span is recorded.
+    pub(crate) fn client(method: MethodRef, peer: &str, metadata: &mut MetadataMap) -> CallRecord {
+        let span = tracing::info_span!(
+            "rpc.client",
+            rpc.method = method.path(),
+            rpc.peer = peer,
+            rpc.code = Empty,
+            trace_id = Empty,
+        );
+        let trace = TraceContext::from_metadata(metadata).or_else(|| {
+            let context = match TraceContext::current() {
+                Some(parent) => parent.child(),
+                None if !span.is_disabled() => TraceContext::new_root(),
+                None => return None,
+            };
+            // No room left in the metadata: the call goes untraced.
+            metadata.insert(TRACEPARENT, context.to_string()).ok()?;
+            Some(context)
+        });
+        CallRecord::start(method.client_metrics(), span, trace)
+    }
+
+    /// A server call of `path` from `peer` starts, in the trace its caller sent.
+    pub(crate) fn server(
+        metrics: &'static MethodMetrics,
+        path: &'static str,
+        peer: &str,
+        metadata: &MetadataMap,
+    ) -> CallRecord {
+        let span = tracing::info_span!(
+            "rpc.server",
+            rpc.method = path,
+            rpc.peer = peer,
+            rpc.code = Empty,
+            trace_id = Empty,
+        );
+        CallRecord::start(metrics, span, TraceContext::from_metadata(metadata))
+    }
+
+    fn start(
+        metrics: &'static MethodMetrics,
+        span: tracing::Span,
+        trace: Option<TraceContext>,
+    ) -> CallRecord {
+        metrics.started.increment(1);
+        metrics.in_flight.increment(1.0);
+        if let Some(trace) = &trace {
+            span.record(
+                "trace_id",
+                display(format_args!("{:032x}", trace.trace_id())),
+            );
+        }
+        CallRecord {
+            metrics,
+            started: Instant::now(),
+            span,
+            trace,
+            ended: false,
+        }
+    }
+
+    /// The call's span.
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// The trace the call belongs to, if any.
+    pub(crate) fn trace(&self) -> Option<TraceContext> {
+        self.trace
+    }
+
+    /// The call ended with `outcome`'s status.
+    pub(crate) fn end<T>(mut self, outcome: &Result<T, Status>) {
+        self.finish(outcome.as_ref().map_or_else(Status::code, |_| Code::Ok));
+    }
+
+    /// The call ended with `code`.
+    pub(crate) fn end_with(mut self, code: Code) {
+        self.finish(code);
+    }
+
+    fn finish(&mut self, code: Code) {
+        self.ended = true;
+        let metrics = self.metrics;
+        metrics.in_flight.decrement(1.0);
+        metrics.handled(code).increment(1);
+        metrics.seconds.record(self.started.elapsed().as_secs_f64());
+        self.span.record("rpc.code", code.as_str());
+    }
+}
+
+impl Drop for CallRecord {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.finish(Code::Cancelled);
+        }
+    }
+}
