@@ -6,12 +6,14 @@ fn main() -> std::io::Result<()> {
             ".rpc.testing.BulkReply.payload",
             ".rpc.streaming.Chunk.payload",
             ".echo",
+            ".kv",
         ])
         .compile_protos(
             &[
                 "../proto/echo.proto",
                 "../proto/testing.proto",
                 "../proto/streaming.proto",
+                "../proto/kv.proto",
             ],
             &["../proto"],
         )

@@ -5,10 +5,18 @@
 //!   request and counts what happened, so tests can observe the server.
 //! * [`streaming`] (package `rpc.streaming`): generated from `proto/streaming.proto`;
 //!   [`Streamer`] produces, consumes and echoes streams.
+//! * [`kv`]: generated from `proto/kv.proto`; [`KvStore`] implements it, the backend of the
+//!   example microservice (`kv-server`, behind the HTTP gateway `kv-gateway`).
+//! * [`shutdown_signal`] and [`prometheus`]: what the example binaries share.
 
 pub mod echo {
     //! Generated from `proto/echo.proto`.
     rpc_core::include_proto!("echo");
+}
+
+pub mod kv {
+    //! Generated from `proto/kv.proto`.
+    rpc_core::include_proto!("kv");
 }
 
 pub mod rpc {
@@ -25,8 +33,40 @@ pub mod rpc {
 
 pub use rpc::{streaming, testing};
 
+mod kv_store;
 mod services;
 mod streamer;
 
+pub use kv_store::{KvLimits, KvStore};
 pub use services::{bulk_pattern, EchoService, Tester, TesterStats};
 pub use streamer::{ChunkStream, Streamer, StreamerStats, STOP_AFTER};
+
+/// Ctrl-C or SIGTERM (what service managers and container runtimes send).
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            eprintln!("cannot watch SIGTERM ({e}); Ctrl-C still works");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Installs the Prometheus recorder (before any call is made or served: rdma-rpc registers
+/// each method's metrics at its first call) and returns the handle that renders them as
+/// Prometheus text.
+///
+/// # Panics
+///
+/// If a recorder is installed already.
+pub fn prometheus() -> metrics_exporter_prometheus::PrometheusHandle {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("no metrics recorder installed before")
+}

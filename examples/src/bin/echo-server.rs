@@ -28,24 +28,8 @@ async fn main() -> Result<(), rdma_rpc::Error> {
         .add_service(EchoServer::new(EchoService))
         .start(&args.url)?;
     println!("echo-server listening on {}", server.local_url());
-    shutdown_signal().await;
+    rpc_examples::shutdown_signal().await;
     println!("shutting down");
     server.shutdown(std::time::Duration::from_secs(5)).await;
     Ok(())
-}
-
-/// Ctrl-C or SIGTERM (what service managers and container runtimes send).
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(e) => {
-            eprintln!("echo-server: cannot watch SIGTERM ({e}); Ctrl-C still works");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
 }
