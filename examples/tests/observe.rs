@@ -144,7 +144,7 @@ fn backend() -> ServerBuilder {
         .add_service(StreamerServer::new(Streamer::default()))
 }
 
-async fn counted_and_traced(start: impl Fn(ServerBuilder) -> ServerHandle) {
+async fn counted_and_traced(rdma: bool, start: impl Fn(ServerBuilder) -> ServerHandle) {
     let observed = observed();
     let _alone = observed.one_at_a_time.lock().await;
     changes(&observed.metrics);
@@ -198,6 +198,15 @@ async fn counted_and_traced(start: impl Fn(ServerBuilder) -> ServerHandle) {
     drop(stream);
     let unknown = to_backend.unary::<(), ()>(0x1234, Request::new(())).await;
     assert_eq!(unknown.unwrap_err().code(), Code::Unimplemented);
+    // A body too large for a slot: it goes by RDMA WRITE.
+    let large = EchoRequest {
+        payload: vec![3; 1 << 20].into(),
+        seq: 0,
+    };
+    assert_eq!(
+        tester.echo(large).await.unwrap().get_ref().payload.len(),
+        1 << 20
+    );
 
     // Servers count a call when they answer it; closing is when every count is in.
     drop((client, tester, streamer, to_backend));
@@ -225,7 +234,7 @@ async fn counted_and_traced(start: impl Fn(ServerBuilder) -> ServerHandle) {
     for side in ["client", "server"] {
         for (path, code, n) in [
             ("/echo.Echo/Echo", "OK", CALLS),
-            ("/rpc.testing.Tester/Echo", "OK", CALLS),
+            ("/rpc.testing.Tester/Echo", "OK", CALLS + 1),
             ("/rpc.testing.Tester/Fail", "NOT_FOUND", 3),
             ("/rpc.streaming.Streamer/Produce", "NOT_FOUND", 1),
         ] {
@@ -242,6 +251,14 @@ async fn counted_and_traced(start: impl Fn(ServerBuilder) -> ServerHandle) {
             assert_eq!(count(&seconds, &labels), n, "{seconds} {path}");
             assert_eq!(count(&in_flight, &labels), 0, "{in_flight} {path}");
         }
+    }
+    if rdma {
+        // The transport's own counters (process-wide): frames both ways, and the large
+        // bodies of the 1 MiB echo by RDMA WRITE, each way.
+        let bytes = |name: &str, labels: &[&str]| count(name, labels);
+        assert!(bytes("rdma_rpc_sent_bytes_total", &["path=send"]) > 0);
+        assert!(bytes("rdma_rpc_received_bytes_total", &[]) > 0);
+        assert!(bytes("rdma_rpc_sent_bytes_total", &["path=write"]) >= 2 << 20);
     }
     let [service, method] = method("/unknown/0x00001234");
     let unimplemented = [service.as_str(), method.as_str(), "grpc_code=UNIMPLEMENTED"];
@@ -272,17 +289,25 @@ async fn counted_and_traced(start: impl Fn(ServerBuilder) -> ServerHandle) {
     let calls = traces("rpc.client", "/echo.Echo/Echo");
     assert_eq!(calls.len(), CALLS, "a trace per call");
     assert_eq!(traces("rpc.server", "/echo.Echo/Echo"), calls);
-    assert_eq!(traces("rpc.client", "/rpc.testing.Tester/Echo"), calls);
-    assert_eq!(traces("rpc.server", "/rpc.testing.Tester/Echo"), calls);
+    // The backend's echoes: the relayed ones in their callers' traces, and the large one
+    // in a trace of its own.
+    for side in ["rpc.client", "rpc.server"] {
+        let backend = traces(side, "/rpc.testing.Tester/Echo");
+        assert!(backend.is_superset(&calls), "{side}");
+        assert_eq!(backend.len(), CALLS + 1, "{side}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_metrics_counted_and_traces_cross_calls() {
-    counted_and_traced(|builder| builder.start("tcp://127.0.0.1:0").unwrap()).await;
+    counted_and_traced(false, |builder| builder.start("tcp://127.0.0.1:0").unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 async fn rdma_metrics_counted_and_traces_cross_calls() {
-    counted_and_traced(|builder| common::start_rdma(builder, Default::default())).await;
+    counted_and_traced(true, |builder| {
+        common::start_rdma(builder, Default::default())
+    })
+    .await;
 }

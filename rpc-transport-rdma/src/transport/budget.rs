@@ -123,7 +123,10 @@ impl ConnectionSlot {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 (held < limit).then_some(held + 1)
             })
-            .map(|_| ConnectionSlot(()))
+            .map(|_| {
+                super::metrics::rdma().connections.increment(1.0);
+                ConnectionSlot(())
+            })
             .map_err(|held| {
                 Status::resource_exhausted(format!(
                     "refusing a connection with {peer}: the process has {held} RDMA connections, \
@@ -136,6 +139,7 @@ impl ConnectionSlot {
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         CONNECTIONS.fetch_sub(1, Ordering::AcqRel);
+        super::metrics::rdma().connections.decrement(1.0);
     }
 }
 
@@ -158,7 +162,12 @@ impl Registered {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 held.checked_add(bytes).filter(|&total| total <= limit)
             })
-            .map(|_| Registered(bytes))
+            .map(|_| {
+                super::metrics::rdma()
+                    .registered_bytes
+                    .increment(bytes as f64);
+                Registered(bytes)
+            })
             .map_err(|held| OverLimit { limit, held })
     }
 }
@@ -166,6 +175,9 @@ impl Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         REGISTERED.fetch_sub(self.0, Ordering::AcqRel);
+        super::metrics::rdma()
+            .registered_bytes
+            .decrement(self.0 as f64);
     }
 }
 

@@ -12,6 +12,7 @@ mod engine;
 mod events;
 mod kick;
 mod large_pool;
+mod metrics;
 mod reaper;
 mod resources;
 mod response_sizes;

@@ -13,6 +13,7 @@ use rpc_core::Status;
 use super::State;
 use super::{large, Conn};
 use crate::protocol::SendError;
+use crate::transport::metrics;
 
 impl Conn {
     /// Encodes `frame` into a send slot and posts it (or queues it behind earlier frames
@@ -35,7 +36,10 @@ impl Conn {
             if self.progress() {
                 continue;
             }
-            let stalled = *blocked_since.get_or_insert_with(Instant::now);
+            let stalled = *blocked_since.get_or_insert_with(|| {
+                metrics::rdma().credit_stalls.increment(1);
+                Instant::now()
+            });
             if stalled.elapsed() >= self.stall_limit {
                 let status = self.stall_status();
                 self.close(status.clone());
@@ -66,6 +70,8 @@ impl Conn {
         {
             let mut wakers = self.write_wakers.lock();
             if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                // A task that starts waiting (not one polled again while it waits).
+                metrics::rdma().credit_stalls.increment(1);
                 wakers.push(cx.waker().clone());
             }
         }
@@ -201,6 +207,9 @@ impl Conn {
             std::panic::resume_unwind(panic);
         }
         let committed = state.proto.commit_send(reservation, frame.header());
+        if committed.is_ok() {
+            metrics::rdma().sent_by_send.increment(len as u64);
+        }
         self.run_actions(&mut state);
         // The frame is on its way: a good moment for slot releases that waited, under the
         // lock already held. Their credits ride on the next frame.
