@@ -100,7 +100,7 @@ impl CallRecord {
     ) -> CallRecord {
         metrics.started.increment(1);
         metrics.in_flight.increment(1.0);
-        if let Some(trace) = &trace {
+        if let (Some(trace), false) = (&trace, span.is_disabled()) {
             span.record(
                 "trace_id",
                 display(format_args!("{:032x}", trace.trace_id())),
@@ -141,7 +141,9 @@ impl CallRecord {
         metrics.in_flight.decrement(1.0);
         metrics.handled(code).increment(1);
         metrics.seconds.record(self.started.elapsed().as_secs_f64());
-        self.span.record("rpc.code", code.as_str());
+        if !self.span.is_disabled() {
+            self.span.record("rpc.code", code.as_str());
+        }
     }
 }
 
