@@ -7,7 +7,8 @@
 //!   [`Streamer`] produces, consumes and echoes streams.
 //! * [`kv`]: generated from `proto/kv.proto`; [`KvStore`] implements it, the backend of the
 //!   example microservice (`kv-server`, behind the HTTP gateway `kv-gateway`).
-//! * [`shutdown_signal`] and [`prometheus`]: what the example binaries share.
+//! * [`init_tracing`], [`shutdown_signal`] and [`prometheus`]: what the example binaries
+//!   share.
 
 pub mod echo {
     //! Generated from `proto/echo.proto`.
@@ -40,6 +41,13 @@ mod streamer;
 pub use kv_store::{KvLimits, KvStore};
 pub use services::{bulk_pattern, EchoService, Tester, TesterStats};
 pub use streamer::{ChunkStream, Streamer, StreamerStats, STOP_AFTER};
+
+/// Logs to stderr, filtered by `RUST_LOG` (as the example binaries do).
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+}
 
 /// Ctrl-C or SIGTERM (what service managers and container runtimes send).
 pub async fn shutdown_signal() {

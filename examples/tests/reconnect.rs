@@ -4,62 +4,19 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use parking_lot::Mutex;
+use common::load::{echo, restart, until, Callers};
 use rdma_rpc::prelude::*;
 use rdma_rpc::{ReconnectConfig, ServeOptions, ServerBuilder, ServerHandle};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
-use rpc_examples::echo::EchoRequest;
 use rpc_examples::EchoService;
 
-const CALLERS: usize = 4;
-/// Every call's budget: a call that hangs fails the test as `DeadlineExceeded`.
-const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+const CALLERS: u64 = 4;
 
 fn echo_server() -> ServerBuilder {
     Server::builder().add_service(EchoServer::new(EchoService))
-}
-
-/// Starts the server again at the URL it had, retrying while the old one lets go of it.
-fn restart(url: &str, options: &ServeOptions) -> ServerHandle {
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        match echo_server().start_with(url, options.clone()) {
-            Ok(server) => return server,
-            Err(e) if Instant::now() < until => {
-                eprintln!("restart at {url}: {e}; again");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(e) => panic!("cannot restart at {url}: {e}"),
-        }
-    }
-}
-
-fn request(seq: u64) -> Request<EchoRequest> {
-    let mut request = Request::new(EchoRequest {
-        payload: seq.to_le_bytes().to_vec().into(),
-        seq,
-    });
-    request.set_timeout(CALL_TIMEOUT);
-    request
-}
-
-#[derive(Default)]
-struct Outcomes {
-    ok: AtomicUsize,
-    failures: Mutex<Vec<Status>>,
-}
-
-async fn until(what: &str, check: impl Fn() -> bool) {
-    let until = Instant::now() + Duration::from_secs(20);
-    while !check() {
-        assert!(Instant::now() < until, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// Four tasks call without pause; the server goes down for 300 ms and comes back at the same
@@ -79,56 +36,34 @@ async fn restart_under_calls(server: ServerHandle, options: ServeOptions) {
     let client = EchoClient::new(connect().connect(&url).await.unwrap());
     let patient = EchoClient::new(connect().wait_for_ready(true).connect_lazy(&url).unwrap());
 
-    let outcomes = Arc::new(Outcomes::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let callers: Vec<_> = (0..CALLERS as u64)
-        .map(|caller| {
-            let (client, outcomes, stop) = (client.clone(), outcomes.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut seq = caller << 32;
-                while !stop.load(Ordering::Relaxed) {
-                    seq += 1;
-                    match client.echo(request(seq)).await {
-                        Ok(reply) => {
-                            assert_eq!(reply.get_ref().seq, seq, "the answer to this call");
-                            outcomes.ok.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(status) => {
-                            outcomes.failures.lock().push(status);
-                            // Failing fast: no busy loop while the server is away.
-                            tokio::time::sleep(Duration::from_millis(2)).await;
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-
-    let ok = || outcomes.ok.load(Ordering::Relaxed);
-    until("calls before the restart", || ok() >= 50).await;
+    let callers = Callers::start(&client, CALLERS);
+    until("calls before the restart", || callers.ok() >= 50).await;
     server.shutdown(Duration::ZERO).await;
     until("calls failing while the server is down", || {
-        !outcomes.failures.lock().is_empty()
+        callers.failed() > 0
     })
     .await;
     let waiting = tokio::spawn({
         let patient = patient.clone();
         // Longer than a restart may take (`restart` retries for up to 10 s).
-        let mut waiting = request(u64::MAX);
+        let mut waiting = echo(u64::MAX);
         waiting.set_timeout(Duration::from_secs(15));
         async move { patient.echo(waiting).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let failures_while_down = outcomes.failures.lock().len();
+    let failures_while_down = callers.failed();
 
     let restarted = tokio::task::spawn_blocking({
         let (url, options) = (url.clone(), options.clone());
-        move || restart(&url, &options)
+        move || restart(&url, || echo_server().start_with(&url, options.clone()))
     })
     .await
     .unwrap();
-    let resumed_from = ok();
-    until("calls after the restart", || ok() >= resumed_from + 50).await;
+    let resumed_from = callers.ok();
+    until("calls after the restart", || {
+        callers.ok() >= resumed_from + 50
+    })
+    .await;
     let answered = tokio::time::timeout(Duration::from_secs(20), waiting)
         .await
         .expect("the wait-for-ready call ended")
@@ -136,14 +71,8 @@ async fn restart_under_calls(server: ServerHandle, options: ServeOptions) {
         .expect("the wait-for-ready call went through once the server was back");
     assert_eq!(answered.get_ref().seq, u64::MAX);
 
-    stop.store(true, Ordering::Relaxed);
-    for caller in callers {
-        tokio::time::timeout(CALL_TIMEOUT * 2, caller)
-            .await
-            .expect("no caller hangs")
-            .unwrap();
-    }
-    let failures = std::mem::take(&mut *outcomes.failures.lock());
+    let calls_answered = callers.ok();
+    let failures = callers.stop().await;
     assert!(failures_while_down > 0);
     // Strict on purpose: a call whose connection dies fails at once with UNAVAILABLE,
     // never by running out its deadline.
@@ -165,7 +94,7 @@ async fn restart_under_calls(server: ServerHandle, options: ServeOptions) {
     assert_eq!(client.channel().in_flight(), 0, "nothing stays in flight");
     eprintln!(
         "{} calls answered, {} failed while the server was away",
-        ok(),
+        calls_answered,
         failures.len()
     );
     restarted.shutdown(Duration::ZERO).await;

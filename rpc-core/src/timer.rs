@@ -5,10 +5,9 @@
 //! Blocking calls do not use this: they park with a timeout.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -165,27 +164,4 @@ impl Drop for WakeAt {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// `future`'s output, or `None` if it is still pending at `limit` (never, without one).
-pub(crate) async fn within<T>(
-    limit: Option<Instant>,
-    future: impl Future<Output = T>,
-) -> Option<T> {
-    let mut future = std::pin::pin!(future);
-    let mut wake = WakeAt::default();
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(out) = future.as_mut().poll(cx) {
-            return Poll::Ready(Some(out));
-        }
-        match limit {
-            Some(at) if Instant::now() >= at => Poll::Ready(None),
-            Some(at) => {
-                wake.arm(at, cx);
-                Poll::Pending
-            }
-            None => Poll::Pending,
-        }
-    })
-    .await
 }

@@ -20,9 +20,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<(), rdma_rpc::Error> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
+    rpc_examples::init_tracing();
     let args = Args::parse();
     let server = Server::builder()
         .add_service(EchoServer::new(EchoService))

@@ -49,9 +49,7 @@ struct Gateway {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
+    rpc_examples::init_tracing();
     let args = Args::parse();
     let prometheus = rpc_examples::prometheus();
     let channel = rdma_rpc::client()

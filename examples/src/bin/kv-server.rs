@@ -35,9 +35,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
+    rpc_examples::init_tracing();
     let args = Args::parse();
     let prometheus = rpc_examples::prometheus();
     let (reporter, health) = rdma_rpc::health::health_reporter();

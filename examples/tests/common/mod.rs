@@ -1,4 +1,8 @@
-//! Helpers shared by the RDMA integration tests of the examples.
+//! Helpers shared by the integration tests of the examples.
+
+// Each test binary uses some of them.
+#[allow(dead_code)]
+pub mod load;
 
 use rdma_rpc::{RdmaConfig, ServeExt, ServeOptions, ServerBuilder, ServerHandle};
 use rpc_transport_rdma::verbs::test_support::test_addr;

@@ -16,6 +16,7 @@
 //! pick at once; more wait for room, within the same limit.
 
 use std::collections::HashMap;
+use std::future::{poll_fn, Future};
 use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -32,7 +33,11 @@ use tower::{BoxError, Service, ServiceExt};
 
 use super::{Channel, ChannelConfig, Connectivity, ReconnectConfig, Source};
 use crate::status::Status;
-use crate::timer::within;
+use crate::timer::WakeAt;
+
+/// How often a call waiting for a connected endpoint looks whether every endpoint is
+/// failing (then it fails fast, unless the channel waits for ready).
+const FAIL_FAST_CHECK: Duration = Duration::from_millis(10);
 
 /// Default of [`ChannelConfig::balance_queue`].
 pub const DEFAULT_BALANCE_QUEUE: usize = 1024;
@@ -56,25 +61,40 @@ pub(crate) struct Balanced {
 impl Balanced {
     /// The endpoint a call made now goes over, once the balancer picks one.
     pub(crate) async fn pick(&self, deadline: Option<Instant>) -> Result<Channel, Status> {
-        if !self.wait_for_ready {
-            if let Some(status) = self.failing() {
-                return Err(status);
-            }
-        }
         let limit = deadline.or_else(|| Instant::now().checked_add(self.connect_wait));
         let mut picker = self.picker.clone();
-        let picked = async move { picker.ready().await?.call(Pick).await };
-        match within(limit, picked).await {
-            Some(Ok(endpoint)) => Ok(endpoint),
-            Some(Err(error)) => Err(Status::unavailable(format!("the balancer failed: {error}"))),
-            None if deadline.is_some() => Err(Status::deadline_exceeded(
-                "deadline exceeded waiting for a connected endpoint",
-            )),
-            None => Err(Status::unavailable(format!(
-                "no endpoint connected within {:?}",
-                self.connect_wait
-            ))),
-        }
+        let mut picked = std::pin::pin!(async move { picker.ready().await?.call(Pick).await });
+        let mut wake = WakeAt::default();
+        poll_fn(|cx| {
+            if let Poll::Ready(picked) = picked.as_mut().poll(cx) {
+                return Poll::Ready(picked.map_err(|error| {
+                    Status::unavailable(format!("the balancer failed: {error}"))
+                }));
+            }
+            let now = Instant::now();
+            if limit.is_some_and(|at| now >= at) {
+                return Poll::Ready(Err(match deadline {
+                    Some(_) => Status::deadline_exceeded(
+                        "deadline exceeded waiting for a connected endpoint",
+                    ),
+                    None => Status::unavailable(format!(
+                        "no endpoint connected within {:?}",
+                        self.connect_wait
+                    )),
+                }));
+            }
+            if !self.wait_for_ready {
+                if let Some(status) = self.failing() {
+                    return Poll::Ready(Err(status));
+                }
+            }
+            // The endpoints' attempts do not wake this wait: it looks again every
+            // FAIL_FAST_CHECK (only while no endpoint is connected).
+            let next = now + FAIL_FAST_CHECK;
+            wake.arm(limit.map_or(next, |at| at.min(next)), cx);
+            Poll::Pending
+        })
+        .await
     }
 
     /// The fail-fast status when every known endpoint is failing to connect.

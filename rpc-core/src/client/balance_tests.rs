@@ -170,11 +170,17 @@ fn with_every_endpoint_down_calls_fail_fast_or_wait_for_one() {
         server.down.store(true, Ordering::SeqCst);
     }
     let channel = balanced(&servers, no_jitter());
-    // The first call waits while the first attempts run, then fails fast.
-    let _ = call_blocking(&channel, Some(Duration::from_millis(100)));
-    eventually("both endpoints have failed", || {
-        channel.connectivity() == Connectivity::TransientFailure
-    });
+    // The first call (no deadline) waits while the first attempts run, then fails fast:
+    // not after connect_wait (20 s), which is how long it waited before.
+    let started = Instant::now();
+    let status = call(&channel).unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "waited {:?}",
+        started.elapsed()
+    );
+    assert_eq!(channel.connectivity(), Connectivity::TransientFailure);
     let started = Instant::now();
     let status = call(&channel).unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status}");
