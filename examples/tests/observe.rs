@@ -256,9 +256,21 @@ async fn counted_and_traced(rdma: bool, start: impl Fn(ServerBuilder) -> ServerH
         // The transport's own counters (process-wide): frames both ways, and the large
         // bodies of the 1 MiB echo by RDMA WRITE, each way.
         let bytes = |name: &str, labels: &[&str]| count(name, labels);
-        assert!(bytes("rdma_rpc_sent_bytes_total", &["path=send"]) > 0);
-        assert!(bytes("rdma_rpc_received_bytes_total", &[]) > 0);
-        assert!(bytes("rdma_rpc_sent_bytes_total", &["path=write"]) >= 2 << 20);
+        let (send, write) = (
+            ["path=send", "transport=rdma"],
+            ["path=write", "transport=rdma"],
+        );
+        assert!(bytes("rdma_rpc_sent_bytes_total", &send) > 0);
+        assert!(bytes("rdma_rpc_received_bytes_total", &["transport=rdma"]) > 0);
+        assert!(bytes("rdma_rpc_sent_bytes_total", &write) >= 2 << 20);
+    } else {
+        // Both ways, the 1 MiB echo among them.
+        let sent = count(
+            "rdma_rpc_sent_bytes_total",
+            &["path=socket", "transport=tcp"],
+        );
+        let received = count("rdma_rpc_received_bytes_total", &["transport=tcp"]);
+        assert!(sent >= 2 << 20 && received >= 2 << 20, "{sent} {received}");
     }
     let [service, method] = method("/unknown/0x00001234");
     let unimplemented = [service.as_str(), method.as_str(), "grpc_code=UNIMPLEMENTED"];

@@ -202,7 +202,10 @@ impl Conn {
         let broken = |e| Status::unavailable(format!("cannot send to {}: {e}", self.peer));
         loop {
             match self.stream.try_write(bytes) {
-                Ok(n) => return Ok(n),
+                Ok(n) => {
+                    crate::metrics::tcp().sent.increment(n as u64);
+                    return Ok(n);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(broken(e)),
             }
@@ -231,6 +234,7 @@ impl Conn {
             let spare = buf.spare_capacity_mut();
             let room = spare.len();
             let n = socket2::SockRef::from(&self.stream).recv(spare)?;
+            crate::metrics::tcp().received.increment(n as u64);
             // SAFETY: recv initialized the first `n` bytes of the spare capacity.
             unsafe { buf.set_len(buf.len() + n) };
             if n > 0 && n < room {

@@ -18,6 +18,7 @@ pub mod codec;
 mod config;
 mod conn;
 pub mod handshake;
+mod metrics;
 mod outbox;
 mod server;
 

@@ -216,6 +216,7 @@ impl Outbox {
             match self.push_locked(&mut st, stream, frame, Class::Data)? {
                 Pushed::Sent => return Ok(()),
                 Pushed::Full => {
+                    crate::metrics::tcp().send_stalls.increment(1);
                     st.parked += 1;
                     let timed_out = match deadline {
                         Some(deadline) => self.room.wait_until(&mut st, deadline).timed_out(),
@@ -284,7 +285,11 @@ impl Outbox {
         }
         // Nothing queued: write on this thread. The lock keeps other senders' frames behind
         // this one; the write never blocks.
-        match stream.try_write(&st.pending) {
+        let written = stream.try_write(&st.pending);
+        if let Ok(n) = written {
+            crate::metrics::tcp().sent.increment(n as u64);
+        }
+        match written {
             Ok(n) if n == st.pending.len() => {
                 st.pending.clear();
                 return Ok(());
@@ -423,8 +428,10 @@ pub(crate) enum Chunk {
     Closed,
 }
 
+/// Adds a task waiting for room (counted as a stall when it starts waiting).
 fn register(waiters: &mut Vec<Waker>, waker: &Waker) {
     if !waiters.iter().any(|w| w.will_wake(waker)) {
+        crate::metrics::tcp().send_stalls.increment(1);
         waiters.push(waker.clone());
     }
 }

@@ -14,6 +14,9 @@
 //!   its time is the call's. The trace crosses calls in the `traceparent` metadata
 //!   ([`trace`]).
 //!
+//! Transports add their own counters ([`transport`]): bytes sent and received, sends that
+//! waited for room.
+//!
 //! A call counts from its start (before the client's interceptors; on the server, once its
 //! request is routed) to its status; a call given up (its future dropped, its connection
 //! gone) ends `CANCELLED`.
@@ -21,6 +24,7 @@
 mod method;
 mod metrics;
 pub mod trace;
+pub mod transport;
 
 use std::time::Instant;
 

@@ -1,19 +1,15 @@
 //! What the RDMA transport reports through the [`metrics`] facade, for the whole process
-//! (one connection's own figures: [`crate::RdmaClient::stats`]):
-//!
-//! * `rdma_rpc_sent_bytes_total{path}`: frames posted by SEND (`path="send"`), and large
-//!   bodies handed to the peer's RDMA WRITE (`path="write"`);
-//! * `rdma_rpc_received_bytes_total`: frames received by SEND/RECV;
-//! * `rdma_rpc_credit_stalls_total`: sends that found no credit or free send slot and had to
-//!   wait for the peer;
-//! * `rdma_rpc_connections` and `rdma_rpc_registered_bytes` (gauges): RDMA connections open,
-//!   and memory registered for large bodies, against [`crate::ProcessLimits`].
-//!
-//! The handles are registered at first use, with the recorder installed then.
+//! (one connection's own figures: [`crate::RdmaClient::stats`]): the counters every
+//! transport has ([`rpc_core::observe::transport`]: bytes by SEND (`path="send"`) and by the
+//! peer's RDMA WRITE of large bodies (`path="write"`), bytes received by SEND/RECV, sends
+//! that waited for credits or send slots), and two gauges against [`crate::ProcessLimits`]:
+//! `rdma_rpc_connections` (RDMA connections open) and `rdma_rpc_registered_bytes` (memory
+//! registered for large bodies). Registered at first use, with the recorder installed then.
 
 use std::sync::OnceLock;
 
 use metrics::{Counter, Gauge};
+use rpc_core::observe::transport;
 
 pub(crate) struct TransportMetrics {
     pub(crate) sent_by_send: Counter,
@@ -28,20 +24,6 @@ pub(crate) struct TransportMetrics {
 pub(crate) fn rdma() -> &'static TransportMetrics {
     static METRICS: OnceLock<TransportMetrics> = OnceLock::new();
     METRICS.get_or_init(|| {
-        metrics::describe_counter!(
-            "rdma_rpc_sent_bytes_total",
-            metrics::Unit::Bytes,
-            "Bytes sent over RDMA, by SEND or by the peer's RDMA WRITE of large bodies"
-        );
-        metrics::describe_counter!(
-            "rdma_rpc_received_bytes_total",
-            metrics::Unit::Bytes,
-            "Bytes of frames received over RDMA SEND/RECV"
-        );
-        metrics::describe_counter!(
-            "rdma_rpc_credit_stalls_total",
-            "RDMA sends that waited for credits or send slots"
-        );
         metrics::describe_gauge!("rdma_rpc_connections", "RDMA connections open");
         metrics::describe_gauge!(
             "rdma_rpc_registered_bytes",
@@ -49,10 +31,10 @@ pub(crate) fn rdma() -> &'static TransportMetrics {
             "Memory registered for large bodies"
         );
         TransportMetrics {
-            sent_by_send: metrics::counter!("rdma_rpc_sent_bytes_total", "path" => "send"),
-            sent_by_write: metrics::counter!("rdma_rpc_sent_bytes_total", "path" => "write"),
-            received: metrics::counter!("rdma_rpc_received_bytes_total"),
-            credit_stalls: metrics::counter!("rdma_rpc_credit_stalls_total"),
+            sent_by_send: transport::sent_bytes("rdma", "send"),
+            sent_by_write: transport::sent_bytes("rdma", "write"),
+            received: transport::received_bytes("rdma"),
+            credit_stalls: transport::send_stalls("rdma"),
             connections: metrics::gauge!("rdma_rpc_connections"),
             registered_bytes: metrics::gauge!("rdma_rpc_registered_bytes"),
         }
