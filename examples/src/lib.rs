@@ -66,15 +66,17 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Installs the Prometheus recorder (before any call is made or served: rdma-rpc registers
-/// each method's metrics at its first call) and returns the handle that renders them as
+/// Installs the Prometheus recorder, turns rdma-rpc's metrics on
+/// ([`rdma_rpc::observe::enable_metrics`]) and returns the handle that renders them as
 /// Prometheus text.
 ///
 /// # Panics
 ///
 /// If a recorder is installed already.
 pub fn prometheus() -> metrics_exporter_prometheus::PrometheusHandle {
-    metrics_exporter_prometheus::PrometheusBuilder::new()
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
-        .expect("no metrics recorder installed before")
+        .expect("no metrics recorder installed before");
+    rdma_rpc::observe::enable_metrics();
+    handle
 }

@@ -93,6 +93,7 @@ fn observed() -> &'static Observed {
         let recorder = DebuggingRecorder::new();
         let metrics = recorder.snapshotter();
         recorder.install().unwrap();
+        rdma_rpc::observe::enable_metrics();
         let spans = Arc::new(Mutex::new(Vec::new()));
         let subscriber = tracing_subscriber::registry().with(Capture(spans.clone()));
         tracing::subscriber::set_global_default(subscriber).unwrap();

@@ -203,7 +203,9 @@ impl Conn {
         loop {
             match self.stream.try_write(bytes) {
                 Ok(n) => {
-                    crate::metrics::tcp().sent.increment(n as u64);
+                    if let Some(metrics) = crate::metrics::tcp() {
+                        metrics.sent.increment(n as u64);
+                    }
                     return Ok(n);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -234,7 +236,9 @@ impl Conn {
             let spare = buf.spare_capacity_mut();
             let room = spare.len();
             let n = socket2::SockRef::from(&self.stream).recv(spare)?;
-            crate::metrics::tcp().received.increment(n as u64);
+            if let Some(metrics) = crate::metrics::tcp() {
+                metrics.received.increment(n as u64);
+            }
             // SAFETY: recv initialized the first `n` bytes of the spare capacity.
             unsafe { buf.set_len(buf.len() + n) };
             if n > 0 && n < room {

@@ -13,8 +13,14 @@ pub(crate) struct TcpMetrics {
     pub(crate) send_stalls: Counter,
 }
 
-/// The process's TCP transport metrics, registered at first use.
-pub(crate) fn tcp() -> &'static TcpMetrics {
+/// The process's TCP transport metrics, with metrics on
+/// ([`rpc_core::observe::enable_metrics`]); registered at first use then.
+#[inline]
+pub(crate) fn tcp() -> Option<&'static TcpMetrics> {
+    rpc_core::observe::metrics_enabled().then(registered)
+}
+
+fn registered() -> &'static TcpMetrics {
     static METRICS: OnceLock<TcpMetrics> = OnceLock::new();
     METRICS.get_or_init(|| TcpMetrics {
         sent: transport::sent_bytes("tcp", "socket"),

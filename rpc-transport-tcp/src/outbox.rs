@@ -216,7 +216,7 @@ impl Outbox {
             match self.push_locked(&mut st, stream, frame, Class::Data)? {
                 Pushed::Sent => return Ok(()),
                 Pushed::Full => {
-                    crate::metrics::tcp().send_stalls.increment(1);
+                    count_stall();
                     st.parked += 1;
                     let timed_out = match deadline {
                         Some(deadline) => self.room.wait_until(&mut st, deadline).timed_out(),
@@ -286,8 +286,8 @@ impl Outbox {
         // Nothing queued: write on this thread. The lock keeps other senders' frames behind
         // this one; the write never blocks.
         let written = stream.try_write(&st.pending);
-        if let Ok(n) = written {
-            crate::metrics::tcp().sent.increment(n as u64);
+        if let (Ok(n), Some(metrics)) = (&written, crate::metrics::tcp()) {
+            metrics.sent.increment(*n as u64);
         }
         match written {
             Ok(n) if n == st.pending.len() => {
@@ -431,7 +431,14 @@ pub(crate) enum Chunk {
 /// Adds a task waiting for room (counted as a stall when it starts waiting).
 fn register(waiters: &mut Vec<Waker>, waker: &Waker) {
     if !waiters.iter().any(|w| w.will_wake(waker)) {
-        crate::metrics::tcp().send_stalls.increment(1);
+        count_stall();
         waiters.push(waker.clone());
+    }
+}
+
+/// A send starts waiting for room in the output queue.
+fn count_stall() {
+    if let Some(metrics) = crate::metrics::tcp() {
+        metrics.send_stalls.increment(1);
     }
 }

@@ -18,7 +18,7 @@ use super::{MethodMetrics, Side};
 pub struct Method {
     path: &'static str,
     id: u32,
-    metrics: OnceLock<&'static MethodMetrics>,
+    pub(super) metrics: OnceLock<&'static MethodMetrics>,
 }
 
 impl Method {

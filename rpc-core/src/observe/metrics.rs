@@ -42,7 +42,7 @@ impl Side {
 }
 
 /// The handles of one method on one side, registered with the recorder installed when the
-/// method is first called (a recorder installed later does not see it: install it first).
+/// method is first called with metrics on ([`super::enable_metrics`]).
 pub(crate) struct MethodMetrics {
     side: Side,
     service: &'static str,

@@ -6,8 +6,8 @@
 //! * `rdma_rpc_send_stalls_total{transport}`: sends that found no room (no RDMA credit or
 //!   send slot; a full TCP output queue) and waited for the peer.
 //!
-//! Transports register them once (at first use: install the recorder before) and keep the
-//! handles; each count is then one atomic add, or nothing without a recorder.
+//! Transports count only with metrics on ([`super::metrics_enabled`]); they register the
+//! handles at first use after that and keep them: each count is then one atomic add.
 
 use std::sync::Once;
 

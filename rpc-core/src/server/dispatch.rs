@@ -337,7 +337,7 @@ impl ConnectionDispatch {
                 return self.send_status(call_id, &Status::invalid_argument(format!("request {e}")))
             }
         };
-        let record = CallRecord::server(route.metrics(), route.path, &self.peer.addr, &metadata);
+        let record = CallRecord::server(|| route.metrics(), route.path, &self.peer.addr, &metadata);
         if let Some(status) = self.over_limit() {
             record.end_with(status.code());
             // Sent if there is room now, else dropped: a refusal must not queue a task

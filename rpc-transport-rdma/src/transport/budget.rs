@@ -111,6 +111,15 @@ pub fn process_usage() -> ProcessUsage {
     }
 }
 
+/// Sets the usage gauges (absolute values: right however late metrics were turned on).
+fn report_usage() {
+    if let Some(metrics) = super::metrics::rdma() {
+        let usage = process_usage();
+        metrics.connections.set(f64::from(usage.connections));
+        metrics.registered_bytes.set(usage.registered_bytes as f64);
+    }
+}
+
 /// One connection of the process; gives its place back when dropped.
 #[derive(Debug)]
 pub(crate) struct ConnectionSlot(());
@@ -124,7 +133,7 @@ impl ConnectionSlot {
                 (held < limit).then_some(held + 1)
             })
             .map(|_| {
-                super::metrics::rdma().connections.increment(1.0);
+                report_usage();
                 ConnectionSlot(())
             })
             .map_err(|held| {
@@ -139,7 +148,7 @@ impl ConnectionSlot {
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         CONNECTIONS.fetch_sub(1, Ordering::AcqRel);
-        super::metrics::rdma().connections.decrement(1.0);
+        report_usage();
     }
 }
 
@@ -163,9 +172,7 @@ impl Registered {
                 held.checked_add(bytes).filter(|&total| total <= limit)
             })
             .map(|_| {
-                super::metrics::rdma()
-                    .registered_bytes
-                    .increment(bytes as f64);
+                report_usage();
                 Registered(bytes)
             })
             .map_err(|held| OverLimit { limit, held })
@@ -175,9 +182,7 @@ impl Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         REGISTERED.fetch_sub(self.0, Ordering::AcqRel);
-        super::metrics::rdma()
-            .registered_bytes
-            .decrement(self.0 as f64);
+        report_usage();
     }
 }
 

@@ -4,7 +4,7 @@
 //! peer's RDMA WRITE of large bodies (`path="write"`), bytes received by SEND/RECV, sends
 //! that waited for credits or send slots), and two gauges against [`crate::ProcessLimits`]:
 //! `rdma_rpc_connections` (RDMA connections open) and `rdma_rpc_registered_bytes` (memory
-//! registered for large bodies). Registered at first use, with the recorder installed then.
+//! registered for large bodies). Counted only with metrics on; registered at first use then.
 
 use std::sync::OnceLock;
 
@@ -20,8 +20,14 @@ pub(crate) struct TransportMetrics {
     pub(crate) registered_bytes: Gauge,
 }
 
-/// The process's RDMA transport metrics.
-pub(crate) fn rdma() -> &'static TransportMetrics {
+/// The process's RDMA transport metrics, with metrics on
+/// ([`rpc_core::observe::enable_metrics`]).
+#[inline]
+pub(crate) fn rdma() -> Option<&'static TransportMetrics> {
+    rpc_core::observe::metrics_enabled().then(registered)
+}
+
+fn registered() -> &'static TransportMetrics {
     static METRICS: OnceLock<TransportMetrics> = OnceLock::new();
     METRICS.get_or_init(|| {
         metrics::describe_gauge!("rdma_rpc_connections", "RDMA connections open");

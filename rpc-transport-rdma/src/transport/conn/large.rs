@@ -119,9 +119,9 @@ impl Conn {
             addr: buffer.addr(),
             lkey: buffer.lkey(),
         };
-        crate::transport::metrics::rdma()
-            .sent_by_write
-            .increment(total as u64);
+        if let Some(metrics) = crate::transport::metrics::rdma() {
+            metrics.sent_by_write.increment(total as u64);
+        }
         let started = {
             let mut state = self.state.lock();
             let started = state.proto.start_large(&header, local);

@@ -144,9 +144,9 @@ impl Conn {
         // protocol is done with it: a ring slot by the `PostRecv` that follows its release, a
         // shared buffer below (the frame was consumed or refused) or once released.
         let bytes = unsafe { self.res.recv_entry(entry) };
-        crate::transport::metrics::rdma()
-            .received
-            .increment(u64::from(byte_len));
+        if let Some(metrics) = crate::transport::metrics::rdma() {
+            metrics.received.increment(u64::from(byte_len));
+        }
         let Some(commitment) = self.res.shared_recv() else {
             return state.proto.on_recv_complete(entry, byte_len, bytes);
         };

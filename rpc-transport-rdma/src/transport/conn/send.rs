@@ -37,7 +37,7 @@ impl Conn {
                 continue;
             }
             let stalled = *blocked_since.get_or_insert_with(|| {
-                metrics::rdma().credit_stalls.increment(1);
+                count_stall();
                 Instant::now()
             });
             if stalled.elapsed() >= self.stall_limit {
@@ -71,7 +71,7 @@ impl Conn {
             let mut wakers = self.write_wakers.lock();
             if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
                 // A task that starts waiting (not one polled again while it waits).
-                metrics::rdma().credit_stalls.increment(1);
+                count_stall();
                 wakers.push(cx.waker().clone());
             }
         }
@@ -208,7 +208,9 @@ impl Conn {
         }
         let committed = state.proto.commit_send(reservation, frame.header());
         if committed.is_ok() {
-            metrics::rdma().sent_by_send.increment(len as u64);
+            if let Some(metrics) = metrics::rdma() {
+                metrics.sent_by_send.increment(len as u64);
+            }
         }
         self.run_actions(&mut state);
         // The frame is on its way: a good moment for slot releases that waited, under the
@@ -228,5 +230,12 @@ impl Conn {
             // The ring keeps the slots it has: slower, not broken.
             Err(e) => tracing::warn!(peer = %self.peer, %e, wanted, "growing the send ring"),
         }
+    }
+}
+
+/// A send starts waiting for credits or a send slot.
+fn count_stall() {
+    if let Some(metrics) = metrics::rdma() {
+        metrics.credit_stalls.increment(1);
     }
 }
