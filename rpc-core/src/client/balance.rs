@@ -65,6 +65,7 @@ impl Balanced {
         let mut picker = self.picker.clone();
         let mut picked = std::pin::pin!(async move { picker.ready().await?.call(Pick).await });
         let mut wake = WakeAt::default();
+        let mut check_at: Option<Instant> = None;
         poll_fn(|cx| {
             if let Poll::Ready(picked) = picked.as_mut().poll(cx) {
                 return Poll::Ready(picked.map_err(|error| {
@@ -83,14 +84,20 @@ impl Balanced {
                     )),
                 }));
             }
-            if !self.wait_for_ready {
-                if let Some(status) = self.failing() {
-                    return Poll::Ready(Err(status));
+            // The endpoints' attempts do not wake this wait: it looks whether all of them
+            // are failing once it has waited FAIL_FAST_CHECK, and again every
+            // FAIL_FAST_CHECK after (a pick that comes at once, the common case, looks at no
+            // endpoint).
+            let check = check_at.get_or_insert(now + FAIL_FAST_CHECK);
+            if now >= *check {
+                if !self.wait_for_ready {
+                    if let Some(status) = self.failing() {
+                        return Poll::Ready(Err(status));
+                    }
                 }
+                *check = now + FAIL_FAST_CHECK;
             }
-            // The endpoints' attempts do not wake this wait: it looks again every
-            // FAIL_FAST_CHECK (only while no endpoint is connected).
-            let next = now + FAIL_FAST_CHECK;
+            let next = *check;
             wake.arm(limit.map_or(next, |at| at.min(next)), cx);
             Poll::Pending
         })
