@@ -44,15 +44,30 @@ fn open_consume(call_id: u64) -> Vec<u8> {
     encode(header, &[])
 }
 
-fn message(call_id: u64, seq: u32, index: u64) -> Vec<u8> {
-    let chunk = Chunk {
+fn chunk(index: u64) -> Vec<u8> {
+    Chunk {
         index,
         payload: rpc_examples::bulk_pattern(16, 0).into(),
-    };
+    }
+    .encode_to_vec()
+}
+
+fn message(call_id: u64, seq: u32, index: u64) -> Vec<u8> {
     encode(
         Header::stream(FrameKind::Message, call_id, seq),
-        &chunk.encode_to_vec(),
+        &chunk(index),
     )
+}
+
+/// A `Messages` frame of the chunks `indexes`, the first at `seq`.
+fn messages(call_id: u64, seq: u32, indexes: std::ops::Range<u64>) -> Vec<u8> {
+    let mut payload = Vec::new();
+    for index in indexes {
+        let chunk = chunk(index);
+        payload.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
+        payload.extend_from_slice(&chunk);
+    }
+    encode(Header::stream(FrameKind::Messages, call_id, seq), &payload)
 }
 
 /// A peer speaking the wire protocol by hand.
@@ -138,6 +153,17 @@ fn hostile_stream_frames_fail_only_their_call() {
     peer.send(&[open_consume(3), message(3, 1, 0), message(3, 1, 0)]);
     failed_naming(peer.answer(3), "arrived twice");
 
+    // A `Messages` frame whose payload ends inside a length, and one overlapping a message
+    // that arrived.
+    let mut cut = messages(11, 1, 0..2);
+    cut.truncate(cut.len() - 2);
+    let declared = (cut.len() - rdma_rpc::COMPACT_HEADER_LEN) as u32;
+    cut[24..28].copy_from_slice(&declared.to_le_bytes());
+    peer.send(&[open_consume(11), cut]);
+    failed_naming(peer.answer(11), "bad Messages frame");
+    peer.send(&[open_consume(13), message(13, 2, 0), messages(13, 1, 0..3)]);
+    failed_naming(peer.answer(13), "arrived twice");
+
     // Trailers are the server's to send.
     let trailers = encode(Header::stream(FrameKind::Trailers, 5, 1), b"");
     peer.send(&[open_consume(5), trailers]);
@@ -159,19 +185,21 @@ fn hostile_stream_frames_fail_only_their_call() {
     let stray_end = encode(Header::stream(FrameKind::HalfClose, 99, 2), b"");
     peer.send(&[message(99, 1, 0), stray_end]);
 
-    // The connection still serves: a well-formed stream of three chunks.
-    let half_close = encode(Header::stream(FrameKind::HalfClose, 7, 4), b"");
+    // The connection still serves: a well-formed stream of six chunks, one by one and
+    // several to a frame.
+    let half_close = encode(Header::stream(FrameKind::HalfClose, 7, 7), b"");
     peer.send(&[
         open_consume(7),
         message(7, 1, 0),
-        message(7, 2, 1),
-        message(7, 3, 2),
+        messages(7, 2, 1..4),
+        message(7, 5, 4),
+        messages(7, 6, 5..6),
         half_close,
     ]);
     let (code, payload) = peer.answer(7);
     assert_eq!(code, Code::Ok, "{}", String::from_utf8_lossy(&payload));
     let summary = ConsumeSummary::decode(&payload[..]).expect("a summary");
-    assert_eq!((summary.chunks, summary.in_order), (3, true));
+    assert_eq!((summary.chunks, summary.in_order), (6, true));
 
     // Another connection never noticed.
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -196,4 +224,34 @@ fn hostile_stream_frames_fail_only_their_call() {
         got
     });
     assert_eq!(got, 1000);
+}
+
+/// A `Messages` frame may exceed the receiver's message size limit up to
+/// `MESSAGES_FRAME_LIMIT` (each message in it is checked against the limit); beyond that it
+/// is refused as an oversized message is.
+#[test]
+fn a_messages_frame_is_bounded_by_its_own_limit() {
+    let server = Server::builder()
+        .max_message_size(256)
+        .add_service(StreamerServer::new(Streamer::default()))
+        .start("tcp://127.0.0.1:0")
+        .expect("server starts");
+    let mut peer = Peer::connect(&server);
+    let half_close = encode(Header::stream(FrameKind::HalfClose, 1, 61), b"");
+    let frame = messages(1, 1, 0..60);
+    assert!(frame.len() > 1024, "well over the message limit");
+    peer.send(&[open_consume(1), frame, half_close]);
+    let (code, payload) = peer.answer(1);
+    assert_eq!(code, Code::Ok, "{}", String::from_utf8_lossy(&payload));
+    let summary = ConsumeSummary::decode(&payload[..]).expect("a summary");
+    assert_eq!((summary.chunks, summary.in_order), (60, true));
+
+    let limit = rdma_rpc::stream::batch::MESSAGES_FRAME_LIMIT;
+    let too_many = messages(3, 1, 0..(limit as u64 / 20));
+    assert!(too_many.len() > limit + rdma_rpc::COMPACT_HEADER_LEN);
+    peer.send(&[open_consume(3), too_many]);
+    let (code, payload) = peer.answer(3);
+    let message = String::from_utf8_lossy(&payload);
+    assert_eq!(code, Code::ResourceExhausted, "{message}");
+    assert!(message.contains("stream message"), "{message}");
 }

@@ -5,6 +5,7 @@
 use arbitrary::Arbitrary;
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
+use rpc_core::stream::batch::payload_limit;
 use rpc_transport_tcp::codec::FrameDecoder;
 
 #[derive(Debug, Arbitrary)]
@@ -29,7 +30,8 @@ fuzz_target!(|input: Input| {
             match decoder.decode(&mut buf) {
                 Ok(Some(inbound)) => {
                     if let rpc_transport_tcp::codec::Inbound::Frame(frame) = inbound {
-                        assert!(frame.payload.len() <= max_payload);
+                        let limit = payload_limit(frame.header.kind, max_payload);
+                        assert!(frame.payload.len() <= limit);
                     }
                 }
                 Ok(None) => break,

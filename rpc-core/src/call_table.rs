@@ -109,7 +109,7 @@ impl CallTable {
     /// frame that breaks the stream's rules fails the call.
     pub fn on_stream_frame(&self, frame: InboundFrame, wakes: &mut Wakes) {
         let id = frame.header.call_id;
-        if frame.header.kind == FrameKind::Message {
+        if crate::stream::is_message_frame(frame.header.kind) {
             return self.on_stream_messages(id, [frame], wakes);
         }
         let (stream, awaiting_headers) = {

@@ -9,6 +9,7 @@ use std::io::{self, Write};
 
 use bytes::{Buf, Bytes, BytesMut};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
+use rpc_core::stream::batch::payload_limit;
 use rpc_core::{Header, HeaderError, COMPACT_HEADER_LEN, MAX_METADATA_LEN};
 
 /// Initial capacity of a write buffer.
@@ -70,7 +71,8 @@ pub struct FrameDecoder {
 }
 
 impl FrameDecoder {
-    /// A decoder accepting payloads up to `max_payload` bytes.
+    /// A decoder accepting payloads up to `max_payload` bytes (and `Messages` frames up to
+    /// [`rpc_core::stream::batch::MESSAGES_FRAME_LIMIT`] whatever `max_payload`).
     pub fn new(max_payload: usize) -> Self {
         FrameDecoder {
             max_payload,
@@ -103,7 +105,7 @@ impl FrameDecoder {
                 }
                 let header = self.check(Header::decode(&buf[..header_len])?)?;
                 let payload_len = header.payload_len as usize;
-                if payload_len > self.max_payload {
+                if payload_len > payload_limit(header.kind, self.max_payload) {
                     let total = header_len as u64
                         + u64::from(header.metadata_len)
                         + u64::from(header.payload_len);

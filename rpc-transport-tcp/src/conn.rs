@@ -13,8 +13,8 @@ use std::task::{Context, Poll};
 
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::ReplySink;
-use rpc_core::stream::Wakes;
-use rpc_core::{FrameKind, Header, Status};
+use rpc_core::stream::{is_message_frame, Wakes};
+use rpc_core::{Header, Status};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::{timeout, timeout_at, Instant};
@@ -305,7 +305,7 @@ impl Conn {
                 }
                 let before = delivered;
                 match decoder.decode(&mut buf) {
-                    Ok(Some(Inbound::Frame(frame))) if frame.header.kind == FrameKind::Message => {
+                    Ok(Some(Inbound::Frame(frame))) if is_message_frame(frame.header.kind) => {
                         if let Some(frame) = run.push(frame) {
                             delivered += run.hand_up(inbox, &mut wakes);
                             run.push(frame);
@@ -407,7 +407,7 @@ impl Conn {
     }
 }
 
-/// Consecutive `Message` frames of one stream, read and not yet handed up.
+/// Consecutive `Message` and `Messages` frames of one stream, read and not yet handed up.
 #[derive(Debug, Default)]
 struct Run {
     frames: Vec<InboundFrame>,
@@ -462,6 +462,7 @@ fn keep_alive(stream: &TcpStream, limits: &ConnectionLimits) -> io::Result<()> {
 mod tests {
     use super::*;
     use parking_lot::Mutex;
+    use rpc_core::FrameKind;
 
     /// Records what it is handed: `(call id, seqs)` per delivery.
     #[derive(Default)]

@@ -74,6 +74,10 @@ pub enum FrameKind {
     /// Returns room in a stream's flow-control window to the peer: the payload is
     /// [`crate::stream::WindowUpdate`] (messages and bytes consumed).
     WindowUpdate = 10,
+    /// Several consecutive messages of a streaming call in one frame: the payload is each
+    /// message after its length (4 bytes, little-endian), and [`Header::seq`] is the first
+    /// one's place; the others take the places after it (`crate::stream::batch`).
+    Messages = 11,
 }
 
 impl FrameKind {
@@ -89,6 +93,7 @@ impl FrameKind {
             8 => Self::HalfClose,
             9 => Self::Trailers,
             10 => Self::WindowUpdate,
+            11 => Self::Messages,
             other => return Err(HeaderError::UnknownKind(other)),
         })
     }
@@ -210,7 +215,8 @@ impl Header {
         }
     }
 
-    /// The place of a stream frame ([`FrameKind::Message`], [`FrameKind::HalfClose`],
+    /// The place of a stream frame ([`FrameKind::Message`], the first message of a
+    /// [`FrameKind::Messages`], [`FrameKind::HalfClose`],
     /// [`FrameKind::Trailers`], and the rendezvous frames of a large message) in its
     /// direction of the call: messages count from 1; 0 is the call's opening frame. It
     /// travels in the `method_id` field, which stream frames do not need.
@@ -298,6 +304,16 @@ impl Header {
         dst[52..56].copy_from_slice(&self.remote.generation.to_le_bytes());
         dst[56..64].copy_from_slice(&self.remote.len.to_le_bytes());
         HEADER_LEN
+    }
+
+    /// Rewrites `payload_len` in the header encoded at the start of `wire` (either form): a
+    /// sender growing a frame it already encoded, such as a [`FrameKind::Messages`] frame
+    /// taking one more message.
+    ///
+    /// # Panics
+    /// If `wire` is shorter than [`COMPACT_HEADER_LEN`].
+    pub fn set_encoded_payload_len(wire: &mut [u8], payload_len: u32) {
+        wire[24..28].copy_from_slice(&payload_len.to_le_bytes());
     }
 
     /// The encoded header: the first [`Header::encoded_len`] bytes of the array (the rest
@@ -409,8 +425,11 @@ impl Header {
             kind,
             FrameKind::Request | FrameKind::Response | FrameKind::Trailers
         );
-        let carries_payload =
-            carries_metadata || matches!(kind, FrameKind::Message | FrameKind::WindowUpdate);
+        let carries_payload = carries_metadata
+            || matches!(
+                kind,
+                FrameKind::Message | FrameKind::Messages | FrameKind::WindowUpdate
+            );
         if (!carries_metadata && self.metadata_len != 0)
             || (!carries_payload && self.payload_len != 0)
         {

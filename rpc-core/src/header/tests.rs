@@ -275,3 +275,50 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_messages_frame_carries_a_payload_and_nothing_else() {
+    let mut batch = Header::stream(FrameKind::Messages, 9, 5);
+    batch.payload_len = 100;
+    let wire = batch.to_bytes();
+    assert_eq!(Header::decode(&wire[..COMPACT_HEADER_LEN]), Ok(batch));
+    assert_eq!(wire[3], 11, "kind 11 on the wire");
+    for (flags, bits) in [(Flags::LARGE_PAYLOAD, 1), (Flags::STREAM, 8)] {
+        let mut flagged = batch;
+        flagged.flags = flags;
+        assert_eq!(
+            flagged.validate(),
+            Err(HeaderError::FlagsNotAllowed {
+                kind: FrameKind::Messages,
+                flags: bits
+            })
+        );
+    }
+    let mut with_metadata = batch;
+    with_metadata.metadata_len = 4;
+    assert_eq!(
+        with_metadata.validate(),
+        Err(HeaderError::UnexpectedBody {
+            kind: FrameKind::Messages
+        })
+    );
+    let mut with_status = batch;
+    with_status.status = Code::Internal;
+    assert_eq!(
+        with_status.validate(),
+        Err(HeaderError::StatusOnNonResponse {
+            kind: FrameKind::Messages
+        })
+    );
+}
+
+#[test]
+fn a_sender_grows_an_encoded_frame_in_place() {
+    for mut header in [small(), sample()] {
+        let mut wire = header.to_bytes();
+        Header::set_encoded_payload_len(&mut wire, 12_345);
+        header.payload_len = 12_345;
+        let len = header.encoded_len();
+        assert_eq!(Header::decode(&wire[..len]), Ok(header));
+    }
+}

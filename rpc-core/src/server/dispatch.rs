@@ -211,7 +211,7 @@ impl ConnectionDispatch {
     /// the limit.
     pub fn reject_oversized(self: &Arc<Self>, header: &Header, declared: u64) {
         let limit = self.dispatcher.config.max_message_size as u64;
-        let what = if header.kind == FrameKind::Message {
+        let what = if crate::stream::is_message_frame(header.kind) {
             "stream message"
         } else {
             "request"

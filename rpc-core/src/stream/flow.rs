@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use bytes::Bytes;
 
+use super::batch::Batch;
 use super::{Window, WindowUpdate};
 
 /// A peer broke the stream rules; the stream fails with a status naming the rule.
@@ -64,6 +65,17 @@ pub enum StreamError {
         /// The receiver's limit.
         limit: u64,
     },
+    /// A `Messages` frame whose messages run past the last sequence number.
+    #[error("{count} stream messages from {seq} run past the last sequence number")]
+    SeqOverflow {
+        /// The first message's sequence number.
+        seq: u32,
+        /// Messages in the frame.
+        count: u32,
+    },
+    /// A `Messages` frame whose payload is not a series of messages after their lengths.
+    #[error("bad Messages frame: {0}")]
+    BadBatch(&'static str),
     /// A window update that is malformed or returns more than was sent.
     #[error("bad window update: {0}")]
     BadWindowUpdate(&'static str),
@@ -158,8 +170,29 @@ impl SendWindow {
 pub enum Item<E> {
     /// An encoded message.
     Message(Bytes),
+    /// Consecutive encoded messages, as one `Messages` frame brought them.
+    Messages(Batch),
     /// The end of the stream (a half-close, or trailers).
     End(E),
+}
+
+impl<E> Item<E> {
+    /// Sequence numbers the item takes.
+    fn span(&self) -> u32 {
+        match self {
+            Item::Messages(batch) => batch.count(),
+            Item::Message(_) | Item::End(_) => 1,
+        }
+    }
+
+    /// Messages the item holds.
+    fn messages(&self) -> usize {
+        match self {
+            Item::Message(_) => 1,
+            Item::Messages(batch) => batch.count() as usize,
+            Item::End(_) => 0,
+        }
+    }
 }
 
 /// The receiving side of one direction of a stream: puts frames in order, holds them until
@@ -219,9 +252,22 @@ impl<E> Inbox<E> {
                 limit: self.max_message,
             });
         }
-        self.check_place(seq)?;
-        let messages = self.unreturned.0 + 1;
-        let bytes = self.unreturned.1 + len;
+        self.accept(seq, len, Item::Message(payload))
+    }
+
+    /// A `Messages` frame arrived: `payload` holds its messages, the first at `seq`.
+    pub fn on_batch(&mut self, seq: u32, payload: Bytes) -> Result<(), StreamError> {
+        let (batch, bytes) = Batch::parse(payload, self.max_message)?;
+        self.accept(seq, bytes, Item::Messages(batch))
+    }
+
+    /// Places `item`, messages of `bytes` bytes from `seq` on, if the stream's rules and
+    /// window allow it.
+    fn accept(&mut self, seq: u32, bytes: u64, item: Item<E>) -> Result<(), StreamError> {
+        let count = item.span();
+        self.check_place(seq, count)?;
+        let messages = self.unreturned.0 + u64::from(count);
+        let bytes = self.unreturned.1 + bytes;
         let window = self.window;
         if messages > u64::from(window.messages) || bytes > window.bytes + self.max_message {
             return Err(StreamError::WindowExceeded {
@@ -232,7 +278,7 @@ impl<E> Inbox<E> {
             });
         }
         self.unreturned = (messages, bytes);
-        self.place(seq, Item::Message(payload));
+        self.place(seq, item);
         Ok(())
     }
 
@@ -242,7 +288,7 @@ impl<E> Inbox<E> {
             return Err(StreamError::EndedTwice { first, second: seq });
         }
         // Nothing already received may lie at or beyond the end.
-        let beyond = self.ahead.keys().next_back().copied();
+        let beyond = self.last_ahead();
         if seq < self.next || beyond.is_some_and(|last| last >= seq) {
             return Err(StreamError::AfterEnd {
                 seq: beyond.unwrap_or(self.next - 1).max(seq),
@@ -254,17 +300,39 @@ impl<E> Inbox<E> {
         Ok(())
     }
 
-    fn check_place(&self, seq: u32) -> Result<(), StreamError> {
+    /// The last sequence number taken by what arrived ahead of its turn.
+    fn last_ahead(&self) -> Option<u32> {
+        let (&first, item) = self.ahead.iter().next_back()?;
+        Some(first + (item.span() - 1))
+    }
+
+    /// Whether `count` messages from `seq` on may be placed: none of their places is taken
+    /// or lies at or beyond the end.
+    fn check_place(&self, seq: u32, count: u32) -> Result<(), StreamError> {
         if seq == 0 {
             return Err(StreamError::SeqZero);
         }
+        let Some(last) = seq.checked_add(count - 1).filter(|&last| last < u32::MAX) else {
+            return Err(StreamError::SeqOverflow { seq, count });
+        };
         if let Some(end) = self.end {
-            if seq >= end {
-                return Err(StreamError::AfterEnd { seq, end });
+            if last >= end {
+                return Err(StreamError::AfterEnd {
+                    seq: seq.max(end),
+                    end,
+                });
             }
         }
-        if seq < self.next || self.ahead.contains_key(&seq) {
+        if seq < self.next {
             return Err(StreamError::Duplicate { seq });
+        }
+        // The item placed ahead nearest below `last` is the only one that may overlap.
+        if let Some((&first, item)) = self.ahead.range(..=last).next_back() {
+            if first + (item.span() - 1) >= seq {
+                return Err(StreamError::Duplicate {
+                    seq: first.max(seq),
+                });
+            }
         }
         Ok(())
     }
@@ -274,20 +342,27 @@ impl<E> Inbox<E> {
             self.ahead.insert(seq, item);
             return;
         }
+        self.next = self.next.wrapping_add(item.span());
         self.ready.push_back(item);
-        self.next = self.next.wrapping_add(1);
         while let Some(item) = self.ahead.remove(&self.next) {
+            self.next = self.next.wrapping_add(item.span());
             self.ready.push_back(item);
-            self.next = self.next.wrapping_add(1);
         }
     }
 
-    /// Moves up to `max` items, in stream order, into `into` without counting them as
-    /// consumed: a consumer that takes a batch at once reports what it used with
-    /// [`Inbox::consumed`], and until then they count as buffered.
+    /// Moves items in stream order into `into`, until they hold `max` messages or more (or
+    /// the end), without counting them as consumed: a consumer that takes a batch at once
+    /// reports what it used with [`Inbox::consumed`], and until then they count as
+    /// buffered.
     pub fn drain_ready(&mut self, max: usize, into: &mut VecDeque<Item<E>>) {
-        let n = max.min(self.ready.len());
-        into.extend(self.ready.drain(..n));
+        let mut moved = 0;
+        while moved < max {
+            let Some(item) = self.ready.pop_front() else {
+                break;
+            };
+            moved += item.messages().max(1);
+            into.push_back(item);
+        }
     }
 
     /// The consumer used `messages` messages of `bytes` bytes taken by
@@ -298,15 +373,30 @@ impl<E> Inbox<E> {
         debug_assert!(self.consumed.0 <= self.unreturned.0 && self.consumed.1 <= self.unreturned.1);
     }
 
-    /// The next item in stream order, if it arrived. Taking a message counts it as
+    /// The next item in stream order, if it arrived: a single message or the end, never
+    /// [`Item::Messages`] (the messages of a `Messages` frame come one by one). Taking a message counts it as
     /// consumed.
     pub fn pop(&mut self) -> Option<Item<E>> {
-        let item = self.ready.pop_front()?;
+        let item = match self.ready.pop_front()? {
+            Item::Messages(mut batch) => {
+                let message = batch.pop();
+                if !batch.is_empty() {
+                    self.ready.push_front(Item::Messages(batch));
+                }
+                Item::Message(message?)
+            }
+            item => item,
+        };
         if let Item::Message(payload) = &item {
             self.consumed.0 += 1;
             self.consumed.1 += payload.len() as u64;
         }
         Some(item)
+    }
+
+    /// Drops everything buffered (the reader went away), counting it as consumed.
+    pub fn clear(&mut self) {
+        while self.pop().is_some() {}
     }
 
     /// The room to return to the sender now, if enough was consumed: half the window in

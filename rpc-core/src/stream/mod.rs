@@ -1,8 +1,9 @@
 //! Streaming calls: server, client and bidirectional streams over any transport.
 //!
 //! A streaming call opens with a `Request` carrying [`Flags::STREAM`](crate::Flags) and the
-//! call's metadata. Each side then sends its messages as [`FrameKind::Message`] frames
-//! numbered from 1 ([`Header::seq`]); the client ends its side with
+//! call's metadata. Each side then sends its messages as [`FrameKind::Message`] frames,
+//! or several to a [`FrameKind::Messages`] frame ([`batch`]), numbered from 1
+//! ([`Header::seq`]); the client ends its side with
 //! [`FrameKind::HalfClose`], the server answers with the headers (`Response` with
 //! `STREAM`, or a plain `Response` for client streaming) and ends the call with
 //! [`FrameKind::Trailers`] (status and trailing metadata). Either side's window
@@ -12,6 +13,7 @@
 //! * [`flow`]: ordering and flow control, without I/O (unit- and property-tested).
 //! * [`Streaming`]: the typed stream of messages handlers and clients read.
 
+pub mod batch;
 mod client;
 #[cfg(test)]
 mod client_tests;
@@ -128,8 +130,17 @@ impl WindowUpdate {
 pub fn is_stream_frame(kind: FrameKind) -> bool {
     matches!(
         kind,
-        FrameKind::Message | FrameKind::HalfClose | FrameKind::Trailers | FrameKind::WindowUpdate
+        FrameKind::Message
+            | FrameKind::Messages
+            | FrameKind::HalfClose
+            | FrameKind::Trailers
+            | FrameKind::WindowUpdate
     )
+}
+
+/// Whether `kind` carries stream messages: a `Message`, or a `Messages` frame of several.
+pub fn is_message_frame(kind: FrameKind) -> bool {
+    matches!(kind, FrameKind::Message | FrameKind::Messages)
 }
 
 impl WindowUpdate {

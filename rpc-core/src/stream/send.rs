@@ -4,9 +4,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use bytes::BytesMut;
 use futures::Stream;
 
+use super::batch::{Staged, LENGTH_PREFIX};
 use super::flow::SendWindow;
 use super::{Link, StreamShared};
 use crate::body::{EmptyBody, EncodeBody, RawBody};
@@ -19,15 +19,17 @@ use crate::status::{Code, Status};
 /// the end take one each. A sender past it fails with `RESOURCE_EXHAUSTED`.
 pub const MAX_STREAM_MESSAGES: u32 = u32::MAX - 1;
 
-/// Bytes of small messages a stream's sender encodes into a buffer of its own before it
-/// hands them to a byte-stream transport in one go ([`FrameSender::takes_encoded`]); they go
-/// at the latest when the sender waits (for its window, for its next message) or ends.
+/// Bytes of small messages a stream's sender encodes into a buffer of its own, in
+/// `Messages` frames ([`super::batch`]), before it hands them to a byte-stream transport in
+/// one go ([`FrameSender::takes_encoded`]); they go at the latest when the sender waits (for
+/// its window, for its next message) or ends.
 ///
 /// [`FrameSender::takes_encoded`]: crate::frame::FrameSender::takes_encoded
 pub const STAGE_LIMIT: usize = 16 * 1024;
-/// Largest frame a sender encodes into its own buffer; larger ones are encoded straight
-/// into the transport's (one copy, not two).
-const MAX_STAGED_FRAME: usize = 2 * 1024;
+/// Largest message a sender encodes into its own buffer (after its length); larger ones go
+/// in `Message` frames of their own, encoded straight into the transport's buffer (one
+/// copy, not two).
+const MAX_STAGED_MESSAGE: usize = 2 * 1024 - LENGTH_PREFIX;
 
 /// Messages [`Outgoing::poll_send_all`] sends in one poll before it lets the other tasks
 /// of its thread run.
@@ -47,7 +49,7 @@ pub(crate) struct Outgoing {
     room: SendWindow,
     /// Small messages encoded and not yet handed to the transport (byte-stream
     /// transports only; `None` on others).
-    staged: Option<BytesMut>,
+    staged: Option<Staged>,
 }
 
 impl Outgoing {
@@ -57,7 +59,7 @@ impl Outgoing {
         call_id: u64,
         max_message: usize,
     ) -> Self {
-        let staged = link.takes_encoded().then(BytesMut::new);
+        let staged = link.takes_encoded().then(Staged::default);
         Outgoing {
             shared,
             link,
@@ -69,18 +71,15 @@ impl Outgoing {
         }
     }
 
-    /// The frame carrying `message` as the next of the stream, or why it cannot go at all.
+    /// The length of `message`, the next of the stream, or why it cannot go at all.
     #[inline(always)]
-    fn frame<'m>(&self, message: &'m dyn EncodeBody) -> Result<OutgoingFrame<'m>, Status> {
+    fn check(&self, message: &dyn EncodeBody) -> Result<usize, Status> {
         if self.next_seq > MAX_STREAM_MESSAGES {
             return Err(Status::resource_exhausted(format!(
                 "a stream carries at most {MAX_STREAM_MESSAGES} messages"
             )));
         }
-        let header = Header::stream(FrameKind::Message, self.call_id, self.next_seq);
-        let frame = OutgoingFrame::new(header, &EmptyBody, message)
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-        let len = frame.header().payload_len as usize;
+        let len = message.encoded_len();
         if len > self.max_message {
             return Err(Status::message_too_large(
                 "stream message",
@@ -88,38 +87,47 @@ impl Outgoing {
                 self.max_message as u64,
             ));
         }
-        Ok(frame)
+        Ok(len)
     }
 
-    /// Sends `frame`, the next message, once the window let it go: staged, or to the link
-    /// after what was staged.
+    /// The `Message` frame carrying `message` as the next of the stream.
+    fn frame<'m>(&self, message: &'m dyn EncodeBody) -> Result<OutgoingFrame<'m>, Status> {
+        let header = Header::stream(FrameKind::Message, self.call_id, self.next_seq);
+        OutgoingFrame::new(header, &EmptyBody, message)
+            .map_err(|e| Status::resource_exhausted(e.to_string()))
+    }
+
+    /// Sends `message` (`len` bytes, checked), the next of the stream, once the window let
+    /// it go: staged, or to the link after what was staged.
     fn poll_put(
         &mut self,
         cx: &mut Context<'_>,
-        frame: &mut OutgoingFrame<'_>,
+        message: &dyn EncodeBody,
+        len: usize,
     ) -> Poll<Result<(), Status>> {
         match &mut self.staged {
-            Some(staged) if frame.len() <= MAX_STAGED_FRAME => {
-                if staged.len() + frame.len() > STAGE_LIMIT {
-                    ready!(self.link.poll_send_encoded(cx, staged))?;
+            Some(staged) if len <= MAX_STAGED_MESSAGE => {
+                if staged.would_exceed(len, STAGE_LIMIT) {
+                    ready!(staged.poll_hand_over(cx, &self.link))?;
                 }
-                frame.encode_to(staged);
+                staged.push(self.call_id, self.next_seq, message, len);
             }
             _ => {
+                let mut frame = self.frame(message)?;
                 // After the messages staged before it.
                 ready!(self.poll_hand_over(cx))?;
-                ready!(self.link.poll_send_more(cx, frame))?;
+                ready!(self.link.poll_send_more(cx, &mut frame))?;
             }
         }
-        self.sent(frame);
+        self.sent(len);
         Poll::Ready(Ok(()))
     }
 
     /// Hands the staged messages to the transport, if there are any.
     fn poll_hand_over(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
         match &mut self.staged {
-            Some(staged) if !staged.is_empty() => self.link.poll_send_encoded(cx, staged),
-            _ => Poll::Ready(Ok(())),
+            Some(staged) => staged.poll_hand_over(cx, &self.link),
+            None => Poll::Ready(Ok(())),
         }
     }
 
@@ -148,11 +156,13 @@ impl Outgoing {
                 *polled = true;
             }
             // The room was checked above, before the message was taken.
-            let mut frame = self.frame(messages.current())?;
-            ready!(self.poll_put(cx, &mut frame))?;
+            let message = messages.current();
+            let len = self.check(message)?;
+            ready!(self.poll_put(cx, message, len))?;
             *polled = false;
         }
-        ready!(self.poll_flush(cx))?;
+        // A turn given to the thread's other tasks is not a wait: what was sent stays
+        // corked, to leave with what follows (the sender is polled again at once).
         cx.waker().wake_by_ref();
         Poll::Pending
     }
@@ -160,6 +170,7 @@ impl Outgoing {
     /// Sends `message`, blocking the thread while there is no room (blocking APIs).
     pub(crate) fn send_blocking(&mut self, message: &dyn EncodeBody) -> Result<(), Status> {
         self.check_nothing_staged()?;
+        let len = self.check(message)?;
         let mut frame = self.frame(message)?;
         let me = std::thread::current();
         loop {
@@ -173,7 +184,7 @@ impl Outgoing {
             }
         }
         self.link.send(&mut frame)?;
-        self.sent(&frame);
+        self.sent(len);
         Ok(())
     }
 
@@ -220,8 +231,8 @@ impl Outgoing {
         }
     }
 
-    fn sent(&mut self, frame: &OutgoingFrame<'_>) {
-        self.room.on_send(frame.header().payload_len as usize);
+    fn sent(&mut self, len: usize) {
+        self.room.on_send(len);
         self.next_seq += 1;
     }
 

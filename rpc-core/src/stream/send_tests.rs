@@ -9,6 +9,7 @@ use futures::channel::mpsc;
 use futures::task::noop_waker_ref;
 use parking_lot::Mutex;
 
+use super::batch::Batch;
 use super::{Link, Outgoing, StreamShared, TypedMessages, Wakes, WindowUpdate, MESSAGES_PER_POLL};
 use crate::frame::{FrameSender, InboundFrame, OutgoingFrame};
 use crate::header::{FrameKind, Header};
@@ -18,8 +19,8 @@ use crate::status::Status;
 /// What reached the transport, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Event {
-    /// Frames handed over encoded, in one go: their kinds and sequence numbers.
-    Encoded(Vec<(FrameKind, u32)>),
+    /// Frames handed over encoded, in one go: their kinds, sequence numbers and messages.
+    Encoded(Vec<(FrameKind, u32, u32)>),
     /// One frame sent by itself.
     Frame(FrameKind, u32),
     Flush,
@@ -65,9 +66,13 @@ impl FrameSender for Recorder {
         let mut frames = Vec::new();
         while !encoded.is_empty() {
             let header = Header::decode(&encoded[..Header::wire_len(encoded).unwrap()]).unwrap();
-            frames.push((header.kind, header.seq()));
-            let len = header.encoded_len() + header.payload_len as usize;
-            encoded.advance(len);
+            encoded.advance(header.encoded_len());
+            let payload = encoded.split_to(header.payload_len as usize).freeze();
+            let messages = match header.kind {
+                FrameKind::Messages => Batch::parse(payload, u64::MAX).unwrap().0.count(),
+                _ => 1,
+            };
+            frames.push((header.kind, header.seq(), messages));
         }
         self.events.lock().push(Event::Encoded(frames));
         Poll::Ready(Ok(()))
@@ -96,16 +101,32 @@ const NO_GRANT: WindowUpdate = WindowUpdate {
     bytes: 0,
 };
 
-fn messages(n: u32) -> Vec<(FrameKind, u32)> {
-    (1..=n).map(|seq| (FrameKind::Message, seq)).collect()
+/// One `Messages` frame of `n` messages from `first` on.
+fn batch(first: u32, n: u32) -> Vec<(FrameKind, u32, u32)> {
+    vec![(FrameKind::Messages, first, n)]
+}
+
+/// The sequence numbers of the messages handed over encoded in `events`, in order.
+fn encoded_seqs(events: &[Event]) -> Vec<u32> {
+    events
+        .iter()
+        .flat_map(|event| match event {
+            Event::Encoded(frames) => frames
+                .iter()
+                .flat_map(|&(_, first, n)| first..first + n)
+                .collect(),
+            _ => vec![],
+        })
+        .collect()
 }
 
 fn poll<T>(f: impl FnOnce(&mut Context<'_>) -> Poll<T>) -> Poll<T> {
     f(&mut Context::from_waker(noop_waker_ref()))
 }
 
-/// Messages sent back to back are encoded into the sender's buffer and handed over when
-/// the sender waits for its next message, in one piece; the trailers follow the last.
+/// Messages sent back to back are encoded into the sender's buffer, in one `Messages`
+/// frame, and handed over when the sender waits for its next message; the trailers follow
+/// the last.
 #[test]
 fn staged_messages_leave_when_the_sender_waits_and_before_the_trailers() {
     let (mut out, recorder) = sender(NO_GRANT);
@@ -117,7 +138,7 @@ fn staged_messages_leave_when_the_sender_waits_and_before_the_trailers() {
     }
     let sent = poll(|cx| out.poll_send_all(cx, &mut stream, &mut polled));
     assert!(sent.is_pending());
-    assert_eq!(recorder.take(), [Event::Encoded(messages(3)), Event::Flush]);
+    assert_eq!(recorder.take(), [Event::Encoded(batch(1, 3)), Event::Flush]);
 
     tx.unbounded_send(Ok(())).unwrap();
     tx.unbounded_send(Ok(())).unwrap();
@@ -135,51 +156,59 @@ fn staged_messages_leave_when_the_sender_waits_and_before_the_trailers() {
     assert_eq!(
         recorder.take(),
         [
-            Event::Encoded(vec![(FrameKind::Message, 4), (FrameKind::Message, 5)]),
+            Event::Encoded(batch(4, 2)),
             Event::Frame(FrameKind::Trailers, 6),
         ]
     );
 }
 
 /// A sender whose messages never run out lets its thread's other tasks run every
-/// `MESSAGES_PER_POLL` messages, after handing over what it staged; a transport without
-/// room holds the sender back without losing or repeating a message.
+/// `MESSAGES_PER_POLL` messages without flushing (a turn is not a wait: what it staged
+/// leaves once its buffer is full); a transport without room holds the sender back without
+/// losing or repeating a message.
 #[test]
 fn a_sender_yields_its_thread_and_waits_for_the_transport() {
     let (mut out, recorder) = sender(WindowUpdate {
-        messages: 10_000,
+        messages: 100_000,
         bytes: 0,
     });
     let mut stream = TypedMessages::new(futures::stream::repeat_with(|| Ok::<(), Status>(())));
     let mut polled = false;
-    assert!(poll(|cx| out.poll_send_all(cx, &mut stream, &mut polled)).is_pending());
-    let events = recorder.take();
-    let seqs: Vec<u32> = events
-        .iter()
-        .flat_map(|event| match event {
-            Event::Encoded(frames) => frames.iter().map(|f| f.1).collect(),
-            _ => vec![],
-        })
-        .collect();
-    assert_eq!(seqs, (1..=MESSAGES_PER_POLL as u32).collect::<Vec<_>>());
-    assert_eq!(events.last(), Some(&Event::Flush));
+    let mut send_all = || poll(|cx| out.poll_send_all(cx, &mut stream, &mut polled));
+    assert!(send_all().is_pending());
+    assert_eq!(
+        recorder.take(),
+        [],
+        "a turn given to other tasks flushes nothing"
+    );
+
+    let mut polls = 1;
+    let mut events = Vec::new();
+    while events.is_empty() {
+        assert!(send_all().is_pending());
+        polls += 1;
+        events = recorder.take();
+    }
+    let seqs = encoded_seqs(&events);
+    assert!(!events.contains(&Event::Flush), "{events:?}");
+    assert_eq!(seqs, (1..=seqs.len() as u32).collect::<Vec<_>>());
+    assert!(seqs.len() <= polls * MESSAGES_PER_POLL && seqs.len() > MESSAGES_PER_POLL);
 
     recorder.full.store(true, Ordering::SeqCst);
-    assert!(poll(|cx| out.poll_send_all(cx, &mut stream, &mut polled)).is_pending());
+    for _ in 0..2 * polls {
+        assert!(send_all().is_pending());
+    }
     let stuck = recorder.take();
     assert!(
         stuck.iter().all(|e| !matches!(e, Event::Encoded(_))),
         "{stuck:?}"
     );
     recorder.full.store(false, Ordering::SeqCst);
-    assert!(poll(|cx| out.poll_send_all(cx, &mut stream, &mut polled)).is_pending());
-    let first = recorder.take().into_iter().find_map(|event| match event {
-        Event::Encoded(frames) => frames.first().map(|f| f.1),
-        _ => None,
-    });
+    assert!(send_all().is_pending());
+    let next = encoded_seqs(&recorder.take());
     assert_eq!(
-        first,
-        Some(MESSAGES_PER_POLL as u32 + 1),
+        next.first().copied(),
+        Some(seqs.len() as u32 + 1),
         "nothing lost or repeated"
     );
 }
@@ -195,7 +224,31 @@ fn a_sender_out_of_window_hands_over_what_it_staged() {
     assert_eq!(
         recorder.take(),
         [
-            Event::Encoded(messages(super::INITIAL_WINDOW.messages)),
+            Event::Encoded(batch(1, super::INITIAL_WINDOW.messages)),
+            Event::Flush
+        ]
+    );
+}
+
+/// A message too large to stage goes in a `Message` frame of its own, after the messages
+/// staged before it.
+#[test]
+fn a_large_message_goes_by_itself_after_the_staged_ones() {
+    let (mut out, recorder) = sender(NO_GRANT);
+    let (tx, rx) = mpsc::unbounded::<Result<Bytes, Status>>();
+    let mut stream = TypedMessages::new(rx);
+    let mut polled = false;
+    for len in [10, 20, 4 * 1024, 30] {
+        tx.unbounded_send(Ok(Bytes::from(vec![1u8; len]))).unwrap();
+    }
+    let sent = poll(|cx| out.poll_send_all(cx, &mut stream, &mut polled));
+    assert!(sent.is_pending());
+    assert_eq!(
+        recorder.take(),
+        [
+            Event::Encoded(batch(1, 2)),
+            Event::Frame(FrameKind::Message, 3),
+            Event::Encoded(batch(4, 1)),
             Event::Flush
         ]
     );

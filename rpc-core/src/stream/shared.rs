@@ -10,6 +10,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::flow::{Inbox, Item, SendWindow, StreamError};
+use super::is_message_frame;
 use super::wake::{Waiter, Wakes};
 use super::{Window, WindowUpdate, INITIAL_WINDOW};
 use crate::frame::InboundFrame;
@@ -86,7 +87,7 @@ impl StreamShared {
     /// as the error, for the caller to end the call with.
     pub(crate) fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes) -> Result<(), Status> {
         let header = frame.header;
-        if header.kind == FrameKind::Message {
+        if is_message_frame(header.kind) {
             return self.on_messages(std::iter::once(frame), wakes);
         }
         let mut state = self.state.lock();
@@ -137,7 +138,7 @@ impl StreamShared {
         }
     }
 
-    /// Feeds a run of `Message` frames of this stream under one lock (the messages of one
+    /// Feeds a run of `Message` and `Messages` frames of this stream under one lock (the messages of one
     /// socket read, say); the reader's wakeup is held in `wakes`. The first message that
     /// breaks the stream's rules fails the stream, the rest of the run is dropped, and the
     /// status is returned as [`StreamShared::on_frame`] does.
@@ -152,8 +153,15 @@ impl StreamShared {
         }
         let mut fed = false;
         for frame in frames {
-            debug_assert_eq!(frame.header.kind, FrameKind::Message);
-            if let Err(e) = state.inbox.on_message(frame.header.seq(), frame.payload) {
+            let seq = frame.header.seq();
+            let fed_one = match frame.header.kind {
+                FrameKind::Messages => state.inbox.on_batch(seq, frame.payload),
+                kind => {
+                    debug_assert_eq!(kind, FrameKind::Message);
+                    state.inbox.on_message(seq, frame.payload)
+                }
+            };
+            if let Err(e) = fed_one {
                 return Err(self.fail_locked(state, violation(e)));
             }
             fed = true;
@@ -237,7 +245,7 @@ impl StreamShared {
         state.reader_gone = true;
         state.reader = Waiter::None;
         // Frees what is buffered (views into transport memory among it).
-        while state.inbox.pop().is_some() {}
+        state.inbox.clear();
     }
 
     /// Moves the room the peer granted into `room`, the sender's own window, which it
@@ -299,6 +307,7 @@ fn take(state: &mut State) -> Option<Next> {
         return Some(match item {
             Item::Message(payload) => Next::Message(payload),
             Item::End(end) => Next::End(end),
+            Item::Messages(_) => unreachable!("an inbox hands out messages one by one"),
         });
     }
     state.failed.clone().map(Next::Failed)

@@ -120,17 +120,39 @@ impl<T> Streaming<T> {
         }
     }
 
+    /// The next item of the batch taken from the shared state, if it holds one; messages
+    /// read count as taken.
+    fn read_batched(&mut self) -> Option<Option<Result<T, Status>>>
+    where
+        T: Message + Default,
+    {
+        let next = match self.batch.pop_front()? {
+            Item::Messages(mut batch) => {
+                let (message, len) = batch.pop_with(|buf| decode(buf))?;
+                if !batch.is_empty() {
+                    self.batch.push_front(Item::Messages(batch));
+                }
+                self.taken.0 += 1;
+                self.taken.1 += len as u64;
+                return Some(Some(message));
+            }
+            Item::Message(payload) => {
+                self.taken.0 += 1;
+                self.taken.1 += payload.len() as u64;
+                Next::Message(payload)
+            }
+            Item::End(end) => Next::End(end),
+        };
+        Some(self.item(next))
+    }
+
     /// Turns what the shared state handed out into the stream's item.
     fn item(&mut self, next: Next) -> Option<Result<T, Status>>
     where
         T: Message + Default,
     {
         match next {
-            Next::Message(payload) => {
-                Some(T::decode(payload).map_err(|e| {
-                    Status::internal(format!("failed to decode a stream message: {e}"))
-                }))
-            }
+            Next::Message(payload) => Some(decode(payload)),
             Next::End(end) => {
                 self.done = true;
                 match end {
@@ -188,16 +210,7 @@ impl<T: Message + Default> Stream for Streaming<T> {
             }
         }
         loop {
-            if let Some(next) = this.batch.pop_front() {
-                let next = match next {
-                    Item::Message(payload) => {
-                        this.taken.0 += 1;
-                        this.taken.1 += payload.len() as u64;
-                        Next::Message(payload)
-                    }
-                    Item::End(end) => Next::End(end),
-                };
-                let item = this.item(next);
+            if let Some(item) = this.read_batched() {
                 if this.done {
                     this.finish();
                 }
@@ -271,6 +284,11 @@ impl<T: Message + Default> Iterator for BlockingStreaming<T> {
             }
         }
     }
+}
+
+/// Decodes one stream message.
+fn decode<T: Message + Default>(buf: impl bytes::Buf) -> Result<T, Status> {
+    T::decode(buf).map_err(|e| Status::internal(format!("failed to decode a stream message: {e}")))
 }
 
 fn send_update_blocking(link: &Link, call_id: u64, update: WindowUpdate) {

@@ -4,6 +4,7 @@
 use bytes::Bytes;
 use proptest::prelude::*;
 
+use super::batch::encode_batch;
 use super::flow::{Inbox, Item, SendWindow, StreamError};
 use super::{Window, WindowUpdate, INITIAL_WINDOW};
 
@@ -69,6 +70,105 @@ fn hostile_frames_are_refused_by_name() {
             limit: 1024
         })
     );
+}
+
+/// A `Messages` frame's payload of `n` messages numbered from `first` (`msg(first)`, ...).
+fn batch(first: usize, n: usize) -> Bytes {
+    let messages: Vec<Bytes> = (first..first + n).map(msg).collect();
+    encode_batch(&messages)
+}
+
+#[test]
+fn batches_take_their_places_in_any_order_and_come_out_one_by_one() {
+    let mut inbox = inbox();
+    inbox.on_end(9, "end").unwrap();
+    inbox.on_batch(6, batch(6, 3)).unwrap();
+    inbox.on_message(5, msg(5)).unwrap();
+    inbox.on_batch(1, batch(1, 2)).unwrap();
+    for n in 1..=2 {
+        assert_eq!(inbox.pop(), Some(Item::Message(msg(n))));
+    }
+    assert_eq!(inbox.pop(), None, "3 and 4 have not arrived");
+    inbox.on_batch(3, batch(3, 2)).unwrap();
+    for n in 3..=8 {
+        assert_eq!(inbox.pop(), Some(Item::Message(msg(n))));
+    }
+    assert_eq!(inbox.pop(), Some(Item::End("end")));
+    assert!(inbox.finished());
+    // Counted per message: 8 messages of 1 + 2 + ... + 8 bytes.
+    assert_eq!(inbox.take_update().map(|u| (u.messages, u.bytes)), None);
+    assert_eq!(inbox.buffered(), (0, 0));
+}
+
+#[test]
+fn hostile_batches_are_refused_by_name() {
+    let mut inbox = inbox();
+    inbox.on_batch(3, batch(3, 3)).unwrap();
+    // Overlapping what arrived, from below, from above, or inside.
+    for (first, n, seq) in [(1, 3, 3), (5, 2, 5), (4, 1, 4), (2, 6, 3)] {
+        assert_eq!(
+            inbox.on_batch(first, batch(1, n)),
+            Err(StreamError::Duplicate { seq }),
+            "{n} from {first}"
+        );
+    }
+    inbox.on_batch(1, batch(1, 2)).unwrap();
+    assert_eq!(
+        inbox.on_batch(4, batch(1, 1)),
+        Err(StreamError::Duplicate { seq: 4 })
+    );
+    // An end inside a batch that arrived, then a batch across the end.
+    assert!(matches!(
+        inbox.on_end(4, "end"),
+        Err(StreamError::AfterEnd { .. })
+    ));
+    inbox.on_end(8, "end").unwrap();
+    assert_eq!(
+        inbox.on_batch(6, batch(1, 3)),
+        Err(StreamError::AfterEnd { seq: 8, end: 8 })
+    );
+    assert_eq!(inbox.on_batch(0, batch(1, 1)), Err(StreamError::SeqZero));
+    let mut inbox = Inbox::<()>::new(INITIAL_WINDOW, 1024);
+    assert_eq!(
+        inbox.on_batch(u32::MAX - 1, batch(1, 2)),
+        Err(StreamError::SeqOverflow {
+            seq: u32::MAX - 1,
+            count: 2
+        })
+    );
+    assert_eq!(
+        inbox.on_batch(1, encode_batch(&[msg(1), msg(2000)])),
+        Err(StreamError::TooLarge {
+            len: 2000,
+            limit: 1024
+        })
+    );
+    assert_eq!(
+        inbox.on_batch(1, Bytes::new()),
+        Err(StreamError::BadBatch("it holds no message"))
+    );
+    // Nothing of a refused batch was taken.
+    assert_eq!(inbox.buffered(), (0, 0));
+    assert_eq!(inbox.pop(), None);
+}
+
+#[test]
+fn a_batch_counts_every_message_against_the_window() {
+    let mut inbox = inbox();
+    let all = INITIAL_WINDOW.messages as usize;
+    inbox.on_batch(1, batch(1, all - 1)).unwrap();
+    let over = inbox.on_batch(all as u32, batch(1, 2));
+    assert!(
+        matches!(over, Err(StreamError::WindowExceeded { messages, .. }) if messages == all as u64 + 1),
+        "{over:?}"
+    );
+    inbox.on_batch(all as u32, batch(1, 1)).unwrap();
+    // Bytes: the messages, not their length prefixes.
+    let mut drained = std::collections::VecDeque::new();
+    inbox.drain_ready(1, &mut drained);
+    assert_eq!(drained.len(), 1, "a whole batch at once");
+    let bytes: u64 = (1..all as u64).sum::<u64>() + 1;
+    assert_eq!(inbox.buffered(), (all as u64, bytes));
 }
 
 #[test]
@@ -241,6 +341,8 @@ fn a_message_larger_than_the_byte_window_still_goes_when_room_is_back() {
 #[derive(Debug, Clone)]
 enum Wire {
     Message(u32, Bytes),
+    /// A `Messages` frame: its first message's place and its payload.
+    Batch(u32, Bytes),
     End(u32),
     Update(WindowUpdate),
 }
@@ -250,6 +352,9 @@ enum Wire {
 enum Step {
     /// The sender sends its next message or end, if its window allows.
     Send,
+    /// The sender sends up to this many messages in one `Messages` frame, as its window
+    /// allows.
+    SendBatch(u8),
     /// Delivers the frame in flight at this index (mod the number in flight).
     Deliver(usize),
     /// The consumer takes this many items.
@@ -260,6 +365,7 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
     prop::collection::vec(
         prop_oneof![
             3 => Just(Step::Send),
+            2 => (1u8..20).prop_map(Step::SendBatch),
             4 => any::<usize>().prop_map(Step::Deliver),
             2 => (1u8..8).prop_map(Step::Consume),
         ],
@@ -318,12 +424,29 @@ impl Fabric {
                 self.wire.push(Wire::End(self.sent as u32 + 1));
             }
             Step::Send => {}
+            Step::SendBatch(n) => {
+                let first = self.sent as u32 + 1;
+                let mut messages = Vec::new();
+                while messages.len() < usize::from(*n)
+                    && self.sent < self.sizes.len()
+                    && self.sender.ready()
+                {
+                    let payload = Bytes::from(vec![self.sent as u8; self.sizes[self.sent]]);
+                    self.sender.on_send(payload.len());
+                    self.sent += 1;
+                    messages.push(payload);
+                }
+                if !messages.is_empty() {
+                    self.wire.push(Wire::Batch(first, encode_batch(&messages)));
+                }
+            }
             Step::Deliver(at) if !self.wire.is_empty() => {
                 let at = at % self.wire.len();
                 match self.wire.swap_remove(at) {
                     Wire::Message(seq, payload) => {
                         self.inbox.on_message(seq, payload).map_err(fail)?
                     }
+                    Wire::Batch(seq, payload) => self.inbox.on_batch(seq, payload).map_err(fail)?,
                     Wire::End(seq) => self.inbox.on_end(seq, ()).map_err(fail)?,
                     Wire::Update(update) => self.sender.on_update(update).map_err(fail)?,
                 }
@@ -336,6 +459,9 @@ impl Fabric {
                     match self.inbox.pop() {
                         Some(Item::Message(payload)) => self.got.push(payload),
                         Some(Item::End(())) => self.finished = true,
+                        Some(Item::Messages(_)) => {
+                            prop_assert!(false, "pop handed out a whole batch")
+                        }
                         None => break,
                     }
                     if let Some(update) = self.inbox.take_update() {

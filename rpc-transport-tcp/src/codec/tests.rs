@@ -78,6 +78,41 @@ fn oversized_payloads_are_reported_at_the_header_and_skipped() {
     assert_eq!(&frame(&ok).payload[..], b"ok");
 }
 
+/// A stream frame of `kind` for call 1 with `len` bytes of payload (its content is not
+/// the decoder's business).
+fn stream_frame(kind: FrameKind, len: usize) -> Vec<u8> {
+    let payload = vec![0u8; len];
+    let body = RawBody(&payload);
+    let header = Header::stream(kind, 1, 1);
+    let metadata = MetadataMap::new();
+    let frame = OutgoingFrame::new(header, &metadata, &body).unwrap();
+    let mut out = BytesMut::new();
+    frame.encode_to(&mut out);
+    out.to_vec()
+}
+
+#[test]
+fn a_messages_frame_has_its_own_payload_limit() {
+    use rpc_core::stream::batch::MESSAGES_FRAME_LIMIT;
+    let decoded = |kind, len| {
+        let wire = stream_frame(kind, len);
+        let out = decode_chunked(&wire, &[wire.len()], 100);
+        match &out[..] {
+            [Inbound::Frame(frame)] => Ok(frame.payload.len()),
+            [Inbound::Oversized { declared, .. }] => Err(*declared),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(decoded(FrameKind::Message, 100), Ok(100));
+    assert_eq!(decoded(FrameKind::Message, 101), Err(101));
+    let limit = MESSAGES_FRAME_LIMIT;
+    assert_eq!(decoded(FrameKind::Messages, limit), Ok(limit));
+    assert_eq!(
+        decoded(FrameKind::Messages, limit + 1),
+        Err(limit as u64 + 1)
+    );
+}
+
 #[test]
 fn a_header_claiming_a_large_frame_buffers_only_what_arrived() {
     let mut header = Header::new(FrameKind::Request, 1);
