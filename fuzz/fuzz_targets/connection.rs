@@ -24,6 +24,7 @@ enum Kind {
     LargeRequest,
     LargeGrant,
     Message,
+    Messages,
 }
 
 #[derive(Debug, Arbitrary)]
@@ -116,6 +117,7 @@ fn header(f: &Fields) -> Header {
         Kind::LargeRequest => FrameKind::LargeRequest,
         Kind::LargeGrant => FrameKind::LargeGrant,
         Kind::Message => FrameKind::Message,
+        Kind::Messages => FrameKind::Messages,
     };
     let mut h = Header::stream(kind, u64::from(f.call_id), u32::from(f.seq));
     let mut flags = Flags::NONE;

@@ -22,11 +22,13 @@ enum Frame {
 const MAX_MESSAGE: usize = 1024;
 
 fuzz_target!(|frames: Vec<Frame>| {
-    let window = Window {
+    let asked = Window {
         messages: 64,
         bytes: 4096,
     };
-    let mut inbox = Inbox::<()>::new(window, MAX_MESSAGE);
+    let mut inbox = Inbox::<()>::new(asked, MAX_MESSAGE);
+    // Never below the protocol's initial window.
+    let window = inbox.window();
     for frame in frames {
         let fed = match frame {
             Frame::Message { seq, len } => {

@@ -1,10 +1,10 @@
 //! Frames as transports see them: a header, encoded metadata and a payload.
 
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 
-use crate::body::{EmptyBody, EncodeBody};
+use crate::body::{EmptyBody, EncodeBody, RawBody};
 use crate::header::Header;
 use crate::metadata::MetadataMap;
 use crate::status::Status;
@@ -183,27 +183,63 @@ pub trait FrameSender: Send + Sync + 'static {
     /// Sends what [`FrameSender::poll_send_more`] left waiting. Never blocks.
     fn flush(&self) {}
 
-    /// Whether the transport carries frames as a byte stream that takes them encoded by the
-    /// sender ([`FrameSender::poll_send_encoded`]): a stream's sender then encodes its small
-    /// messages into a buffer of its own and hands them over many at a time, instead of
-    /// taking the transport's lock per message. The default (false) suits transports that
-    /// place each frame in memory of their own (RDMA slots).
-    fn takes_encoded(&self) -> bool {
-        false
+    /// Bytes of small stream messages a sender may encode into a buffer of its own (packed
+    /// in `Messages` frames, [`crate::stream::batch`]) before it hands them over with
+    /// [`FrameSender::poll_send_encoded`], instead of sending each in a frame of its own;
+    /// `None` (the default): every message goes by [`FrameSender::poll_send_more`].
+    ///
+    /// A byte-stream transport takes many frames at a time ([`crate::stream::STAGE_LIMIT`]).
+    /// A transport that places each frame in memory of its own (an RDMA slot) gives at most
+    /// [`one_frame_stage`] of its largest frame: the sender's buffer then always holds one
+    /// frame, which the default [`FrameSender::poll_send_encoded`] sends.
+    fn stage_limit(&self) -> Option<usize> {
+        None
     }
 
-    /// Takes all of `encoded`, whole frames the sender encoded ([`OutgoingFrame::encode_to`])
-    /// in order, leaving it empty; they may wait as [`FrameSender::poll_send_more`]'s do,
-    /// until [`FrameSender::flush`]. `Pending` (nothing taken, `cx` woken later) while the
-    /// transport has no room. Only called when [`FrameSender::takes_encoded`]; the default
-    /// refuses.
+    /// Takes all of `encoded`, whole frames the sender encoded in order, leaving it empty;
+    /// they may wait as [`FrameSender::poll_send_more`]'s do, until [`FrameSender::flush`].
+    /// `Pending` (nothing taken, `cx` woken later) while the transport has no room. Only
+    /// called when [`FrameSender::stage_limit`] is set. The default sends the one frame a
+    /// stage within [`one_frame_stage`] holds through [`FrameSender::poll_send`].
     fn poll_send_encoded(
         &self,
-        _cx: &mut Context<'_>,
-        _encoded: &mut BytesMut,
+        cx: &mut Context<'_>,
+        encoded: &mut BytesMut,
     ) -> Poll<Result<(), Status>> {
-        Poll::Ready(Err(Status::internal(
-            "this transport does not take encoded frames",
-        )))
+        let sent = {
+            let (header, payload) = match staged_frame(encoded) {
+                Ok(frame) => frame,
+                Err(status) => return Poll::Ready(Err(status)),
+            };
+            let body = RawBody(payload);
+            let mut frame = match OutgoingFrame::new(header, &EMPTY, &body) {
+                Ok(frame) => frame,
+                Err(e) => return Poll::Ready(Err(Status::internal(e.to_string()))),
+            };
+            ready!(self.poll_send(cx, &mut frame))
+        };
+        encoded.clear();
+        Poll::Ready(sent)
     }
+}
+
+/// The stage limit of a transport whose frames are at most `max_frame` bytes and that
+/// takes one at a time ([`FrameSender::stage_limit`]): small enough that a sender's stage
+/// holds a single `Messages` frame.
+pub fn one_frame_stage(max_frame: usize) -> usize {
+    max_frame.min(crate::COMPACT_HEADER_LEN + crate::stream::batch::MESSAGES_FRAME_LIMIT)
+}
+
+/// The header and payload of the one frame a sender's stage holds.
+fn staged_frame(encoded: &[u8]) -> Result<(Header, &[u8]), Status> {
+    let bad = |what: &str| Status::internal(format!("a stream sender's stage {what}"));
+    let header_len = Header::wire_len(encoded).map_err(|e| bad(&e.to_string()))?;
+    let header = encoded
+        .get(..header_len)
+        .ok_or_else(|| bad("ends inside a header"))
+        .and_then(|h| Header::decode(h).map_err(|e| bad(&e.to_string())))?;
+    if header.metadata_len != 0 || encoded.len() != header_len + header.payload_len as usize {
+        return Err(bad("does not hold exactly one frame without metadata"));
+    }
+    Ok((header, &encoded[header_len..]))
 }

@@ -187,8 +187,8 @@ impl FrameSender for TcpClient {
         self.conn.flush();
     }
 
-    fn takes_encoded(&self) -> bool {
-        self.conn.takes_encoded()
+    fn stage_limit(&self) -> Option<usize> {
+        self.conn.stage_limit()
     }
 
     fn poll_send_encoded(

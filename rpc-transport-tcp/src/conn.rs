@@ -76,8 +76,8 @@ impl ReplySink for Conn {
         self.outbox.flush(&self.stream);
     }
 
-    fn takes_encoded(&self) -> bool {
-        true
+    fn stage_limit(&self) -> Option<usize> {
+        Some(rpc_core::stream::STAGE_LIMIT)
     }
 
     fn poll_send_encoded(

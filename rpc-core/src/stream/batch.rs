@@ -125,26 +125,42 @@ impl Batch {
     }
 }
 
-/// A stream sender's own buffer of encoded frames, for a byte-stream transport
-/// ([`crate::frame::FrameSender::takes_encoded`]): consecutive small messages share one `Messages` frame,
-/// which grows with each until [`MESSAGES_FRAME_LIMIT`] and goes with the rest when the
-/// buffer is handed over.
-#[derive(Debug, Default)]
+/// A stream sender's own buffer of encoded frames, for a transport that takes them
+/// ([`crate::frame::FrameSender::stage_limit`]): consecutive small messages share one
+/// `Messages` frame, which grows with each until [`MESSAGES_FRAME_LIMIT`] and goes with the
+/// rest when the buffer is handed over.
+#[derive(Debug)]
 pub(crate) struct Staged {
     buf: BytesMut,
+    /// Bytes the buffer may hold.
+    limit: usize,
     /// Where the open `Messages` frame's header starts in `buf`, and its payload so far.
     open: Option<(usize, usize)>,
 }
 
 impl Staged {
+    /// An empty stage of at most `limit` bytes.
+    pub(crate) fn new(limit: usize) -> Self {
+        Staged {
+            buf: BytesMut::new(),
+            limit,
+            open: None,
+        }
+    }
+
     /// Whether nothing waits to be handed over.
     pub(crate) fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
 
-    /// Whether a message of `len` bytes would take the buffer beyond `limit` bytes.
-    pub(crate) fn would_exceed(&self, len: usize, limit: usize) -> bool {
-        self.buf.len() + COMPACT_HEADER_LEN + LENGTH_PREFIX + len > limit
+    /// Whether a message of `len` bytes fits the stage at all (in a frame of its own).
+    pub(crate) fn takes(&self, len: usize) -> bool {
+        COMPACT_HEADER_LEN + LENGTH_PREFIX + len <= self.limit
+    }
+
+    /// Whether a message of `len` bytes would take the buffer beyond its limit.
+    pub(crate) fn would_exceed(&self, len: usize) -> bool {
+        self.buf.len() + COMPACT_HEADER_LEN + LENGTH_PREFIX + len > self.limit
     }
 
     /// Encodes `message` (`len` bytes), the stream's message `seq` of call `call_id`: into

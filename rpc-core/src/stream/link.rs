@@ -60,9 +60,9 @@ impl Link {
         self.frames.poll_send_more(cx, frame)
     }
 
-    /// Whether the connection takes frames its senders encoded ([`FrameSender::takes_encoded`]).
-    pub(crate) fn takes_encoded(&self) -> bool {
-        self.frames.takes_encoded()
+    /// How much a sender may stage for the connection ([`FrameSender::stage_limit`]).
+    pub(crate) fn stage_limit(&self) -> Option<usize> {
+        self.frames.stage_limit()
     }
 
     /// Hands over frames a sender encoded, all of `encoded` ([`FrameSender::poll_send_encoded`]).

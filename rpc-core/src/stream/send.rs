@@ -21,10 +21,10 @@ pub const MAX_STREAM_MESSAGES: u32 = u32::MAX - 1;
 
 /// Bytes of small messages a stream's sender encodes into a buffer of its own, in
 /// `Messages` frames ([`super::batch`]), before it hands them to a byte-stream transport in
-/// one go ([`FrameSender::takes_encoded`]); they go at the latest when the sender waits (for
+/// one go ([`FrameSender::stage_limit`]); they go at the latest when the sender waits (for
 /// its window, for its next message) or ends.
 ///
-/// [`FrameSender::takes_encoded`]: crate::frame::FrameSender::takes_encoded
+/// [`FrameSender::stage_limit`]: crate::frame::FrameSender::stage_limit
 pub const STAGE_LIMIT: usize = 16 * 1024;
 /// Largest message a sender encodes into its own buffer (after its length); larger ones go
 /// in `Message` frames of their own, encoded straight into the transport's buffer (one
@@ -47,8 +47,8 @@ pub(crate) struct Outgoing {
     /// stream's lock while it lasts (the lock is taken again when it runs out, and a failed
     /// stream is seen through a flag before each message).
     room: SendWindow,
-    /// Small messages encoded and not yet handed to the transport (byte-stream
-    /// transports only; `None` on others).
+    /// Small messages encoded and not yet handed to the transport (transports with a
+    /// [`FrameSender::stage_limit`](crate::frame::FrameSender::stage_limit) only).
     staged: Option<Staged>,
 }
 
@@ -59,7 +59,7 @@ impl Outgoing {
         call_id: u64,
         max_message: usize,
     ) -> Self {
-        let staged = link.takes_encoded().then(Staged::default);
+        let staged = link.stage_limit().map(Staged::new);
         Outgoing {
             shared,
             link,
@@ -106,8 +106,8 @@ impl Outgoing {
         len: usize,
     ) -> Poll<Result<(), Status>> {
         match &mut self.staged {
-            Some(staged) if len <= MAX_STAGED_MESSAGE => {
-                if staged.would_exceed(len, STAGE_LIMIT) {
+            Some(staged) if len <= MAX_STAGED_MESSAGE && staged.takes(len) => {
+                if staged.would_exceed(len) {
                     ready!(staged.poll_hand_over(cx, &self.link))?;
                 }
                 staged.push(self.call_id, self.next_seq, message, len);

@@ -223,6 +223,10 @@ impl FrameSender for RdmaClient {
         }
         sent
     }
+
+    fn stage_limit(&self) -> Option<usize> {
+        Some(rpc_core::frame::one_frame_stage(self.conn.max_frame()))
+    }
 }
 
 impl ClientTransport for RdmaClient {

@@ -322,4 +322,8 @@ impl ReplySink for RdmaReplySink {
     ) -> Poll<Result<(), Status>> {
         self.0.poll_send(cx, frame)
     }
+
+    fn stage_limit(&self) -> Option<usize> {
+        Some(rpc_core::frame::one_frame_stage(self.0.max_frame()))
+    }
 }
