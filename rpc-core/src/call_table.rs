@@ -145,7 +145,7 @@ impl CallTable {
         }
     }
 
-    /// Feeds a run of `Message` frames of call `id` (in order; one lookup and one stream
+    /// Feeds a run of `Message` and `Messages` frames of call `id` (in order; one lookup and one stream
     /// lock for the run), holding its reader's wakeup in `wakes`. As
     /// [`CallTable::on_stream_frame`], messages for calls that ended are dropped, and one
     /// that breaks the stream's rules fails the call.

@@ -137,7 +137,8 @@ pub struct InboundFrame {
     pub header: Header,
     /// Encoded metadata ([`MetadataMap::decode_from`]).
     pub metadata: Bytes,
-    /// The payload (an encoded message, or a status message for error responses).
+    /// The payload (an encoded message, the messages of a `Messages` frame after their
+    /// lengths, or a status message for error responses).
     pub payload: Bytes,
 }
 
@@ -183,24 +184,22 @@ pub trait FrameSender: Send + Sync + 'static {
     /// Sends what [`FrameSender::poll_send_more`] left waiting. Never blocks.
     fn flush(&self) {}
 
-    /// Bytes of small stream messages a sender may encode into a buffer of its own (packed
-    /// in `Messages` frames, [`crate::stream::batch`]) before it hands them over with
-    /// [`FrameSender::poll_send_encoded`], instead of sending each in a frame of its own;
-    /// `None` (the default): every message goes by [`FrameSender::poll_send_more`].
-    ///
-    /// A byte-stream transport takes many frames at a time ([`crate::stream::STAGE_LIMIT`]).
-    /// A transport that places each frame in memory of its own (an RDMA slot) gives at most
-    /// [`one_frame_stage`] of its largest frame: the sender's buffer then always holds one
-    /// frame, which the default [`FrameSender::poll_send_encoded`] sends.
+    /// Bytes of small stream messages (and their `Messages` frame's header) a sender may
+    /// encode into a buffer of its own ([`crate::stream::batch`]) before it hands them over
+    /// with [`FrameSender::poll_send_encoded`], instead of sending each in a frame of its
+    /// own; `None` (the default): every message goes by [`FrameSender::poll_send_more`].
+    /// At most [`crate::stream::STAGE_LIMIT`] is used: a stage holds one frame. A transport
+    /// that places each frame in memory of its own (an RDMA slot) gives
+    /// [`one_frame_stage`] of its largest frame.
     fn stage_limit(&self) -> Option<usize> {
         None
     }
 
-    /// Takes all of `encoded`, whole frames the sender encoded in order, leaving it empty;
-    /// they may wait as [`FrameSender::poll_send_more`]'s do, until [`FrameSender::flush`].
+    /// Takes all of `encoded`, the one frame a sender staged, leaving it empty; it may wait
+    /// as [`FrameSender::poll_send_more`]'s frames do, until [`FrameSender::flush`].
     /// `Pending` (nothing taken, `cx` woken later) while the transport has no room. Only
-    /// called when [`FrameSender::stage_limit`] is set. The default sends the one frame a
-    /// stage within [`one_frame_stage`] holds through [`FrameSender::poll_send`].
+    /// called when [`FrameSender::stage_limit`] is set. The default sends the frame through
+    /// [`FrameSender::poll_send`].
     fn poll_send_encoded(
         &self,
         cx: &mut Context<'_>,
@@ -209,7 +208,10 @@ pub trait FrameSender: Send + Sync + 'static {
         let sent = {
             let (header, payload) = match staged_frame(encoded) {
                 Ok(frame) => frame,
-                Err(status) => return Poll::Ready(Err(status)),
+                Err(status) => {
+                    encoded.clear();
+                    return Poll::Ready(Err(status));
+                }
             };
             let body = RawBody(payload);
             let mut frame = match OutgoingFrame::new(header, &EMPTY, &body) {
@@ -223,11 +225,10 @@ pub trait FrameSender: Send + Sync + 'static {
     }
 }
 
-/// The stage limit of a transport whose frames are at most `max_frame` bytes and that
-/// takes one at a time ([`FrameSender::stage_limit`]): small enough that a sender's stage
-/// holds a single `Messages` frame.
+/// The stage limit of a transport whose frames are at most `max_frame` bytes
+/// ([`FrameSender::stage_limit`]).
 pub fn one_frame_stage(max_frame: usize) -> usize {
-    max_frame.min(crate::COMPACT_HEADER_LEN + crate::stream::batch::MESSAGES_FRAME_LIMIT)
+    max_frame.min(crate::stream::STAGE_LIMIT)
 }
 
 /// The header and payload of the one frame a sender's stage holds.

@@ -145,9 +145,11 @@ impl Inbox for Responses {
     }
 
     fn on_oversized(&self, header: &Header, declared: u64) {
+        let (what, limit) =
+            rpc_core::stream::batch::oversized(header.kind, self.limit as usize, "response");
         self.calls.complete(
             header.call_id,
-            Err(Status::message_too_large("response", declared, self.limit)),
+            Err(Status::message_too_large(what, declared, limit)),
         );
     }
 

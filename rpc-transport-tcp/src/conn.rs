@@ -94,7 +94,7 @@ pub(crate) trait Inbox: Send + Sync + 'static {
     /// A complete frame; wakeups it causes may be held in `wakes`, performed when the
     /// frames of the read are handed up.
     fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes);
-    /// A run of `Message` frames of stream `call_id`, in order (the messages of one read
+    /// A run of `Message` and `Messages` frames of stream `call_id`, in order (the messages of one read
     /// that follow each other), to be taken out of `run` and fed under one lookup.
     fn on_messages(&self, call_id: u64, run: &mut Vec<InboundFrame>, wakes: &mut Wakes);
     /// A frame over the payload limit, refused at its header.

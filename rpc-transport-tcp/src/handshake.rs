@@ -12,7 +12,7 @@
 //!   closes. A client without credentials reaching such a server gets the same refusal in
 //!   place of its first answer.
 //!
-//! The frame magic is `"RR"` followed by version 2, so a preface never reads as a frame: a
+//! The frame magic is `"RR"` followed by version 3, so a preface never reads as a frame: a
 //! server without authentication closes a connection that starts with one as a bad header,
 //! and the client, which expects a proof, fails with `UNAUTHENTICATED`.
 

@@ -40,8 +40,9 @@ pub const COMPACT_HEADER_LEN: usize = 32;
 const COMPACT_BIT: u16 = 1 << 2;
 /// First two bytes of every frame.
 pub const MAGIC: u16 = 0x5252;
-/// Wire protocol version spoken by this crate (2: the compact header form).
-pub const PROTOCOL_VERSION: u8 = 2;
+/// Wire protocol version spoken by this crate (2: the compact header form; 3: the
+/// `Messages` kind).
+pub const PROTOCOL_VERSION: u8 = 3;
 
 /// What a frame is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -115,7 +116,7 @@ impl Flags {
     /// response body into (sparing the rendezvous). RDMA only.
     pub const RESPONSE_BUFFER: Flags = Flags(1 << 1);
     /// On a request: the call is streaming (its messages follow as [`FrameKind::Message`]
-    /// frames, the request itself carries metadata only). On a response: the headers of a
+    /// and [`FrameKind::Messages`] frames, the request itself carries metadata only). On a response: the headers of a
     /// streaming response (status OK, metadata, no message).
     pub const STREAM: Flags = Flags(1 << 3);
     const KNOWN: u16 = Self::LARGE_PAYLOAD.0 | Self::RESPONSE_BUFFER.0 | Self::STREAM.0;

@@ -210,12 +210,8 @@ impl ConnectionDispatch {
     /// Answers a request the transport refused to read because its declared size exceeds
     /// the limit.
     pub fn reject_oversized(self: &Arc<Self>, header: &Header, declared: u64) {
-        let limit = self.dispatcher.config.max_message_size as u64;
-        let what = if crate::stream::is_message_frame(header.kind) {
-            "stream message"
-        } else {
-            "request"
-        };
+        let limit = self.dispatcher.config.max_message_size;
+        let (what, limit) = crate::stream::batch::oversized(header.kind, limit, "request");
         self.fail_call(
             header.call_id,
             &Status::message_too_large(what, declared, limit),

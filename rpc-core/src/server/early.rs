@@ -5,9 +5,9 @@
 //! and a caller spinning on the same completion queue), so a client's first messages, its
 //! half-close or its window update can reach the dispatcher before the `Request` that opens
 //! their stream. Such frames are held, and fed to the stream when it opens. Holding is
-//! bounded by [`crate::server::ServerConfig::early_stream_frames`] per connection (messages
-//! and payload bytes, like a window; one frame may overshoot the bytes of an empty hold, as
-//! a message may overshoot a window): past it the frames of the call that began holding
+//! bounded by [`crate::server::ServerConfig::early_stream_frames`] per connection (frames,
+//! whatever the messages each carries, and payload bytes, like a window; one frame may
+//! overshoot the bytes of an empty hold, as a message may overshoot a window): past it the frames of the call that began holding
 //! first are dropped, whole, until the new frame fits. Frames of calls that already ended
 //! are held the same way (they cannot be told apart from early ones) and age out; since a
 //! client's call ids only grow, they never reach a later call.

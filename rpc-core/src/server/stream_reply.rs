@@ -162,7 +162,7 @@ impl ConnectionDispatch {
         }
     }
 
-    /// Feeds a run of `Message` frames of call `call_id` to its stream (in order; one
+    /// Feeds a run of `Message` and `Messages` frames of call `call_id` to its stream (in order; one
     /// lookup and one stream lock for the run). As [`Self::on_stream_frame`], messages of
     /// calls not running are held for their request, and one that breaks the stream's
     /// rules fails it.

@@ -34,6 +34,22 @@ pub fn payload_limit(kind: FrameKind, max_message: usize) -> usize {
     }
 }
 
+/// What a frame of `kind` refused at its header for its size is called, and the limit it
+/// broke, given the receiver's limit for messages: for the status naming both sizes.
+/// `otherwise` names frames that are not stream messages (a request, a response).
+pub fn oversized(
+    kind: FrameKind,
+    max_message: usize,
+    otherwise: &'static str,
+) -> (&'static str, u64) {
+    let what = match kind {
+        FrameKind::Message => "stream message",
+        FrameKind::Messages => "frame of stream messages",
+        _ => otherwise,
+    };
+    (what, payload_limit(kind, max_message) as u64)
+}
+
 /// The messages of one received `Messages` frame not yet read, checked: every length lies
 /// within the payload, every message within the receiver's limit, and the lengths cover
 /// the payload exactly.
@@ -41,6 +57,8 @@ pub fn payload_limit(kind: FrameKind, max_message: usize) -> usize {
 pub struct Batch {
     rest: Bytes,
     count: u32,
+    /// Bytes of the messages in `rest`, length prefixes not counted.
+    bytes: u64,
 }
 
 impl Batch {
@@ -78,6 +96,7 @@ impl Batch {
             Batch {
                 rest: payload,
                 count,
+                bytes,
             },
             bytes,
         ))
@@ -88,9 +107,32 @@ impl Batch {
         self.count
     }
 
+    /// Bytes of the messages not yet read.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// Whether every message was read.
     pub fn is_empty(&self) -> bool {
         self.count == 0
+    }
+
+    /// Splits off the first `n` messages (all of them if there are fewer), leaving the rest.
+    pub fn split_front(&mut self, n: u32) -> Batch {
+        let n = n.min(self.count);
+        let (mut at, mut bytes) = (0, 0u64);
+        for _ in 0..n {
+            let len = self.len_at(at);
+            at += LENGTH_PREFIX + len;
+            bytes += len as u64;
+        }
+        self.count -= n;
+        self.bytes -= bytes;
+        Batch {
+            rest: self.rest.split_to(at),
+            count: n,
+            bytes,
+        }
     }
 
     /// Takes the next message, as a view of the frame.
@@ -120,31 +162,40 @@ impl Batch {
     /// Length of the next message (checked by [`Batch::parse`]), counting it as read.
     fn next_len(&mut self) -> Option<usize> {
         self.count = self.count.checked_sub(1)?;
-        let prefix = self.rest.first_chunk::<LENGTH_PREFIX>()?;
-        Some(u32::from_le_bytes(*prefix) as usize)
+        let len = self.len_at(0);
+        self.bytes -= len as u64;
+        Some(len)
+    }
+
+    /// The length of the message whose prefix starts at `at` (a place [`Batch::parse`]
+    /// checked).
+    fn len_at(&self, at: usize) -> usize {
+        let prefix = &self.rest[at..at + LENGTH_PREFIX];
+        u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize
     }
 }
 
-/// A stream sender's own buffer of encoded frames, for a transport that takes them
-/// ([`crate::frame::FrameSender::stage_limit`]): consecutive small messages share one
-/// `Messages` frame, which grows with each until [`MESSAGES_FRAME_LIMIT`] and goes with the
-/// rest when the buffer is handed over.
+/// A stream sender's own buffer for a transport that takes encoded frames
+/// ([`crate::frame::FrameSender::stage_limit`]): one `Messages` frame, which takes
+/// consecutive small messages until the next would carry it past its limit, and goes when
+/// it is handed over.
 #[derive(Debug)]
 pub(crate) struct Staged {
     buf: BytesMut,
-    /// Bytes the buffer may hold.
+    /// Bytes the frame may take, header included; at most [`STAGE_LIMIT`].
     limit: usize,
-    /// Where the open `Messages` frame's header starts in `buf`, and its payload so far.
-    open: Option<(usize, usize)>,
 }
 
+/// The largest stage: a `Messages` frame of [`MESSAGES_FRAME_LIMIT`] bytes of payload
+/// after its header (always the compact form).
+pub const STAGE_LIMIT: usize = COMPACT_HEADER_LEN + MESSAGES_FRAME_LIMIT;
+
 impl Staged {
-    /// An empty stage of at most `limit` bytes.
+    /// An empty stage of at most `limit` bytes (no more than [`STAGE_LIMIT`]).
     pub(crate) fn new(limit: usize) -> Self {
         Staged {
             buf: BytesMut::new(),
-            limit,
-            open: None,
+            limit: limit.min(STAGE_LIMIT),
         }
     }
 
@@ -153,42 +204,48 @@ impl Staged {
         self.buf.is_empty()
     }
 
-    /// Whether a message of `len` bytes fits the stage at all (in a frame of its own).
+    /// The bytes a message of `len` bytes adds to the stage (its header too when it is the
+    /// first).
+    fn growth(&self, len: usize) -> usize {
+        let header = if self.buf.is_empty() {
+            COMPACT_HEADER_LEN
+        } else {
+            0
+        };
+        header + LENGTH_PREFIX + len
+    }
+
+    /// Whether a message of `len` bytes fits an empty stage: larger ones go in frames of
+    /// their own.
     pub(crate) fn takes(&self, len: usize) -> bool {
         COMPACT_HEADER_LEN + LENGTH_PREFIX + len <= self.limit
     }
 
-    /// Whether a message of `len` bytes would take the buffer beyond its limit.
-    pub(crate) fn would_exceed(&self, len: usize) -> bool {
-        self.buf.len() + COMPACT_HEADER_LEN + LENGTH_PREFIX + len > self.limit
+    /// Whether a message of `len` bytes needs the stage handed over first.
+    pub(crate) fn is_full_for(&self, len: usize) -> bool {
+        self.buf.len() + self.growth(len) > self.limit
     }
 
-    /// Encodes `message` (`len` bytes), the stream's message `seq` of call `call_id`: into
-    /// the open `Messages` frame, or a new one when there is none or it is full.
+    /// Adds `message` (`len` bytes, [`Staged::takes`] and not [`Staged::is_full_for`]),
+    /// the stream's message `seq` of call `call_id`: it opens the frame when it is the
+    /// first.
     pub(crate) fn push(&mut self, call_id: u64, seq: u32, message: &dyn EncodeBody, len: usize) {
-        let (at, payload) = match self.open {
-            Some((at, payload)) if payload + LENGTH_PREFIX + len <= MESSAGES_FRAME_LIMIT => {
-                (at, payload)
-            }
-            _ => {
-                let at = self.buf.len();
-                let header = Header::stream(FrameKind::Messages, call_id, seq);
-                self.buf.resize(at + header.encoded_len(), 0);
-                header.encode(&mut self.buf[at..]);
-                (at, 0)
-            }
-        };
+        debug_assert!(!self.is_full_for(len), "the stage is full");
+        if self.buf.is_empty() {
+            let header = Header::stream(FrameKind::Messages, call_id, seq);
+            self.buf.resize(COMPACT_HEADER_LEN, 0);
+            header.encode(&mut self.buf);
+        }
         self.buf.put_u32_le(len as u32);
         let start = self.buf.len();
         self.buf.resize(start + len, 0);
         message.encode_into(&mut self.buf[start..]);
-        let payload = payload + LENGTH_PREFIX + len;
-        debug_assert!(payload <= MESSAGES_FRAME_LIMIT, "staged messages are small");
-        Header::set_encoded_payload_len(&mut self.buf[at..], payload as u32);
-        self.open = Some((at, payload));
+        // Within MESSAGES_FRAME_LIMIT: the stage is at most STAGE_LIMIT.
+        let payload = self.buf.len() - COMPACT_HEADER_LEN;
+        Header::set_encoded_payload_len(&mut self.buf, payload as u32);
     }
 
-    /// Hands everything to `link`; `Pending` (nothing taken) while it has no room.
+    /// Hands the frame to `link`; `Pending` (nothing taken) while it has no room.
     pub(crate) fn poll_hand_over(
         &mut self,
         cx: &mut std::task::Context<'_>,
@@ -197,11 +254,7 @@ impl Staged {
         if self.buf.is_empty() {
             return std::task::Poll::Ready(Ok(()));
         }
-        let handed = link.poll_send_encoded(cx, &mut self.buf);
-        if self.buf.is_empty() {
-            self.open = None;
-        }
-        handed
+        link.poll_send_encoded(cx, &mut self.buf)
     }
 }
 

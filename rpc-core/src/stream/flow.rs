@@ -65,8 +65,12 @@ pub enum StreamError {
         /// The receiver's limit.
         limit: u64,
     },
-    /// A `Messages` frame whose messages run past the last sequence number.
-    #[error("{count} stream messages from {seq} run past the last sequence number")]
+    /// A message at 2^32 - 1, or a `Messages` frame whose messages run past 2^32 - 2: no
+    /// place is left for the end.
+    #[error(
+        "stream messages from {seq} ({count} of them) run past the last sequence number, \
+         2^32 - 2"
+    )]
     SeqOverflow {
         /// The first message's sequence number.
         seq: u32,
@@ -165,6 +169,10 @@ impl SendWindow {
     }
 }
 
+/// The part of the window a reader takes from its inbox at once ([`Inbox::drain_ready`]):
+/// an eighth.
+pub const READ_SHARE: u32 = 8;
+
 /// One entry of an inbox, in stream order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Item<E> {
@@ -185,11 +193,11 @@ impl<E> Item<E> {
         }
     }
 
-    /// Messages the item holds.
-    fn messages(&self) -> usize {
+    /// Bytes of the messages the item holds.
+    fn bytes(&self) -> u64 {
         match self {
-            Item::Message(_) => 1,
-            Item::Messages(batch) => batch.count() as usize,
+            Item::Message(payload) => payload.len() as u64,
+            Item::Messages(batch) => batch.bytes(),
             Item::End(_) => 0,
         }
     }
@@ -350,17 +358,29 @@ impl<E> Inbox<E> {
         }
     }
 
-    /// Moves items in stream order into `into`, until they hold `max` messages or more (or
-    /// the end), without counting them as consumed: a consumer that takes a batch at once
+    /// Moves items in stream order into `into`, up to [`READ_SHARE`] of the window in
+    /// messages or bytes (at least one item; a `Messages` frame is split at the message
+    /// count), without counting them as consumed: a consumer that takes a batch at once
     /// reports what it used with [`Inbox::consumed`], and until then they count as
-    /// buffered.
-    pub fn drain_ready(&mut self, max: usize, into: &mut VecDeque<Item<E>>) {
-        let mut moved = 0;
-        while moved < max {
-            let Some(item) = self.ready.pop_front() else {
+    /// buffered. A batch stays a small part of the window, so room goes back to the sender
+    /// while the consumer reads the rest.
+    pub fn drain_ready(&mut self, into: &mut VecDeque<Item<E>>) {
+        let max_messages = (self.window.messages / READ_SHARE).max(1);
+        let max_bytes = (self.window.bytes / u64::from(READ_SHARE)).max(1);
+        let (mut messages, mut bytes) = (0u32, 0u64);
+        while messages < max_messages && bytes < max_bytes {
+            let Some(mut item) = self.ready.pop_front() else {
                 break;
             };
-            moved += item.messages().max(1);
+            if let Item::Messages(batch) = &mut item {
+                let head = batch.split_front(max_messages - messages);
+                if !batch.is_empty() {
+                    self.ready.push_front(item);
+                }
+                item = Item::Messages(head);
+            }
+            messages += item.span();
+            bytes += item.bytes();
             into.push_back(item);
         }
     }

@@ -28,8 +28,9 @@ mod streaming;
 mod tests;
 mod wake;
 
+pub use batch::{MESSAGES_FRAME_LIMIT, STAGE_LIMIT};
 pub(crate) use link::Link;
-pub use send::{MessageStream, MAX_STREAM_MESSAGES, MESSAGES_PER_POLL, STAGE_LIMIT};
+pub use send::{MessageStream, MAX_STREAM_MESSAGES, MESSAGES_PER_POLL};
 pub(crate) use send::{Outgoing, TypedMessages};
 pub(crate) use shared::StreamShared;
 pub use streaming::{BlockingStreaming, Streaming};

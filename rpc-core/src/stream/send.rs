@@ -19,13 +19,6 @@ use crate::status::{Code, Status};
 /// the end take one each. A sender past it fails with `RESOURCE_EXHAUSTED`.
 pub const MAX_STREAM_MESSAGES: u32 = u32::MAX - 1;
 
-/// Bytes of small messages a stream's sender encodes into a buffer of its own, in
-/// `Messages` frames ([`super::batch`]), before it hands them to a byte-stream transport in
-/// one go ([`FrameSender::stage_limit`]); they go at the latest when the sender waits (for
-/// its window, for its next message) or ends.
-///
-/// [`FrameSender::stage_limit`]: crate::frame::FrameSender::stage_limit
-pub const STAGE_LIMIT: usize = 16 * 1024;
 /// Largest message a sender encodes into its own buffer (after its length); larger ones go
 /// in `Message` frames of their own, encoded straight into the transport's buffer (one
 /// copy, not two).
@@ -107,7 +100,7 @@ impl Outgoing {
     ) -> Poll<Result<(), Status>> {
         match &mut self.staged {
             Some(staged) if len <= MAX_STAGED_MESSAGE && staged.takes(len) => {
-                if staged.would_exceed(len) {
+                if staged.is_full_for(len) {
                     ready!(staged.poll_hand_over(cx, &self.link))?;
                 }
                 staged.push(self.call_id, self.next_seq, message, len);

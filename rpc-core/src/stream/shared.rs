@@ -202,21 +202,21 @@ impl StreamShared {
         state.failed.is_some() || state.inbox.finished()
     }
 
-    /// Moves up to `max` items for the reader into `into` (messages in order, then the end
-    /// or the failure), after counting the `taken` messages and bytes it used of earlier
-    /// batches; `Pending` with `cx` registered when there is none. Also the room to return
-    /// now, if enough was used. A reader taking batches locks the stream once per batch,
-    /// not once per message, so the receive path rarely finds the lock taken.
+    /// Moves a batch of items for the reader into `into` (messages in order, then the end
+    /// or the failure; [`Inbox::drain_ready`]), after counting the `taken` messages and
+    /// bytes it used of earlier batches; `Pending` with `cx` registered when there is none.
+    /// Also the room to return now, if enough was used. A reader taking batches locks the
+    /// stream once per batch, not once per message, so the receive path rarely finds the
+    /// lock taken.
     pub(crate) fn poll_batch(
         &self,
         cx: &Context<'_>,
         taken: (u64, u64),
-        max: usize,
         into: &mut VecDeque<Item<StreamEnd>>,
     ) -> (Poll<Option<Status>>, Option<WindowUpdate>) {
         let mut state = self.state.lock();
         state.inbox.consumed(taken.0, taken.1);
-        state.inbox.drain_ready(max, into);
+        state.inbox.drain_ready(into);
         let next = if !into.is_empty() {
             Poll::Ready(None)
         } else if let Some(status) = &state.failed {

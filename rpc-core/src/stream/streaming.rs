@@ -18,12 +18,6 @@ use crate::client::Drive;
 use crate::metadata::MetadataMap;
 use crate::status::{Code, Status};
 
-/// Most items a [`Streaming`] takes from its shared state at once: the room they hold goes
-/// back to the sender only once they are read, so a batch must stay a small part of any
-/// window (the smallest, [`super::INITIAL_WINDOW`], is 64 messages), while it saves a lock
-/// per message.
-const READ_BATCH: usize = 16;
-
 /// Dropped when a [`Streaming`] ends or is dropped: a client's guard, which detaches the
 /// stream and cancels the call unless the server ended it.
 pub(crate) type OnDrop = Box<dyn std::any::Any + Send + Sync>;
@@ -217,9 +211,7 @@ impl<T: Message + Default> Stream for Streaming<T> {
                 return Poll::Ready(item);
             }
             let taken = std::mem::take(&mut this.taken);
-            let (next, update) = this
-                .shared
-                .poll_batch(cx, taken, READ_BATCH, &mut this.batch);
+            let (next, update) = this.shared.poll_batch(cx, taken, &mut this.batch);
             this.return_room(cx, update);
             match next {
                 Poll::Ready(None) => continue,

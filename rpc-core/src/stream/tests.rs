@@ -164,11 +164,42 @@ fn a_batch_counts_every_message_against_the_window() {
     );
     inbox.on_batch(all as u32, batch(1, 1)).unwrap();
     // Bytes: the messages, not their length prefixes.
-    let mut drained = std::collections::VecDeque::new();
-    inbox.drain_ready(1, &mut drained);
-    assert_eq!(drained.len(), 1, "a whole batch at once");
     let bytes: u64 = (1..all as u64).sum::<u64>() + 1;
     assert_eq!(inbox.buffered(), (all as u64, bytes));
+}
+
+/// A reader takes an eighth of the window at a time, cutting a `Messages` frame if it
+/// must: room goes back while it reads the rest, even when one frame holds the whole
+/// window.
+#[test]
+fn a_reader_takes_a_frame_of_many_messages_a_share_at_a_time() {
+    let mut inbox = inbox();
+    let all = INITIAL_WINDOW.messages;
+    let share = all / super::flow::READ_SHARE;
+    inbox.on_batch(1, batch(1, all as usize)).unwrap();
+    let mut read = 0;
+    let mut returned = 0;
+    let mut first_return = None;
+    while read < all {
+        let mut drained = std::collections::VecDeque::new();
+        inbox.drain_ready(&mut drained);
+        let [Item::Messages(mut part)] = <[_; 1]>::try_from(Vec::from(drained)).unwrap() else {
+            panic!("one part of the frame");
+        };
+        assert_eq!(part.count(), share);
+        let bytes = part.bytes();
+        for n in read + 1..=read + share {
+            assert_eq!(part.pop(), Some(msg(n as usize)));
+        }
+        read += share;
+        inbox.consumed(u64::from(share), bytes);
+        if let Some(update) = inbox.take_update() {
+            returned += update.messages;
+            first_return.get_or_insert(read);
+        }
+    }
+    assert_eq!(first_return, Some(all / 2), "room comes back mid-frame");
+    assert_eq!(returned, all);
 }
 
 #[test]
@@ -237,10 +268,12 @@ fn a_batch_taken_at_once_holds_its_room_until_it_is_used() {
         inbox.on_message(seq, msg(2)).unwrap();
     }
     let mut batch = std::collections::VecDeque::new();
-    inbox.drain_ready(8, &mut batch);
-    assert_eq!(batch.len(), 8, "at most the batch asked for");
-    inbox.drain_ready(usize::MAX, &mut batch);
-    assert_eq!(batch.len() as u64, half + 4);
+    let share = u64::from(INITIAL_WINDOW.messages / super::flow::READ_SHARE);
+    inbox.drain_ready(&mut batch);
+    assert_eq!(batch.len() as u64, share, "an eighth of the window");
+    while batch.len() as u64 != half + 4 {
+        inbox.drain_ready(&mut batch);
+    }
     assert!(batch.iter().all(|item| *item == Item::Message(msg(2))));
     // Taken, not used: still buffered, nothing returned.
     assert_eq!(inbox.take_update(), None);

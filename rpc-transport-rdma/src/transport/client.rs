@@ -62,7 +62,7 @@ impl FrameSink for ClientFrames {
     }
 
     fn dropped(&self, call_id: u64, kind: FrameKind) {
-        if matches!(kind, FrameKind::Request | FrameKind::Message) {
+        if kind == FrameKind::Request || rpc_core::stream::is_message_frame(kind) {
             self.calls.complete(
                 call_id,
                 Err(Status::unavailable(
@@ -73,7 +73,7 @@ impl FrameSink for ClientFrames {
     }
 
     fn transfer_failed(&self, call_id: u64, kind: FrameKind, status: Status) {
-        if matches!(kind, FrameKind::Request | FrameKind::Message) {
+        if kind == FrameKind::Request || rpc_core::stream::is_message_frame(kind) {
             self.calls.complete(call_id, Err(status));
         }
     }
