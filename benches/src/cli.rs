@@ -98,7 +98,7 @@ pub struct StreamArgs {
     /// Messages in the measured stream.
     #[arg(long, value_name = "N", default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub messages: u64,
-    /// The client's stream window in bytes (default: the library's, 1 MiB): how much the
+    /// The client's stream window in bytes (default: the library's, 2 MiB): how much the
     /// server may send ahead of the reader. Bulk streams of large messages want several
     /// messages' worth, so that transfers overlap.
     #[arg(long, value_name = "BYTES")]

@@ -74,13 +74,16 @@ pub const INITIAL_WINDOW: Window = Window {
 
 /// The window a receiver grants unless configured otherwise
 /// (`ChannelConfig::stream_window`, `ServerConfig::stream_window`): 16,384 messages and
-/// 1 MiB. The bytes bind for messages of 64 bytes or more; the count bounds what tiny
-/// messages cost the receiver beyond their bytes (each buffered message holds a frame
-/// header and a buffer view), without throttling them: a stream of 32-byte messages keeps
-/// thousands in flight, as HTTP/2's byte-only windows do.
+/// 2 MiB, hyper's default HTTP/2 stream window. The bytes bind for messages of 128 bytes
+/// or more, and hold two 1 MiB messages, so that a stream of large messages has the next
+/// transfer under way while one is read (with room for one, each waits for the last to be
+/// read: 0.77–0.84× `ib_write_bw` against 0.93–0.94× for 1 MiB messages in the soft-RoCE
+/// VM). The count bounds what tiny messages cost the receiver beyond their bytes (each
+/// buffered message holds a buffer view), without throttling them: a stream of 32-byte
+/// messages keeps thousands in flight, as HTTP/2's byte-only windows do.
 pub const DEFAULT_STREAM_WINDOW: Window = Window {
     messages: 16_384,
-    bytes: 1024 * 1024,
+    bytes: 2 * 1024 * 1024,
 };
 
 /// Room returned to a stream's sender: the payload of a [`FrameKind::WindowUpdate`].
