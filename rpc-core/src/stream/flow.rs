@@ -210,8 +210,9 @@ pub struct Inbox<E> {
     /// Granted to the sender so far (initial window plus growth).
     window: Window,
     max_message: u64,
-    /// Next sequence number to hand to the consumer.
-    next: u32,
+    /// Next sequence number to hand to the consumer; it passes 2^32 - 1 once an end there
+    /// is placed.
+    next: u64,
     /// Sequence number of the end, once known.
     end: Option<u32>,
     /// Arrived ahead of `next`.
@@ -297,9 +298,11 @@ impl<E> Inbox<E> {
         }
         // Nothing already received may lie at or beyond the end.
         let beyond = self.last_ahead();
-        if seq < self.next || beyond.is_some_and(|last| last >= seq) {
+        if u64::from(seq) < self.next || beyond.is_some_and(|last| last >= seq) {
+            // `next` is past u32 only after an end was placed, which returned above.
+            let last_placed = u32::try_from(self.next - 1).unwrap_or(u32::MAX);
             return Err(StreamError::AfterEnd {
-                seq: beyond.unwrap_or(self.next - 1).max(seq),
+                seq: beyond.unwrap_or(last_placed).max(seq),
                 end: seq,
             });
         }
@@ -331,7 +334,7 @@ impl<E> Inbox<E> {
                 });
             }
         }
-        if seq < self.next {
+        if u64::from(seq) < self.next {
             return Err(StreamError::Duplicate { seq });
         }
         // The item placed ahead nearest below `last` is the only one that may overlap.
@@ -346,16 +349,31 @@ impl<E> Inbox<E> {
     }
 
     fn place(&mut self, seq: u32, item: Item<E>) {
-        if seq != self.next {
+        if u64::from(seq) != self.next {
             self.ahead.insert(seq, item);
             return;
         }
-        self.next = self.next.wrapping_add(item.span());
+        self.next += u64::from(item.span());
         self.ready.push_back(item);
-        while let Some(item) = self.ahead.remove(&self.next) {
-            self.next = self.next.wrapping_add(item.span());
+        while let Some(item) = u32::try_from(self.next)
+            .ok()
+            .and_then(|next| self.ahead.remove(&next))
+        {
+            self.next += u64::from(item.span());
             self.ready.push_back(item);
         }
+    }
+
+    /// Whether the end was placed in order: every message before it arrived.
+    fn end_placed(&self) -> bool {
+        self.end.is_some_and(|end| self.next > u64::from(end))
+    }
+
+    /// The same inbox with its next place at `next` (tests of the last sequence numbers).
+    #[cfg(test)]
+    pub(crate) fn starting_at(mut self, next: u32) -> Self {
+        self.next = u64::from(next);
+        self
     }
 
     /// Moves items in stream order into `into`, up to [`READ_SHARE`] of the window in
@@ -429,7 +447,7 @@ impl<E> Inbox<E> {
             // An overshooting message must be returned whole at once, or the sender may
             // stay without byte room.
             || self.unreturned.1 > self.window.bytes;
-        if messages == 0 || !due || self.end.is_some_and(|end| self.next > end) {
+        if messages == 0 || !due || self.end_placed() {
             return None;
         }
         self.consumed = (0, 0);
@@ -443,7 +461,7 @@ impl<E> Inbox<E> {
 
     /// Whether the end was taken: nothing more will come.
     pub fn finished(&self) -> bool {
-        self.end.is_some_and(|end| self.next > end) && self.ready.is_empty()
+        self.end_placed() && self.ready.is_empty()
     }
 
     /// Messages and bytes held (buffered, not yet taken).

@@ -202,6 +202,26 @@ fn a_reader_takes_a_frame_of_many_messages_a_share_at_a_time() {
     assert_eq!(returned, all);
 }
 
+/// A stream may end at the last sequence number, 2^32 - 1: it finishes, and a message
+/// arriving again after it is still a duplicate (the next place does not wrap to 0).
+#[test]
+fn a_stream_ending_at_the_last_sequence_number_finishes() {
+    let last = u32::MAX;
+    let mut inbox = inbox().starting_at(last - 2);
+    inbox.on_message(last - 2, msg(1)).unwrap();
+    inbox.on_batch(last - 1, batch(2, 1)).unwrap();
+    inbox.on_end(last, "end").unwrap();
+    assert_eq!(inbox.pop(), Some(Item::Message(msg(1))));
+    assert_eq!(inbox.pop(), Some(Item::Message(msg(2))));
+    assert_eq!(inbox.pop(), Some(Item::End("end")));
+    assert!(inbox.finished());
+    assert_eq!(
+        inbox.on_message(last - 1, msg(1)),
+        Err(StreamError::Duplicate { seq: last - 1 })
+    );
+    assert_eq!(inbox.take_update(), None, "nothing returned after the end");
+}
+
 #[test]
 fn a_sender_beyond_the_window_is_refused() {
     let mut inbox = inbox();
