@@ -203,6 +203,36 @@ impl<E> Item<E> {
     }
 }
 
+/// One item taken from a queue of [`Item`]s: a message read out of the front `Messages`
+/// frame, or the front message or end.
+pub(crate) enum Single<E, R> {
+    /// What the reader made of a message of a `Messages` frame.
+    Read(R),
+    Message(Bytes),
+    End(E),
+}
+
+/// Takes the next single item of `queue`. A message of the front `Messages` frame is read
+/// in place with `read` (the frame is not moved per message) and the frame goes once
+/// empty.
+pub(crate) fn take_single<E, R>(
+    queue: &mut VecDeque<Item<E>>,
+    read: impl FnOnce(&mut Batch) -> Option<R>,
+) -> Option<Single<E, R>> {
+    if let Item::Messages(batch) = queue.front_mut()? {
+        let read = read(batch);
+        if batch.is_empty() {
+            queue.pop_front();
+        }
+        return read.map(Single::Read);
+    }
+    Some(match queue.pop_front()? {
+        Item::Message(message) => Single::Message(message),
+        Item::End(end) => Single::End(end),
+        Item::Messages(_) => unreachable!("the front item is not a Messages frame"),
+    })
+}
+
 /// The receiving side of one direction of a stream: puts frames in order, holds them until
 /// the consumer takes them, and decides when to return room to the sender.
 #[derive(Debug)]
@@ -415,21 +445,20 @@ impl<E> Inbox<E> {
     /// [`Item::Messages`] (the messages of a `Messages` frame come one by one). Taking a message counts it as
     /// consumed.
     pub fn pop(&mut self) -> Option<Item<E>> {
-        let item = match self.ready.pop_front()? {
-            Item::Messages(mut batch) => {
-                let message = batch.pop();
-                if !batch.is_empty() {
-                    self.ready.push_front(Item::Messages(batch));
-                }
-                Item::Message(message?)
-            }
-            item => item,
-        };
-        if let Item::Message(payload) = &item {
+        Some(match self.pop_single()? {
+            Single::Read(message) | Single::Message(message) => Item::Message(message),
+            Single::End(end) => Item::End(end),
+        })
+    }
+
+    /// [`Inbox::pop`], as a [`Single`] item.
+    pub(crate) fn pop_single(&mut self) -> Option<Single<E, Bytes>> {
+        let single = take_single(&mut self.ready, Batch::pop)?;
+        if let Single::Read(message) | Single::Message(message) = &single {
             self.consumed.0 += 1;
-            self.consumed.1 += payload.len() as u64;
+            self.consumed.1 += message.len() as u64;
         }
-        Some(item)
+        Some(single)
     }
 
     /// Drops everything buffered (the reader went away), counting it as consumed.

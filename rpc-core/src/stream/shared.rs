@@ -9,7 +9,7 @@ use std::thread::Thread;
 use bytes::Bytes;
 use parking_lot::Mutex;
 
-use super::flow::{Inbox, Item, SendWindow, StreamError};
+use super::flow::{Inbox, Item, SendWindow, Single, StreamError};
 use super::is_message_frame;
 use super::wake::{Waiter, Wakes};
 use super::{Window, WindowUpdate, INITIAL_WINDOW};
@@ -303,11 +303,10 @@ fn claim(state: &mut State, room: &mut SendWindow) -> Option<Result<(), Status>>
 }
 
 fn take(state: &mut State) -> Option<Next> {
-    if let Some(item) = state.inbox.pop() {
-        return Some(match item {
-            Item::Message(payload) => Next::Message(payload),
-            Item::End(end) => Next::End(end),
-            Item::Messages(_) => unreachable!("an inbox hands out messages one by one"),
+    if let Some(single) = state.inbox.pop_single() {
+        return Some(match single {
+            Single::Read(payload) | Single::Message(payload) => Next::Message(payload),
+            Single::End(end) => Next::End(end),
         });
     }
     state.failed.clone().map(Next::Failed)

@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, Stream};
 use prost::Message;
 
-use super::flow::Item;
+use super::flow::{take_single, Item, Single};
 use super::shared::{Next, StreamEnd, StreamShared};
 use super::{Link, WindowUpdate};
 use crate::client::Drive;
@@ -120,22 +120,18 @@ impl<T> Streaming<T> {
     where
         T: Message + Default,
     {
-        let next = match self.batch.pop_front()? {
-            Item::Messages(mut batch) => {
-                let (message, len) = batch.pop_with(|buf| decode(buf))?;
-                if !batch.is_empty() {
-                    self.batch.push_front(Item::Messages(batch));
-                }
+        let next = match take_single(&mut self.batch, |batch| batch.pop_with(|buf| decode(buf)))? {
+            Single::Read((message, len)) => {
                 self.taken.0 += 1;
                 self.taken.1 += len as u64;
                 return Some(Some(message));
             }
-            Item::Message(payload) => {
+            Single::Message(payload) => {
                 self.taken.0 += 1;
                 self.taken.1 += payload.len() as u64;
                 Next::Message(payload)
             }
-            Item::End(end) => Next::End(end),
+            Single::End(end) => Next::End(end),
         };
         Some(self.item(next))
     }
