@@ -40,7 +40,7 @@ mod streamer;
 
 pub use kv_store::{KvLimits, KvStore};
 pub use services::{bulk_pattern, EchoService, Tester, TesterStats};
-pub use streamer::{ChunkStream, Streamer, StreamerStats, STOP_AFTER};
+pub use streamer::{ChunkStream, Streamer, StreamerStats, FAIL_WITH, STOP_AFTER};
 
 /// Logs to stderr, filtered by `RUST_LOG` (as the example binaries do).
 pub fn init_tracing() {

@@ -15,6 +15,10 @@ use crate::streaming::{streamer_server, Chunk, ConsumeSummary, ProduceRequest};
 /// Request metadata for `Consume`: answer after this many chunks, reading no more.
 pub const STOP_AFTER: &str = "stop-after";
 
+/// Request metadata for `Chat`: fail at once with this gRPC status code (and the message
+/// "asked to fail"), as the gRPC interop suite's `status_code_and_message` case does.
+pub const FAIL_WITH: &str = "fail-with";
+
 /// Counters of what the [`Streamer`] saw.
 #[derive(Debug, Default)]
 pub struct StreamerStats {
@@ -156,6 +160,14 @@ impl streamer_server::Streamer for Streamer {
         &self,
         request: Request<Streaming<Chunk>>,
     ) -> Result<Response<ChunkStream>, Status> {
+        let fail_with = request
+            .metadata()
+            .get(FAIL_WITH)
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u16>().ok());
+        if let Some(code) = fail_with {
+            let code = Code::from_wire(code).unwrap_or(Code::Unknown);
+            return Err(Status::new(code, "asked to fail"));
+        }
         let stats = self.stats.clone();
         let echoed = request.into_inner().inspect(move |_| {
             stats.consumed.fetch_add(1, Ordering::Relaxed);

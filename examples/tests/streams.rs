@@ -15,7 +15,7 @@ use rpc_examples::echo::EchoRequest;
 use rpc_examples::streaming::streamer_client::StreamerClient;
 use rpc_examples::streaming::streamer_server::StreamerServer;
 use rpc_examples::streaming::{Chunk, ProduceRequest};
-use rpc_examples::{bulk_pattern, EchoService, Streamer, STOP_AFTER};
+use rpc_examples::{bulk_pattern, EchoService, Streamer, FAIL_WITH, STOP_AFTER};
 
 fn builder(streamer: &Streamer) -> rdma_rpc::ServerBuilder {
     Server::builder()
@@ -304,6 +304,82 @@ async fn server_answers_early(url: &str) {
     assert_eq!(summary.chunks, 5);
 }
 
+/// Panics anywhere in this process so far whose message says a future was polled after it
+/// completed (the panic of an `async` block resumed after its end), counted by a panic hook
+/// installed on the first call.
+fn futures_resumed_after_completion() -> usize {
+    use std::sync::atomic::AtomicUsize;
+    static RESUMED: AtomicUsize = AtomicUsize::new(0);
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info
+                .payload_as_str()
+                .is_some_and(|message| message.contains("resumed after completion"))
+            {
+                RESUMED.fetch_add(1, Ordering::SeqCst);
+            }
+            previous(info);
+        }));
+    });
+    RESUMED.load(Ordering::SeqCst)
+}
+
+/// Client and bidirectional streams whose requests are all sent before the response's
+/// headers arrive (the gRPC interop suite's one-message bidi and `status_code_and_message`
+/// cases): the requests' sender is not polled again once it finished, neither by a task on
+/// the tokio runtime nor, without one, by the response stream in the application's poll.
+async fn requests_all_sent_before_the_headers(url: &str) {
+    let resumed = futures_resumed_after_completion();
+    let client = StreamerClient::new(connect(url).await);
+    fn one() -> futures::stream::Iter<std::option::IntoIter<Chunk>> {
+        futures::stream::iter(Some(chunk(0, 10)))
+    }
+    fn failing() -> Request<futures::stream::Iter<std::option::IntoIter<Chunk>>> {
+        let mut request = Request::new(one());
+        let code = (Code::InvalidArgument as u16).to_string();
+        request.metadata_mut().insert(FAIL_WITH, code).unwrap();
+        request
+    }
+
+    // On the tokio runtime.
+    for _ in 0..20 {
+        let mut echoes = client.chat(one()).await.unwrap().into_inner();
+        assert_eq!(read_in_order(&mut echoes, |_| {}).await, 1);
+        let status = client.chat(failing()).await.err().expect("the asked status");
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::InvalidArgument, "asked to fail")
+        );
+        let summary = client.consume(one()).await.unwrap().into_inner();
+        assert_eq!(summary.chunks, 1);
+    }
+
+    // Without a runtime: the response stream polls what is left of the sender.
+    let plain = client.clone();
+    std::thread::spawn(move || {
+        futures::executor::block_on(async {
+            for _ in 0..20 {
+                let mut echoes = plain.chat(one()).await.unwrap().into_inner();
+                assert_eq!(read_in_order(&mut echoes, |_| {}).await, 1);
+                let status = plain.chat(failing()).await.err().expect("the asked status");
+                assert_eq!(status.code(), Code::InvalidArgument);
+            }
+        })
+    })
+    .join()
+    .expect("the calls without a runtime do not panic");
+
+    // A spawned sender that panicked did so on a worker thread: give it the time to.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        futures_resumed_after_completion(),
+        resumed,
+        "a future was polled after it completed"
+    );
+}
+
 /// Polls `opening` once, on a thread of its own: the poll must return (a stream that is
 /// always ready must not keep it), and the call must not be over yet.
 async fn poll_once<F>(opening: F) -> std::pin::Pin<Box<F>>
@@ -403,6 +479,19 @@ async fn tcp_server_streams() {
 async fn tcp_client_and_bidi_streams() {
     let server = tcp_server(&Streamer::default());
     client_and_bidi_streams(server.local_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_requests_all_sent_before_the_headers() {
+    let server = tcp_server(&Streamer::default());
+    requests_all_sent_before_the_headers(server.local_url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+async fn rdma_requests_all_sent_before_the_headers() {
+    let server = rdma_server(&Streamer::default());
+    requests_all_sent_before_the_headers(server.local_url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -174,7 +174,7 @@ impl Channel {
             let request = request.map(|message| futures::stream::iter(Some(message)));
             let headers = async {
                 let (mut call, sending, guard) = channel.start_stream(method.id(), request).await?;
-                let headers = await_headers(&mut call, sending).await?;
+                let headers = await_headers(&mut call, &mut Some(sending)).await?;
                 Ok::<_, Status>((headers, call.id, guard))
             }
             .instrument(span)
@@ -203,7 +203,7 @@ impl Channel {
         async move {
             let response = async {
                 let (mut call, sending, guard) = channel.start_stream(method.id(), request).await?;
-                let frame = await_headers(&mut call, sending).await;
+                let frame = await_headers(&mut call, &mut Some(sending)).await;
                 guard.finish_quietly();
                 decode_response(frame?)
             }
@@ -234,8 +234,9 @@ impl Channel {
         let span = record.span().clone();
         async move {
             let opened = async {
-                let (mut call, mut sending, guard) =
+                let (mut call, sending, guard) =
                     channel.start_stream(method.id(), request).await?;
+                let mut sending = Some(sending);
                 let headers = await_headers(&mut call, &mut sending).await?;
                 Ok::<_, Status>((headers, call.id, guard, sending))
             }
@@ -248,20 +249,24 @@ impl Channel {
                     return Err(status);
                 }
             };
-            // The requests go on after the headers; a failure to send them fails the call.
+            // The requests still unsent go on after the headers; a failure to send them
+            // fails the call. A pump that finished before the headers is gone: nothing polls
+            // it again.
             let failed = guard.shared.clone();
-            let rest = async move {
-                if let Err(status) = sending.await {
-                    failed.fail(status);
+            let rest = sending.map(|sending| {
+                async move {
+                    if let Err(status) = sending.await {
+                        failed.fail(status);
+                    }
                 }
-            }
-            .boxed();
-            let pump = match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
+                .boxed()
+            });
+            let pump = match (rest, tokio::runtime::Handle::try_current()) {
+                (Some(rest), Ok(runtime)) => {
                     runtime.spawn(rest);
                     None
                 }
-                Err(_) => Some(rest),
+                (rest, _) => rest,
             };
             streaming_response(Ok((headers, id, guard)), pump, record)
         }
@@ -418,30 +423,33 @@ where
 }
 
 /// Waits for the call's headers (or its response) while `sending` sends its requests. A
-/// failure to send ends the call with that status; the end of sending does not.
-async fn await_headers<F>(call: &mut PendingCall, mut sending: F) -> Result<InboundFrame, Status>
-where
-    F: Future<Output = Result<(), Status>> + Unpin,
-{
-    let mut sent = false;
+/// failure to send ends the call with that status; the end of sending does not. A pump that
+/// finished is taken out of `sending`, so nothing polls it again: what is left there (if
+/// anything) still has requests to send.
+async fn await_headers(
+    call: &mut PendingCall,
+    sending: &mut Option<Sending>,
+) -> Result<InboundFrame, Status> {
     poll_fn(|cx: &mut Context<'_>| {
         if let Poll::Ready(result) = Pin::new(&mut *call).poll(cx) {
             return Poll::Ready(result);
         }
-        if !sent {
-            match Pin::new(&mut sending).poll(cx) {
-                Poll::Ready(Ok(())) => sent = true,
-                Poll::Ready(Err(status)) => {
-                    // An answer fails the stream (the server reads no more) just before it
-                    // completes the call, under the call table's lock: if it came since the
-                    // call was polled, the answer counts, not the stream it cut short.
-                    return match Pin::new(&mut *call).poll(cx) {
-                        Poll::Ready(result) => Poll::Ready(result),
-                        Poll::Pending => Poll::Ready(Err(status)),
-                    };
-                }
-                Poll::Pending => {}
+        let Some(pump) = sending.as_mut() else {
+            return Poll::Pending;
+        };
+        match pump.poll_unpin(cx) {
+            Poll::Ready(Ok(())) => *sending = None,
+            Poll::Ready(Err(status)) => {
+                *sending = None;
+                // An answer fails the stream (the server reads no more) just before it
+                // completes the call, under the call table's lock: if it came since the
+                // call was polled, the answer counts, not the stream it cut short.
+                return match Pin::new(&mut *call).poll(cx) {
+                    Poll::Ready(result) => Poll::Ready(result),
+                    Poll::Pending => Poll::Ready(Err(status)),
+                };
             }
+            Poll::Pending => {}
         }
         Poll::Pending
     })
