@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::os::raw::c_int;
 use std::ptr::{self, NonNull};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdma_sys::{
@@ -16,6 +16,7 @@ use rdma_sys::{
 use super::context::Context;
 use super::error::{check, Result, VerbsError};
 use super::event_channel::{copy_private_data, EventChannel, PeerConnParam};
+use super::locked::LockedRaw;
 use super::sockaddr::{to_socket_addr, RawSockAddr};
 
 /// Most private data a connect request carries on RC (the IB CM REQ minus rdma_cm's header).
@@ -100,22 +101,21 @@ impl ConnParam<'_> {
 /// against each other.
 #[derive(Debug)]
 pub(crate) struct CmIdInner {
-    raw: NonNull<rdma_cm_id>,
-    lock: Mutex<()>,
+    id: LockedRaw<rdma_cm_id>,
     channel: Option<Arc<EventChannel>>,
 }
 
-// SAFETY: all access to the id goes through `lock()`, and librdmacm ids may be used from any
-// thread as long as calls on one id do not overlap.
+// SAFETY: all access to the id goes through `locked()`, and librdmacm ids may be used from
+// any thread as long as calls on one id do not overlap.
 unsafe impl Send for CmIdInner {}
 // SAFETY: see `Send`.
 unsafe impl Sync for CmIdInner {}
 
 impl CmIdInner {
-    /// Exclusive access to the raw id for the guard's lifetime.
-    pub(crate) fn lock(&self) -> (MutexGuard<'_, ()>, *mut rdma_cm_id) {
-        let guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        (guard, self.raw.as_ptr())
+    /// Runs `f` on the raw id with the id's lock held for the whole call: the pointer is
+    /// reached only inside it, so no call on the id can run without the lock or outlive it.
+    pub(crate) fn locked<R>(&self, f: impl FnOnce(*mut rdma_cm_id) -> R) -> R {
+        self.id.locked(f)
     }
 }
 
@@ -124,7 +124,7 @@ impl Drop for CmIdInner {
         // SAFETY: the last reference is gone, so the QP (which holds one) was destroyed
         // first; events on async ids are acknowledged as they are read, so this cannot wait
         // forever; sync ids' pending events are acknowledged by librdmacm itself.
-        let ret = unsafe { rdma_destroy_id(self.raw.as_ptr()) };
+        let ret = unsafe { rdma_destroy_id(self.id.get_mut()) };
         if let Err(e) = check("rdma_destroy_id", ret) {
             tracing::warn!(error = %e, "destroying an rdma_cm id failed");
         }
@@ -198,8 +198,7 @@ impl CmId {
     ) -> CmId {
         CmId {
             inner: Arc::new(CmIdInner {
-                raw,
-                lock: Mutex::new(()),
+                id: LockedRaw::new(raw),
                 channel,
             }),
         }
@@ -210,7 +209,7 @@ impl CmId {
     }
 
     pub(crate) fn raw_addr(&self) -> usize {
-        self.inner.raw.as_ptr() as usize
+        self.inner.id.addr()
     }
 
     /// Whether this is a synchronous id.
@@ -227,10 +226,11 @@ impl CmId {
     /// to an RDMA device's address also binds the id to that device.
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
         let mut sa = RawSockAddr::new(addr);
-        let (_guard, raw) = self.inner.lock();
-        // SAFETY: the id is alive and locked; `sa` is a valid socket address for the call.
-        check("rdma_bind_addr", unsafe {
-            rdma_bind_addr(raw, sa.as_mut_ptr())
+        self.inner.locked(|raw| {
+            // SAFETY: the id is alive and locked; `sa` is a valid socket address for the call.
+            check("rdma_bind_addr", unsafe {
+                rdma_bind_addr(raw, sa.as_mut_ptr())
+            })
         })
     }
 
@@ -245,13 +245,14 @@ impl CmId {
         let mut src = src.map(RawSockAddr::new);
         let mut dst = RawSockAddr::new(dst);
         let ms = timeout_ms(timeout);
-        let (_guard, raw) = self.inner.lock();
-        let src_ptr = src
-            .as_mut()
-            .map_or(ptr::null_mut(), RawSockAddr::as_mut_ptr);
-        // SAFETY: the id is alive and locked; the addresses are valid for the call.
-        check("rdma_resolve_addr", unsafe {
-            rdma_resolve_addr(raw, src_ptr, dst.as_mut_ptr(), ms)
+        self.inner.locked(|raw| {
+            let src_ptr = src
+                .as_mut()
+                .map_or(ptr::null_mut(), RawSockAddr::as_mut_ptr);
+            // SAFETY: the id is alive and locked; the addresses are valid for the call.
+            check("rdma_resolve_addr", unsafe {
+                rdma_resolve_addr(raw, src_ptr, dst.as_mut_ptr(), ms)
+            })
         })
     }
 
@@ -259,17 +260,19 @@ impl CmId {
     /// `RouteResolved` (or `RouteError`).
     pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
         let ms = timeout_ms(timeout);
-        let (_guard, raw) = self.inner.lock();
-        // SAFETY: the id is alive and locked.
-        check("rdma_resolve_route", unsafe { rdma_resolve_route(raw, ms) })
+        self.inner.locked(|raw| {
+            // SAFETY: the id is alive and locked.
+            check("rdma_resolve_route", unsafe { rdma_resolve_route(raw, ms) })
+        })
     }
 
     /// Listens for connection requests (bind first).
     pub fn listen(&self, backlog: u32) -> Result<()> {
         let backlog = c_int::try_from(backlog).unwrap_or(c_int::MAX);
-        let (_guard, raw) = self.inner.lock();
-        // SAFETY: the id is alive and locked.
-        check("rdma_listen", unsafe { rdma_listen(raw, backlog) })
+        self.inner.locked(|raw| {
+            // SAFETY: the id is alive and locked.
+            check("rdma_listen", unsafe { rdma_listen(raw, backlog) })
+        })
     }
 
     /// Synchronous listeners only: waits for the next connection request. Other calls on
@@ -282,10 +285,10 @@ impl CmId {
             ));
         }
         let mut new_id: *mut rdma_cm_id = ptr::null_mut();
-        let (guard, raw) = self.inner.lock();
-        // SAFETY: the id is alive, locked and synchronous; `new_id` is a valid out-pointer.
-        let ret = unsafe { rdma_get_request(raw, &mut new_id) };
-        drop(guard);
+        let ret = self.inner.locked(|raw| {
+            // SAFETY: the id is alive, locked and synchronous; `new_id` is a valid out-pointer.
+            unsafe { rdma_get_request(raw, &mut new_id) }
+        });
         check("rdma_get_request", ret)?;
         let new_id = NonNull::new(new_id).ok_or_else(|| VerbsError::last_os("rdma_get_request"))?;
         // SAFETY: librdmacm hands the new (synchronous) id to us; its connect-request event
@@ -321,27 +324,29 @@ impl CmId {
     /// `ConnectError`).
     pub fn connect(&self, param: &ConnParam<'_>) -> Result<Vec<u8>> {
         let mut raw_param = param.to_raw("rdma_connect", MAX_CONNECT_PRIVATE_DATA)?;
-        let (_guard, raw) = self.inner.lock();
-        Self::require_qp(raw, "rdma_connect")?;
-        // SAFETY: the id is alive and locked; `raw_param` and the private data it points to
-        // outlive the call (librdmacm copies them).
-        check("rdma_connect", unsafe { rdma_connect(raw, &mut raw_param) })?;
-        if self.is_sync() {
-            // SAFETY: after a synchronous connect, `id->event` is the ESTABLISHED event (or
-            // NULL), owned by librdmacm until the next call on the id, which the lock excludes.
-            return Ok(unsafe { Self::pending_event_private_data(raw) });
-        }
-        Ok(Vec::new())
+        self.inner.locked(|raw| {
+            Self::require_qp(raw, "rdma_connect")?;
+            // SAFETY: the id is alive and locked; `raw_param` and the private data it points to
+            // outlive the call (librdmacm copies them).
+            check("rdma_connect", unsafe { rdma_connect(raw, &mut raw_param) })?;
+            if self.is_sync() {
+                // SAFETY: after a synchronous connect, `id->event` is the ESTABLISHED event (or
+                // NULL), owned by librdmacm until the next call on the id, which the lock excludes.
+                return Ok(unsafe { Self::pending_event_private_data(raw) });
+            }
+            Ok(Vec::new())
+        })
     }
 
     /// Accepts a connection request on this (new) id, after creating its QP. Sync: blocks
     /// until established. Async: expect `Established`.
     pub fn accept(&self, param: &ConnParam<'_>) -> Result<()> {
         let mut raw_param = param.to_raw("rdma_accept", MAX_ACCEPT_PRIVATE_DATA)?;
-        let (_guard, raw) = self.inner.lock();
-        Self::require_qp(raw, "rdma_accept")?;
-        // SAFETY: the id is alive and locked; `raw_param` outlives the call.
-        check("rdma_accept", unsafe { rdma_accept(raw, &mut raw_param) })
+        self.inner.locked(|raw| {
+            Self::require_qp(raw, "rdma_accept")?;
+            // SAFETY: the id is alive and locked; `raw_param` outlives the call.
+            check("rdma_accept", unsafe { rdma_accept(raw, &mut raw_param) })
+        })
     }
 
     /// Rejects a connection request on this (new) id.
@@ -355,9 +360,10 @@ impl CmId {
         } else {
             private_data.as_ptr().cast()
         };
-        let (_guard, raw) = self.inner.lock();
-        // SAFETY: the id is alive and locked; the data outlives the call.
-        check("rdma_reject", unsafe { rdma_reject(raw, data, len) })
+        self.inner.locked(|raw| {
+            // SAFETY: the id is alive and locked; the data outlives the call.
+            check("rdma_reject", unsafe { rdma_reject(raw, data, len) })
+        })
     }
 
     /// Sets the local ACK timeout of the id's queue pair (`RDMA_OPTION_ID_ACK_TIMEOUT`):
@@ -377,17 +383,18 @@ impl CmId {
             ));
         }
         let mut value = exponent;
-        let (_guard, raw) = self.inner.lock();
-        // SAFETY: the id is alive and locked; `value` is the `uint8_t` the option takes and
-        // outlives the call.
-        check("rdma_set_option(ACK_TIMEOUT)", unsafe {
-            rdma_set_option(
-                raw,
-                RDMA_OPTION_ID,
-                RDMA_OPTION_ID_ACK_TIMEOUT,
-                (&mut value as *mut u8).cast(),
-                1,
-            )
+        self.inner.locked(|raw| {
+            // SAFETY: the id is alive and locked; `value` is the `uint8_t` the option takes and
+            // outlives the call.
+            check("rdma_set_option(ACK_TIMEOUT)", unsafe {
+                rdma_set_option(
+                    raw,
+                    RDMA_OPTION_ID,
+                    RDMA_OPTION_ID_ACK_TIMEOUT,
+                    (&mut value as *mut u8).cast(),
+                    1,
+                )
+            })
         })
     }
 
@@ -395,58 +402,66 @@ impl CmId {
     /// flushed) and tells the peer. Sync: waits for the `Disconnected` event. Fails with
     /// `EINVAL` if the connection is already gone (e.g. the peer disconnected first).
     pub fn disconnect(&self) -> Result<()> {
-        let (_guard, raw) = self.inner.lock();
-        // SAFETY: the id is alive and locked.
-        check("rdma_disconnect", unsafe { rdma_disconnect(raw) })
+        self.inner.locked(|raw| {
+            // SAFETY: the id is alive and locked.
+            check("rdma_disconnect", unsafe { rdma_disconnect(raw) })
+        })
     }
 
     /// The device the id is bound to (after `bind_addr` to a device address, `resolve_addr`,
     /// or for ids from connect requests). The context is owned by librdmacm.
     pub fn context(&self) -> Result<Arc<Context>> {
-        let (_guard, raw) = self.inner.lock();
-        // SAFETY: the id is alive and locked.
-        let verbs = unsafe { (*raw).verbs };
-        let verbs = NonNull::new(verbs).ok_or_else(|| {
-            VerbsError::invalid(
-                "CmId::context",
-                "the id is not bound to a device yet (resolve the address first)",
-            )
-        })?;
-        // SAFETY: `verbs` is a context librdmacm opened for this id and keeps open.
-        Ok(unsafe { Context::from_rdma_cm(verbs) })
+        self.inner.locked(|raw| {
+            // SAFETY: the id is alive and locked.
+            let verbs = unsafe { (*raw).verbs };
+            let verbs = NonNull::new(verbs).ok_or_else(|| {
+                VerbsError::invalid(
+                    "CmId::context",
+                    "the id is not bound to a device yet (resolve the address first)",
+                )
+            })?;
+            // SAFETY: `verbs` is a context librdmacm opened for this id and keeps open.
+            Ok(unsafe { Context::from_rdma_cm(verbs) })
+        })
     }
 
     /// The port of the device the id uses.
     pub fn port_num(&self) -> u8 {
-        let (_guard, raw) = self.inner.lock();
-        // SAFETY: the id is alive and locked.
-        unsafe { (*raw).port_num }
+        self.inner.locked(|raw| {
+            // SAFETY: the id is alive and locked.
+            unsafe { (*raw).port_num }
+        })
     }
 
     /// The local address (after bind or resolve).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        let (_guard, raw) = self.inner.lock();
-        // SAFETY: the id is alive and locked; the union is sized for any address family.
-        unsafe {
-            to_socket_addr(
-                &(*raw).route.addr.src_addr_union.src_storage as *const _ as *const libc::sockaddr,
-            )
-        }
+        self.inner.locked(|raw| {
+            // SAFETY: the id is alive and locked; the union is sized for any address family.
+            unsafe {
+                to_socket_addr(
+                    &(*raw).route.addr.src_addr_union.src_storage as *const _
+                        as *const libc::sockaddr,
+                )
+            }
+        })
     }
 
     /// The peer's address (after resolve, or on an accepted id).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
-        let (_guard, raw) = self.inner.lock();
-        // SAFETY: as for `local_addr`.
-        unsafe {
-            to_socket_addr(
-                &(*raw).route.addr.dst_addr_union.dst_storage as *const _ as *const libc::sockaddr,
-            )
-        }
+        self.inner.locked(|raw| {
+            // SAFETY: as for `local_addr`.
+            unsafe {
+                to_socket_addr(
+                    &(*raw).route.addr.dst_addr_union.dst_storage as *const _
+                        as *const libc::sockaddr,
+                )
+            }
+        })
     }
 
+    /// Called inside [`CmIdInner::locked`] with the pointer it gave.
     fn require_qp(raw: *mut rdma_cm_id, verb: &'static str) -> Result<()> {
-        // SAFETY: the caller holds the id's lock.
+        // SAFETY: the caller holds the id's lock (it runs inside `locked`).
         if unsafe { (*raw).qp }.is_null() {
             return Err(VerbsError::invalid(
                 verb,

@@ -70,6 +70,7 @@ mod cq;
 mod device;
 mod error;
 mod event_channel;
+mod locked;
 mod mr;
 mod mw;
 mod pd;

@@ -251,21 +251,41 @@ fn page_size() -> usize {
 /// *before* the buffer is freed, and holds an `Arc` to its protection domain, so the domain
 /// outlives it.
 ///
-/// Memory the device may write (receives, RDMA READ targets, and regions whose rkey was given
-/// to a peer with [`AccessFlags::REMOTE_WRITE`]) may change under `as_slice` while such an
-/// operation is in flight; read it only after the completion (or protocol message) that says
-/// the write is done.
+/// A region registered with [`AccessFlags::LOCAL_WRITE`] may be written by the device (a
+/// receive or an RDMA READ posted into it) or by a peer (through its rkey with
+/// [`AccessFlags::REMOTE_WRITE`], or a window bound on it) at any time, whatever Rust knows
+/// of its borrows. Safe code therefore gets slices only of regions nothing else can write
+/// ([`MemoryRegion::as_slice`] is `None` otherwise); the others are read through the `unsafe`
+/// [`MemoryRegion::slice_unchecked`], once a completion or a protocol message says the
+/// writes are done.
+///
+/// ```compile_fail
+/// # use rpc_rdma_verbs::MemoryRegion;
+/// // A slice of a region the device may be writing is not handed out by safe code.
+/// fn peek(region: &MemoryRegion) -> &[u8] {
+///     region.as_slice()
+/// }
+/// ```
+///
+/// ```compile_fail
+/// # use rpc_rdma_verbs::MemoryRegion;
+/// fn peek(region: &MemoryRegion) -> &[u8] {
+///     region.slice_unchecked() // needs `unsafe` and its contract
+/// }
+/// ```
 #[derive(Debug)]
 pub struct MemoryRegion<B: StableBuffer = AlignedBuffer> {
     raw: NonNull<ibv_mr>,
     buf: B,
+    access: AccessFlags,
     pd: Arc<ProtectionDomain>,
 }
 
 // SAFETY: `ibv_mr` is immutable after registration and deregistration is thread-safe; the
 // buffer is `Send` by the trait bound.
 unsafe impl<B: StableBuffer> Send for MemoryRegion<B> {}
-// SAFETY: shared access reads the immutable keys or hands out `&[u8]`, which needs `B: Sync`.
+// SAFETY: shared access reads the immutable keys, or hands out `&[u8]` (which needs `B: Sync`)
+// only of memory nobody else writes (`as_slice`) or under `slice_unchecked`'s contract.
 unsafe impl<B: StableBuffer + Sync> Sync for MemoryRegion<B> {}
 
 impl MemoryRegion<AlignedBuffer> {
@@ -299,6 +319,7 @@ impl<B: StableBuffer> MemoryRegion<B> {
         Ok(MemoryRegion {
             raw,
             buf,
+            access,
             pd: Arc::clone(pd),
         })
     }
@@ -330,16 +351,59 @@ impl<B: StableBuffer> MemoryRegion<B> {
         self.buf.is_empty()
     }
 
-    /// The memory.
-    pub fn as_slice(&self) -> &[u8] {
+    /// The access rights it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.access
+    }
+
+    /// Whether the device or a peer may write the memory (it was registered with
+    /// `LOCAL_WRITE`, which receives, RDMA READ targets and every remote write need).
+    pub fn device_writable(&self) -> bool {
+        self.access.contains(AccessFlags::LOCAL_WRITE)
+    }
+
+    /// The memory, if nothing but this process can write it: `None` for a
+    /// [device-writable](MemoryRegion::device_writable) region, whose bytes may change under
+    /// any borrow (see [`MemoryRegion::slice_unchecked`]).
+    pub fn as_slice(&self) -> Option<&[u8]> {
+        // SAFETY: registered without LOCAL_WRITE, so neither the device nor a peer writes it
+        // (a receive or READ into it fails, and remote write needs LOCAL_WRITE); the only
+        // writer is `as_mut_slice`, which needs `&mut self`.
+        (!self.device_writable()).then(|| unsafe { self.slice_unchecked() })
+    }
+
+    /// The memory, for writing (e.g. filling a send buffer), if nothing but this process can
+    /// write it: `None` for a device-writable region (see
+    /// [`MemoryRegion::slice_mut_unchecked`]).
+    pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
+        if self.device_writable() {
+            return None;
+        }
+        // SAFETY: as in `as_slice`; `&mut self` makes the access exclusive on our side.
+        Some(unsafe { self.slice_mut_unchecked() })
+    }
+
+    /// The memory, whatever may write it.
+    ///
+    /// # Safety
+    /// While the slice lives, nothing may write the memory: no receive or RDMA READ posted
+    /// into it may be outstanding, and no peer may hold a key that lets it write there (the
+    /// region's rkey with remote write, or a memory window bound on it).
+    pub unsafe fn slice_unchecked(&self) -> &[u8] {
         // SAFETY: valid for `len` bytes (StableBuffer contract), initialized (all buffer
-        // types are initialized byte slices), and borrowed through `&self`.
+        // types are initialized byte slices), unchanged while borrowed (the caller's
+        // contract; our own writers need `&mut self`).
         unsafe { std::slice::from_raw_parts(self.buf.as_ptr(), self.buf.len()) }
     }
 
-    /// The memory, for writing (e.g. filling a send buffer).
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive on our side.
+    /// The memory for writing, whatever else may write it.
+    ///
+    /// # Safety
+    /// As for [`MemoryRegion::slice_unchecked`]: nothing but this slice may write the memory
+    /// while it lives.
+    pub unsafe fn slice_mut_unchecked(&mut self) -> &mut [u8] {
+        // SAFETY: as in `slice_unchecked`, and `&mut self` makes the access exclusive on our
+        // side.
         unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr(), self.buf.len()) }
     }
 

@@ -112,29 +112,29 @@ impl QueuePair {
             sq_sig_all: c_int::from(attr.sq_sig_all),
         };
         let inner = Arc::clone(id.inner());
-        let (guard, raw_id) = inner.lock();
-        // SAFETY: the id is alive and locked.
-        let (verbs, existing) = unsafe { ((*raw_id).verbs, (*raw_id).qp) };
-        if verbs.is_null() || verbs != device {
-            return Err(VerbsError::invalid(
-                "rdma_create_qp",
-                "the id is not bound to the protection domain's device (resolve the route first)",
-            ));
-        }
-        if !existing.is_null() {
-            return Err(VerbsError::invalid(
-                "rdma_create_qp",
-                "the id already has a QP",
-            ));
-        }
-        // SAFETY: the id is alive and locked; PD and CQs are alive and on the id's device;
-        // `init` is valid and receives the granted capabilities.
-        check("rdma_create_qp", unsafe {
-            rdma_create_qp(raw_id, pd.as_ptr(), &mut init)
+        let qp = inner.locked(|raw_id| {
+            // SAFETY: the id is alive and locked.
+            let (verbs, existing) = unsafe { ((*raw_id).verbs, (*raw_id).qp) };
+            if verbs.is_null() || verbs != device {
+                return Err(VerbsError::invalid(
+                    "rdma_create_qp",
+                    "the id is not bound to the protection domain's device (resolve the route first)",
+                ));
+            }
+            if !existing.is_null() {
+                return Err(VerbsError::invalid(
+                    "rdma_create_qp",
+                    "the id already has a QP",
+                ));
+            }
+            // SAFETY: the id is alive and locked; PD and CQs are alive and on the id's device;
+            // `init` is valid and receives the granted capabilities.
+            check("rdma_create_qp", unsafe {
+                rdma_create_qp(raw_id, pd.as_ptr(), &mut init)
+            })?;
+            // SAFETY: on success librdmacm stored the new QP in the (still locked) id.
+            Ok(unsafe { (*raw_id).qp })
         })?;
-        // SAFETY: on success librdmacm stored the new QP in the (still locked) id.
-        let qp = unsafe { (*raw_id).qp };
-        drop(guard);
         let raw = NonNull::new(qp).ok_or_else(|| VerbsError::last_os("rdma_create_qp"))?;
         let caps = QpCapabilities {
             max_send_wr: init.cap.max_send_wr,
@@ -375,10 +375,12 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        let (_guard, raw_id) = self.id.lock();
-        // SAFETY: the id is alive (we hold an Arc) and locked; its `qp` is ours, created in
-        // `new`, and is destroyed once. The CQs and PD are still alive (fields drop later).
-        unsafe { rdma_destroy_qp(raw_id) };
+        self.id.locked(|raw_id| {
+            // SAFETY: the id is alive (we hold an Arc) and locked; its `qp` is ours, created
+            // in `new`, and is destroyed once. The CQs and PD are still alive (fields drop
+            // later).
+            unsafe { rdma_destroy_qp(raw_id) }
+        });
     }
 }
 

@@ -124,12 +124,18 @@ impl Endpoint {
 
     /// The payload of a completed receive into `slot`.
     fn slot(&self, slot: usize, len: usize) -> &[u8] {
-        &self.recv_mr.as_slice()[slot * MSG..slot * MSG + len]
+        // SAFETY: the receive into `slot` completed, and the callers re-post the slot only
+        // once they are done with the slice.
+        unsafe { &self.recv_mr.slice_unchecked()[slot * MSG..slot * MSG + len] }
     }
 
     /// SENDs `msg` from the registered send buffer and waits for the send completion.
     fn send_registered(&mut self, wr_id: u64, msg: &[u8]) {
-        self.send_mr.as_mut_slice()[..msg.len()].copy_from_slice(msg);
+        let send = self
+            .send_mr
+            .as_mut_slice()
+            .expect("the device only reads it");
+        send[..msg.len()].copy_from_slice(msg);
         let sge = self.send_mr.sge(0..msg.len()).expect("send SGE");
         let wr = SendRequest {
             wr_id,
@@ -254,8 +260,10 @@ fn sync_pingpong_and_rdma_write() {
         let wc = wait_one(&ep.recv_cq, &ep.channel, "send with imm");
         assert_eq!(wc.opcode(), WcOpcode::Recv);
         assert_eq!((wc.imm_data(), wc.byte_len()), (Some(IMM_AFTER_WRITE), 0));
+        // SAFETY: the peer's WRITE completed before its SEND with immediate, which
+        // arrived; it writes this range no more.
         assert_eq!(
-            &ep.write_mr.as_slice()[..WRITE_LEN],
+            unsafe { &ep.write_mr.slice_unchecked()[..WRITE_LEN] },
             &pattern(WRITE_LEN, 1)[..]
         );
         ep.post_recv(wc.wr_id() as usize);
@@ -264,8 +272,9 @@ fn sync_pingpong_and_rdma_write() {
         assert_eq!(wc.opcode(), WcOpcode::RecvRdmaWithImm);
         assert_eq!(wc.imm_data(), Some(IMM_WITH_WRITE));
         assert_eq!(wc.byte_len() as usize, WRITE_IMM_LEN);
+        // SAFETY: the WRITE with immediate completed (its receive arrived): done writing.
         assert_eq!(
-            &ep.write_mr.as_slice()[WRITE_LEN..WRITE_LEN + WRITE_IMM_LEN],
+            unsafe { &ep.write_mr.slice_unchecked()[WRITE_LEN..WRITE_LEN + WRITE_IMM_LEN] },
             &pattern(WRITE_IMM_LEN, 2)[..]
         );
         ep.post_recv(wc.wr_id() as usize);
@@ -307,7 +316,9 @@ fn sync_pingpong_and_rdma_write() {
         }
 
         // RDMA WRITE of WRITE_LEN bytes into the listener's region, then SEND with immediate.
-        ep.write_mr.as_mut_slice()[..WRITE_LEN].copy_from_slice(&pattern(WRITE_LEN, 1));
+        // SAFETY: this side's region is written by nobody else (the peer writes its own).
+        let source = unsafe { ep.write_mr.slice_mut_unchecked() };
+        source[..WRITE_LEN].copy_from_slice(&pattern(WRITE_LEN, 1));
         let sge = ep.write_mr.sge(0..WRITE_LEN).expect("write SGE");
         let wr = SendRequest {
             wr_id: 1_000_001,
@@ -322,7 +333,9 @@ fn sync_pingpong_and_rdma_write() {
         ep.send_inline(1_000_002, &[], SendOp::SendWithImm(IMM_AFTER_WRITE));
 
         // RDMA WRITE with immediate of the next WRITE_IMM_LEN bytes.
-        ep.write_mr.as_mut_slice()[..WRITE_IMM_LEN].copy_from_slice(&pattern(WRITE_IMM_LEN, 2));
+        // SAFETY: as above.
+        let source = unsafe { ep.write_mr.slice_mut_unchecked() };
+        source[..WRITE_IMM_LEN].copy_from_slice(&pattern(WRITE_IMM_LEN, 2));
         let sge = ep.write_mr.sge(0..WRITE_IMM_LEN).expect("write SGE");
         let wr = SendRequest {
             wr_id: 1_000_003,

@@ -40,8 +40,14 @@ fn open_query_allocate_register() {
     let mut mr = MemoryRegion::alloc(&pd, 3 * 4096 + 100, access).expect("ibv_reg_mr");
     assert_eq!(mr.addr() % 4096, 0);
     assert_eq!(mr.len(), 3 * 4096 + 100);
-    assert!(mr.as_slice().iter().all(|&b| b == 0));
-    mr.as_mut_slice()[..4].copy_from_slice(b"rdma");
+    // The device or a peer may write it: safe code gets no slice of it.
+    assert!(mr.device_writable());
+    assert!(mr.as_slice().is_none() && mr.as_mut_slice().is_none());
+    // SAFETY: no work request names the region and its rkey was given to nobody.
+    assert!(unsafe { mr.slice_unchecked() }.iter().all(|&b| b == 0));
+    // SAFETY: as above.
+    let bytes = unsafe { mr.slice_mut_unchecked() };
+    bytes[..4].copy_from_slice(b"rdma");
     let sge = mr.sge(0..4).expect("sge in bounds");
     assert_eq!(
         (sge.addr(), sge.length(), sge.lkey()),
@@ -61,14 +67,23 @@ fn open_query_allocate_register() {
         // again, and no work request names it.
         let borrowed = unsafe { MemoryRegion::register_borrowed(&pd, &mut buf, access) };
         let borrowed = borrowed.expect("ibv_reg_mr");
-        assert_eq!(borrowed.as_slice()[999], 7);
+        assert!(
+            borrowed.as_slice().is_none(),
+            "LOCAL_WRITE: the device may write it"
+        );
+        // SAFETY: no work request names the region.
+        assert_eq!(unsafe { borrowed.slice_unchecked() }[999], 7);
     }
     buf[0] = 1;
 
     // A Vec handed over to the region.
-    let vec_mr =
+    let mut vec_mr =
         MemoryRegion::register(&pd, vec![0u8; 512], AccessFlags::NONE).expect("ibv_reg_mr");
     assert_eq!(vec_mr.len(), 512);
+    // Only this process writes a region registered without LOCAL_WRITE: safe slices.
+    assert!(!vec_mr.device_writable());
+    vec_mr.as_mut_slice().expect("read-only to the device")[0] = 9;
+    assert_eq!(vec_mr.as_slice().map(|s| s[0]), Some(9));
 
     // Invalid requests are refused before reaching the device.
     match MemoryRegion::register(&pd, vec![0u8; 16], AccessFlags::REMOTE_WRITE) {

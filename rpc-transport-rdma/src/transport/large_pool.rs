@@ -227,21 +227,37 @@ impl LargeBuffer {
         self.len
     }
 
-    /// The leased bytes, for encoding a body into (no work request names them yet).
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+    /// The leased bytes, for encoding a body into.
+    ///
+    /// # Safety
+    /// Nothing else may write the buffer while the slice lives: no memory window is bound
+    /// on it and no work request names it (it was just leased).
+    pub(crate) unsafe fn body_mut(&mut self) -> &mut [u8] {
         let len = self.len;
-        &mut self
-            .region
-            .as_mut()
-            .expect("present until drop")
-            .region
-            .as_mut_slice()[..len]
+        let region = &mut self.region.as_mut().expect("present until drop").region;
+        // SAFETY: the caller's contract.
+        unsafe { &mut region.slice_mut_unchecked()[..len] }
     }
 }
 
-impl AsRef<[u8]> for LargeBuffer {
+/// A leased buffer whose body arrived: no window lets a peer write it any more and no work
+/// request names it, so its bytes can be read (and handed up as `Bytes`).
+#[derive(Debug)]
+pub(crate) struct ArrivedBody(LargeBuffer);
+
+impl ArrivedBody {
+    /// # Safety
+    /// The peer's last write into `buffer` completed, and no window bound on it is left
+    /// valid (it was invalidated or deallocated), nor any work request naming it.
+    pub(crate) unsafe fn new(buffer: LargeBuffer) -> ArrivedBody {
+        ArrivedBody(buffer)
+    }
+}
+
+impl AsRef<[u8]> for ArrivedBody {
     fn as_ref(&self) -> &[u8] {
-        &self.region().as_slice()[..self.len]
+        // SAFETY: nothing writes the buffer any more (`ArrivedBody::new`'s contract).
+        unsafe { &self.0.region().slice_unchecked()[..self.0.len] }
     }
 }
 

@@ -12,7 +12,7 @@ use rpc_core::{Code, Flags, FrameKind, Header, Status};
 
 use super::{Conn, State};
 use crate::protocol::{Action, BodyId, LocalBuffer, Received, WorkId};
-use crate::transport::large_pool::{LargeBuffer, PoolError};
+use crate::transport::large_pool::{ArrivedBody, LargeBuffer, PoolError};
 use crate::verbs::{
     AccessFlags, MemoryWindow, RemoteAddr, SendFlags, SendOp, SendRequest, Sge, VerbsError,
 };
@@ -46,7 +46,7 @@ pub(super) struct LargeState {
     sources: HashMap<u32, LargeBuffer>,
     grants: HashMap<u32, Granted>,
     /// Bodies that arrived and are no longer remotely writable, to hand up after the lock.
-    arrived: Vec<(Header, LargeBuffer)>,
+    arrived: Vec<(Header, ArrivedBody)>,
     /// Transfers the peer refused, to report after the lock.
     failed: Vec<(u64, FrameKind, Status)>,
 }
@@ -60,7 +60,7 @@ impl LargeState {
         std::mem::take(&mut self.failed)
     }
 
-    pub(super) fn take_arrived(&mut self) -> Vec<(Header, LargeBuffer)> {
+    pub(super) fn take_arrived(&mut self) -> Vec<(Header, ArrivedBody)> {
         std::mem::take(&mut self.arrived)
     }
 
@@ -95,7 +95,7 @@ pub(crate) enum Arrival {
     /// receive queue's buffer).
     Slot(Received, u32),
     /// A body placed by RDMA WRITE, announced by the header.
-    Placed(Header, LargeBuffer),
+    Placed(Header, ArrivedBody),
 }
 
 impl Conn {
@@ -110,7 +110,8 @@ impl Conn {
             Status::resource_exhausted(format!("cannot send a body of {total} bytes: {e}"))
         })?;
         {
-            let body = buffer.as_mut_slice();
+            // SAFETY: just leased: no window is bound on it and no work request names it.
+            let body = unsafe { buffer.body_mut() };
             let (metadata, payload) = body.split_at_mut(metadata_len);
             frame.metadata().encode_into(metadata);
             frame.payload().encode_into(payload);
@@ -287,7 +288,12 @@ impl Conn {
             Action::DeliverLarge { grant, header } => {
                 if let Some(g) = state.large.grants.remove(&grant) {
                     self.recycle_window(g.window, g.still_bound);
-                    state.large.arrived.push((header, g.buffer));
+                    // SAFETY: the protocol delivers a body once the peer's WRITEs are done
+                    // (its notice came after them on the same queue pair) and the window's
+                    // invalidation completed; a window whose invalidation failed was just
+                    // dropped by `recycle_window`, which deallocates it.
+                    let body = unsafe { ArrivedBody::new(g.buffer) };
+                    state.large.arrived.push((header, body));
                 }
                 Ok(())
             }
@@ -389,7 +395,7 @@ impl Conn {
 
 /// Hands a placed body up: metadata and payload are views of the leased buffer, which goes
 /// back to the pool when the last view drops.
-pub(super) fn placed_frame(header: Header, buffer: LargeBuffer) -> InboundFrame {
+pub(super) fn placed_frame(header: Header, buffer: ArrivedBody) -> InboundFrame {
     let metadata_len = header.metadata_len as usize;
     let total = header.message_len() as usize;
     let body = Bytes::from_owner(buffer);
