@@ -106,7 +106,8 @@ fn rdma_loopback() {
     )));
     assert_sane(&r, "rdma", 64, 200, 1);
     assert!(r.poll.is_some());
-    // Frames must fit a slot: the RDMA transport has no large-message path (yet).
+    // Frames that fit a 4 KiB slot, over event polling with few slots: the small-message
+    // path under a tight credit window.
     let r = run_json(&args(&format!(
         "loopback --url {url} --size 3000 --iters 50 --warmup 5 --concurrency 4 \
          --poll event --slots 16 --slot-size 4096 --json"

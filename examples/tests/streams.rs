@@ -347,7 +347,11 @@ async fn requests_all_sent_before_the_headers(url: &str) {
     for _ in 0..20 {
         let mut echoes = client.chat(one()).await.unwrap().into_inner();
         assert_eq!(read_in_order(&mut echoes, |_| {}).await, 1);
-        let status = client.chat(failing()).await.err().expect("the asked status");
+        let status = client
+            .chat(failing())
+            .await
+            .err()
+            .expect("the asked status");
         assert_eq!(
             (status.code(), status.message()),
             (Code::InvalidArgument, "asked to fail")

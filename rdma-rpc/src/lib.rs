@@ -12,6 +12,8 @@
 //! # let _ = channel; Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod balance;
 mod connector;
 mod endpoint;

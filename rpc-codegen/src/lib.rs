@@ -69,6 +69,8 @@
 //!   templates; `naming` holds the naming rules they share with `validate`.
 //! * `error`: protox diagnostics rendered as `file:line:column: message`.
 
+#![forbid(unsafe_code)]
+
 mod builder;
 mod client;
 mod error;

@@ -34,10 +34,7 @@ use sha2::Sha256;
 
 use crate::Status;
 
-/// Bytes of a client's hello.
-pub const HELLO_LEN: usize = 32;
-/// Bytes of the server's proof.
-pub const PROOF_LEN: usize = 16;
+pub use rpc_wire::auth::{HELLO_LEN, PROOF_LEN};
 /// Default [`AuthConfig::max_clock_skew`].
 pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(60);
 /// Default [`AuthConfig::replay_cache`].

@@ -4,7 +4,7 @@ use std::future::Future;
 
 use tokio::runtime::RuntimeFlavor;
 
-use crate::status::Status;
+use crate::Status;
 
 /// Runs `future` to its end for a blocking caller: on the current runtime if this thread
 /// belongs to a multi-threaded tokio runtime (its timers and I/O keep working), on the

@@ -13,8 +13,8 @@ use parking_lot::Mutex;
 
 use crate::frame::InboundFrame;
 use crate::header::FrameKind;
-use crate::status::Status;
 use crate::stream::{StreamShared, Wakes};
+use crate::Status;
 
 type CallResult = Result<InboundFrame, Status>;
 

@@ -41,7 +41,7 @@ use futures::FutureExt;
 
 use crate::message::Request;
 use crate::server::{MethodDescriptor, NamedService, ServerCall, ServerReply, Service};
-use crate::status::Status;
+use crate::Status;
 
 /// A synchronous interceptor; any `Fn(Request<()>) -> Result<Request<()>, Status>` is one.
 pub trait Interceptor: Send + Sync + 'static {

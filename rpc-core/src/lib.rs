@@ -1,30 +1,30 @@
 //! The transport-independent core of rdma-rpc.
 //!
-//! * [`header`]: the fixed 64-byte frame header, validated field by field.
-//! * [`Status`] and [`Code`]: gRPC-compatible outcomes.
-//! * [`MetadataMap`], [`Request`], [`Response`]: what stubs and handlers see.
-//! * [`body`] and [`frame`]: the seam where a transport lets a message serialize itself
-//!   straight into the transport's own (registered) memory.
+//! * The wire format, from `rpc-wire` (re-exported here): [`header`], [`Status`] and
+//!   [`Code`], [`MetadataMap`], and [`body`], the seam where a transport lets a message
+//!   serialize itself straight into the transport's own (registered) memory.
+//! * [`Request`], [`Response`]: what stubs and handlers see.
+//! * [`frame`]: [`FrameSender`], how core hands frames to a transport.
 //! * [`client`]: [`Channel`], the call table and the unary call future (any executor) and
 //!   its blocking form.
 //! * [`server`]: services, routing by method id, dispatch with deadlines and cancellation.
 
+#![forbid(unsafe_code)]
+
 pub mod auth;
 mod blocking;
-pub mod body;
 pub mod call_table;
 pub mod client;
 mod error;
 pub mod frame;
-pub mod header;
 pub mod interceptor;
 mod message;
-mod metadata;
 pub mod observe;
 pub mod server;
-mod status;
 pub mod stream;
 mod timer;
+
+pub use rpc_wire::{body, header};
 
 pub use call_table::CallTable;
 pub use client::{
@@ -36,10 +36,10 @@ pub use frame::FrameSender;
 pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};
 pub use interceptor::{AsyncInterceptor, InterceptedService, Interceptor};
 pub use message::{method_id, IntoRequest, IntoStreamingRequest, Request, Response};
-pub use metadata::{MetadataMap, MAX_METADATA_LEN};
 pub use observe::{Method, MethodRef};
+pub use rpc_wire::{Code, Status};
+pub use rpc_wire::{MetadataMap, MAX_METADATA_LEN};
 pub use server::{Server, ServerBuilder};
-pub use status::{Code, Status};
 pub use stream::Streaming;
 /// The tower version rpc-core's services and balancer are built on.
 pub use tower;

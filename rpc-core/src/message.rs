@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::auth::Peer;
-use crate::metadata::MetadataMap;
+use crate::MetadataMap;
 
 /// A request message with its metadata and time budget.
 ///

@@ -13,7 +13,7 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 use crate::call_table::CallTable;
-use crate::status::Status;
+use crate::Status;
 
 /// Identifies a scheduled deadline so it can be cancelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

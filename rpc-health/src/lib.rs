@@ -19,6 +19,8 @@
 //! so clients cannot grow it with made-up names; the number of watches is bounded by the
 //! server's call limits like any call.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use rpc_core::{Code, FrameKind, Header};
+use rpc_wire::{Code, FrameKind, Header};
 
 use crate::large::BodyId;
 
@@ -60,7 +60,7 @@ pub struct WriteWork {
 }
 
 impl SendWork {
-    /// Finishes the frame in `buf` (the target's memory, at least [`rpc_core::HEADER_LEN`] bytes)
+    /// Finishes the frame in `buf` (the target's memory, at least [`rpc_wire::HEADER_LEN`] bytes)
     /// right before posting: writes the returned credits into a ring slot's header, or the
     /// whole frame when the protocol generated it (credit-only, rendezvous, notice).
     ///
@@ -284,7 +284,7 @@ impl WorkId {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rpc_core::HEADER_LEN;
+    use rpc_wire::HEADER_LEN;
 
     #[test]
     fn credits_offset_matches_the_header_layout() {

@@ -6,7 +6,7 @@
 //! * [`ParamsError`]: connection parameters failed validation or negotiation; refuse the
 //!   connection.
 
-use rpc_core::{FrameKind, HeaderError};
+use rpc_wire::{FrameKind, HeaderError};
 
 use crate::large::BodyId;
 

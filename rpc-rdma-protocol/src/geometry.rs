@@ -15,7 +15,7 @@ use super::params::{in_range, validate_ring, validate_window, ConnectParams, TRA
 /// Bytes of the per-connection control buffer that carries credit-only frames. It sits right
 /// after the send ring in the same registered region. A credit-only frame is a bare header,
 /// always in the compact form.
-pub const CONTROL_BUF_LEN: usize = rpc_core::COMPACT_HEADER_LEN;
+pub const CONTROL_BUF_LEN: usize = rpc_wire::COMPACT_HEADER_LEN;
 
 /// Local configuration of one connection: ring sizes plus tuning knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -44,6 +44,8 @@
 //! }                                                    // any Err above: disconnect
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod action;
 pub mod connection;
 pub mod credits;

@@ -21,8 +21,8 @@
 //! |        |      |                | peer's initial credits (`3..=recv_slots`)           |
 //!
 //! With [`FLAG_AUTH`], authentication bytes follow the parameters: the client's hello
-//! (`rpc_core::auth::HELLO_LEN` bytes, so the connect private data is 52 of its 56 bytes), or
-//! the server's proof in its accept (`rpc_core::auth::PROOF_LEN`). Other bytes after the
+//! (`rpc_wire::auth::HELLO_LEN` bytes, so the connect private data is 52 of its 56 bytes), or
+//! the server's proof in its accept (`rpc_wire::auth::PROOF_LEN`). Other bytes after the
 //! parameters are ignored: rdma_cm pads private data with zeros, and a later version
 //! appends its fields there.
 
@@ -49,7 +49,7 @@ pub const MIN_SLOT_COUNT: u32 = 3;
 /// Most slots in a ring (beyond any HCA's queue depth).
 pub const MAX_SLOT_COUNT: u32 = 1 << 16;
 /// Smallest slot: a bare header.
-pub const MIN_SLOT_SIZE: u32 = rpc_core::HEADER_LEN as u32;
+pub const MIN_SLOT_SIZE: u32 = rpc_wire::HEADER_LEN as u32;
 /// Largest slot; bigger payloads take the RDMA WRITE rendezvous path.
 pub const MAX_SLOT_SIZE: u32 = 16 << 20;
 /// Largest ring (slot count × slot size).

@@ -7,7 +7,7 @@
 //! receive queue a slot is a credit rather than memory: the completion names the buffer,
 //! not the slot, and [`RecvRing::accept_any`] picks any posted one.
 
-use rpc_core::Header;
+use rpc_wire::Header;
 
 use super::error::ProtocolViolation;
 
@@ -232,7 +232,7 @@ impl RecvRing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rpc_core::{FrameKind, HeaderError};
+    use rpc_wire::{FrameKind, HeaderError};
 
     /// A frame in the full header form (it carries a deadline): 64 bytes of header.
     fn frame(payload_len: u32) -> Vec<u8> {

@@ -8,7 +8,7 @@
 //! start with the magic (a peer that is not rdma-rpc, or a reject by the CM itself) has no
 //! reason to show.
 
-use rpc_core::Code;
+use rpc_wire::Code;
 
 /// First four bytes of a reject's private data: `"RRRJ"`.
 pub const REJECT_MAGIC: [u8; 4] = *b"RRRJ";

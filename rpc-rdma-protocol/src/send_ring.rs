@@ -22,7 +22,7 @@
 
 use std::collections::VecDeque;
 
-use rpc_core::{FrameKind, Header};
+use rpc_wire::{FrameKind, Header};
 
 use super::error::ProtocolViolation;
 

@@ -32,8 +32,8 @@ use tower::load::Load;
 use tower::{BoxError, Service, ServiceExt};
 
 use super::{Channel, ChannelConfig, Connectivity, ReconnectConfig, Source};
-use crate::status::Status;
 use crate::timer::WakeAt;
+use crate::Status;
 
 /// How often a call waiting for a connected endpoint looks whether every endpoint is
 /// failing (then it fails fast, unless the channel waits for ready).

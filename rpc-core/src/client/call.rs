@@ -10,8 +10,8 @@ use std::time::Instant;
 use super::{Connection, Drive};
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{FrameKind, Header};
-use crate::status::{Code, Status};
 use crate::timer::{DeadlineTimer, TimerKey};
+use crate::{Code, Status};
 
 /// A call registered in the table; once sent, resolves to the response frame. Dropping it
 /// after its request was sent and before completion cancels the call at the server.

@@ -7,8 +7,8 @@ use super::call::PendingCall;
 use super::ClientTransport;
 use crate::call_table::CallTable;
 use crate::header::{FrameKind, Header};
-use crate::metadata::MetadataMap;
-use crate::status::Status;
+use crate::MetadataMap;
+use crate::Status;
 
 /// A connected transport and the [`CallTable`] it completes calls in.
 ///

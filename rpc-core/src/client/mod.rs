@@ -38,10 +38,10 @@ use crate::interceptor::{
     intercept_all, intercept_all_blocking, AsyncInterceptor, Intercept, Interceptor,
 };
 use crate::message::{Request, Response};
-use crate::metadata::MetadataMap;
 use crate::observe::{CallRecord, MethodRef};
-use crate::status::{Code, Status};
 use crate::stream::{Window, DEFAULT_STREAM_WINDOW};
+use crate::MetadataMap;
+use crate::{Code, Status};
 
 /// Default limit on encoded request and response sizes (the gRPC default).
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;

@@ -22,8 +22,8 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::Connection;
-use crate::status::{Code, Status};
 use crate::timer::{DeadlineTimer, WakeAt};
+use crate::{Code, Status};
 
 /// Opens the connections of a healing channel (a transport and an address).
 pub trait Connector: Send + Sync + 'static {

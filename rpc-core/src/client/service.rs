@@ -31,7 +31,7 @@ use super::{decode_message, Channel};
 use crate::body::EncodeBody;
 use crate::message::{Request, Response};
 use crate::observe::{Method, MethodRef};
-use crate::status::Status;
+use crate::Status;
 
 /// A unary call on its way through a [`tower::Service`]: the method and the request, its
 /// message type-erased (it still encodes itself straight into the transport's memory).

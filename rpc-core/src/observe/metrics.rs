@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use super::Side;
-use crate::status::Code;
+use crate::Code;
 
 /// The metric names of one side.
 struct Names {

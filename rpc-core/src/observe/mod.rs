@@ -8,8 +8,7 @@
 //!   `grpc_{server,client}_handled_total` (also labelled `grpc_code`),
 //!   `grpc_{server,client}_handling_seconds` (a histogram) and
 //!   `grpc_{server,client}_in_flight`. Off, a call reads no clock for them: where reading
-//!   the clock is slow (an emulated machine's HPET: 1.7 µs a read) that is most of their
-//!   cost.
+//!   the clock is slow (an emulated machine's clock source) that is most of their cost.
 //! * **A tracing span** per call, `rpc.client` or `rpc.server` (INFO), with the method,
 //!   the peer, the status code (`rpc.code`) and the W3C trace id (`trace_id`) once known;
 //!   its time is the call's. The trace crosses calls in the `traceparent` metadata
@@ -36,8 +35,8 @@ pub(crate) use self::metrics::MethodMetrics;
 pub use method::{Method, MethodRef};
 use trace::{TraceContext, TRACEPARENT};
 
-use crate::metadata::MetadataMap;
-use crate::status::{Code, Status};
+use crate::MetadataMap;
+use crate::{Code, Status};
 
 static METRICS: AtomicBool = AtomicBool::new(false);
 

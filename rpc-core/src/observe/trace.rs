@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use crate::metadata::MetadataMap;
+use crate::MetadataMap;
 
 /// The metadata key.
 pub const TRACEPARENT: &str = "traceparent";

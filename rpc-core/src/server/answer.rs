@@ -6,10 +6,10 @@ use std::task::{Context, Poll};
 use crate::body::RawBody;
 use crate::frame::OutgoingFrame;
 use crate::header::{FrameKind, Header};
-use crate::metadata::MetadataMap;
 use crate::server::dispatch::ConnectionDispatch;
 use crate::server::service::ServerReply;
-use crate::status::{Code, Status};
+use crate::MetadataMap;
+use crate::{Code, Status};
 
 /// Longest status message sent on the wire; longer ones are cut at a char boundary.
 const MAX_STATUS_MESSAGE: usize = 4096;

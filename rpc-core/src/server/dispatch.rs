@@ -31,9 +31,9 @@ use crate::server::in_flight::InFlight;
 use crate::server::router::Router;
 use crate::server::service::{InboundStream, ServerCall};
 pub use crate::server::sink::ReplySink;
-use crate::status::{Code, Status};
 use crate::stream::Outgoing;
 use crate::stream::{is_stream_frame, Link, StreamShared, Wakes};
+use crate::{Code, Status};
 
 pub(super) enum RuntimeSlot {
     Owned(Option<tokio::runtime::Runtime>),

@@ -10,9 +10,9 @@ use prost::Message;
 use crate::auth::Peer;
 use crate::body::{EmptyBody, EncodeBody};
 use crate::message::{Request, Response};
-use crate::metadata::MetadataMap;
-use crate::status::Status;
 use crate::stream::{Link, MessageStream, StreamShared, Streaming, TypedMessages};
+use crate::MetadataMap;
+use crate::Status;
 
 /// A method a service serves: its path and the id derived from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,12 +15,12 @@ use super::service::ServerReply;
 use crate::body::EmptyBody;
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
-use crate::metadata::MetadataMap;
 use crate::observe::trace::TraceContext;
 use crate::observe::CallRecord;
 use crate::server::early::Routed;
-use crate::status::Status;
 use crate::stream::{Outgoing, StreamShared, Wakes};
+use crate::MetadataMap;
+use crate::Status;
 
 /// How a streaming call's handler finished.
 pub(crate) enum Finished {

@@ -12,8 +12,8 @@ use super::{ConnectionDispatch, Dispatcher, MethodDescriptor, ReplySink, Server,
 use super::{ServerReply, Service};
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{FrameKind, Header};
-use crate::status::{Code, Status};
 use crate::stream::Wakes;
+use crate::{Code, Status};
 
 static HANG: [MethodDescriptor; 1] = [MethodDescriptor::new("/test.Hang/Hang")];
 

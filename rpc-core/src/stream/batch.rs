@@ -13,7 +13,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use super::flow::StreamError;
 use crate::body::EncodeBody;
 use crate::header::{FrameKind, Header};
-use crate::status::Status;
+use crate::Status;
 use crate::COMPACT_HEADER_LEN;
 
 /// Largest payload of a [`FrameKind::Messages`] frame a sender builds. A receiver takes a

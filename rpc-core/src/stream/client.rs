@@ -16,10 +16,10 @@ use crate::client::{decode_response, Channel, Connection, PendingCall};
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
 use crate::message::{Request, Response};
-use crate::metadata::MetadataMap;
 use crate::observe::{CallRecord, MethodRef};
-use crate::status::{Code, Status};
 use crate::timer::{DeadlineTimer, TimerKey};
+use crate::MetadataMap;
+use crate::{Code, Status};
 
 /// A streaming call between its start and its headers.
 struct Opening {
@@ -234,8 +234,7 @@ impl Channel {
         let span = record.span().clone();
         async move {
             let opened = async {
-                let (mut call, sending, guard) =
-                    channel.start_stream(method.id(), request).await?;
+                let (mut call, sending, guard) = channel.start_stream(method.id(), request).await?;
                 let mut sending = Some(sending);
                 let headers = await_headers(&mut call, &mut sending).await?;
                 Ok::<_, Status>((headers, call.id, guard, sending))

@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use crate::client::{ClientTransport, Drive};
 use crate::frame::{FrameSender, OutgoingFrame};
 use crate::server::ReplySink;
-use crate::status::Status;
+use crate::Status;
 
 /// The sending side of the connection a stream lives on, and on a client the transport a
 /// waiting task may drive.

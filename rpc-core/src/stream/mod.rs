@@ -39,7 +39,7 @@ pub use wake::Wakes;
 use crate::body::RawBody;
 use crate::frame::OutgoingFrame;
 use crate::header::{FrameKind, Header};
-use crate::metadata::MetadataMap;
+use crate::MetadataMap;
 
 /// A stream's flow-control window: what a sender may have sent and not yet had returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,9 +76,8 @@ pub const INITIAL_WINDOW: Window = Window {
 /// (`ChannelConfig::stream_window`, `ServerConfig::stream_window`): 16,384 messages and
 /// 2 MiB, hyper's default HTTP/2 stream window. The bytes bind for messages of 128 bytes
 /// or more, and hold two 1 MiB messages, so that a stream of large messages has the next
-/// transfer under way while one is read (with room for one, each waits for the last to be
-/// read: 0.77–0.84× `ib_write_bw` against 0.93–0.94× for 1 MiB messages in the soft-RoCE
-/// VM). The count bounds what tiny messages cost the receiver beyond their bytes (each
+/// transfer under way while one is read (with room for one, each transfer would wait for
+/// the last message to be read). The count bounds what tiny messages cost the receiver beyond their bytes (each
 /// buffered message holds a buffer view), without throttling them: a stream of 32-byte
 /// messages keeps thousands in flight, as HTTP/2's byte-only windows do.
 pub const DEFAULT_STREAM_WINDOW: Window = Window {

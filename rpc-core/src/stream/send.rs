@@ -12,8 +12,8 @@ use super::{Link, StreamShared};
 use crate::body::{EmptyBody, EncodeBody, RawBody};
 use crate::frame::OutgoingFrame;
 use crate::header::{FrameKind, Header};
-use crate::metadata::MetadataMap;
-use crate::status::{Code, Status};
+use crate::MetadataMap;
+use crate::{Code, Status};
 
 /// Messages one direction of a stream may carry: sequence numbers are 32 bits and 0 and
 /// the end take one each. A sender past it fails with `RESOURCE_EXHAUSTED`.

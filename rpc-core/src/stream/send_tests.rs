@@ -13,8 +13,8 @@ use super::batch::Batch;
 use super::{Link, Outgoing, StreamShared, TypedMessages, Wakes, WindowUpdate, MESSAGES_PER_POLL};
 use crate::frame::{FrameSender, InboundFrame, OutgoingFrame};
 use crate::header::{FrameKind, Header};
-use crate::metadata::MetadataMap;
-use crate::status::Status;
+use crate::MetadataMap;
+use crate::Status;
 
 /// What reached the transport, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]

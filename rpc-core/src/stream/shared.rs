@@ -15,8 +15,8 @@ use super::wake::{Waiter, Wakes};
 use super::{Window, WindowUpdate, INITIAL_WINDOW};
 use crate::frame::InboundFrame;
 use crate::header::FrameKind;
-use crate::metadata::MetadataMap;
-use crate::status::{Code, Status};
+use crate::MetadataMap;
+use crate::{Code, Status};
 
 /// How the peer ended its side of a stream.
 #[derive(Debug, Clone)]

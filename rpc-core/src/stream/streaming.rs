@@ -15,8 +15,8 @@ use super::flow::{take_single, Item, Single};
 use super::shared::{Next, StreamEnd, StreamShared};
 use super::{Link, WindowUpdate};
 use crate::client::Drive;
-use crate::metadata::MetadataMap;
-use crate::status::{Code, Status};
+use crate::MetadataMap;
+use crate::{Code, Status};
 
 /// Dropped when a [`Streaming`] ends or is dropped: a client's guard, which detaches the
 /// stream and cancels the call unless the server ended it.

@@ -2,7 +2,7 @@
 //! by RDMA WRITE (rendezvous, grants, advertised response buffers) and the completions of
 //! the WRITEs, window binds and invalidations it posts.
 
-use rpc_core::{Code, Flags, Header, RemoteBuffer};
+use rpc_wire::{Code, Flags, Header, RemoteBuffer};
 
 use super::Connection;
 use crate::error::{ProtocolViolation, SendError};

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rpc_core::{Flags, FrameKind, Header, COMPACT_HEADER_LEN};
+use rpc_wire::{Flags, FrameKind, Header, COMPACT_HEADER_LEN};
 
 use super::action::{Action, SendTarget, SendWork, WorkId};
 use super::credits::Credits;

@@ -1,7 +1,7 @@
 //! The receive side of the connection's API: completions of RECVs (a ring of its own or a
 //! shared receive queue), releases by the upper layer, and the receive window.
 
-use rpc_core::{Flags, FrameKind, Header};
+use rpc_wire::{Flags, FrameKind, Header};
 
 use super::{Connection, GROW_AT};
 use crate::action::{Action, Received};

@@ -20,7 +20,7 @@
 
 use std::collections::VecDeque;
 
-use rpc_core::{FrameKind, Header, RemoteBuffer};
+use rpc_wire::{FrameKind, Header, RemoteBuffer};
 
 use super::{BodyId, GrantState, Large};
 use crate::action::Action;

@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::ops::RangeInclusive;
 
-use rpc_core::{Code, Flags, FrameKind, Header, RemoteBuffer};
+use rpc_wire::{Code, Flags, FrameKind, Header, RemoteBuffer};
 
 use super::action::{Action, WriteWork};
 use super::error::{ProtocolViolation, SendError};

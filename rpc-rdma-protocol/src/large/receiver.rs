@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use rpc_core::{Code, FrameKind, Header, RemoteBuffer};
+use rpc_wire::{Code, FrameKind, Header, RemoteBuffer};
 
 use super::{BodyId, Grant, GrantState, Large};
 use crate::action::Action;

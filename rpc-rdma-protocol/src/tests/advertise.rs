@@ -130,8 +130,8 @@ fn advertisements_count_against_the_grant_limit() {
 #[test]
 fn a_request_cannot_carry_a_buffer_it_did_not_advertise() {
     let mut p = pair();
-    let mut header = rpc_core::Header::new(rpc_core::FrameKind::Request, 99);
-    header.flags = rpc_core::Flags::RESPONSE_BUFFER;
+    let mut header = rpc_wire::Header::new(rpc_wire::FrameKind::Request, 99);
+    header.flags = rpc_wire::Flags::RESPONSE_BUFFER;
     header.remote.len = BUFFER;
     header.remote.rkey = 5;
     p.a.write_frame(header).expect("reserve");

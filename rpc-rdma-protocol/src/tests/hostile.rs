@@ -2,7 +2,7 @@
 //! a named [`ProtocolViolation`] and close the connection, never a panic.
 
 use proptest::prelude::*;
-use rpc_core::{FrameKind, Header, HeaderError};
+use rpc_wire::{FrameKind, Header, HeaderError};
 
 use crate::{
     Action, BodyId, CloseReason, Config, Connection, Geometry, ProtocolViolation, SendError,
@@ -349,14 +349,14 @@ fn ask(call_id: u64, len: u64) -> Header {
 
 fn placed(call_id: u64, payload_len: u32) -> Header {
     let mut h = Header::new(FrameKind::Request, call_id);
-    h.flags = rpc_core::Flags::LARGE_PAYLOAD;
+    h.flags = rpc_wire::Flags::LARGE_PAYLOAD;
     h.payload_len = payload_len;
     h
 }
 
 fn grant_of(call_id: u64, len: u64) -> Header {
     let mut h = Header::new(FrameKind::LargeGrant, call_id);
-    h.remote = rpc_core::RemoteBuffer {
+    h.remote = rpc_wire::RemoteBuffer {
         addr: 0x10_0000,
         rkey: 0x1234,
         generation: 1,
@@ -446,7 +446,7 @@ fn each_message_of_a_stream_has_its_own_buffer_request_and_grant() {
 fn a_second_response_buffer_for_a_call_is_a_violation() {
     let mut c = conn();
     let mut offer = Header::new(FrameKind::Request, 6);
-    offer.flags = rpc_core::Flags::RESPONSE_BUFFER;
+    offer.flags = rpc_wire::Flags::RESPONSE_BUFFER;
     offer.remote = grant_of(6, 1 << 20).remote;
     feed(&mut c, 0, &offer).expect("a request with a response buffer");
     let expected = ProtocolViolation::DuplicateResponseBuffer { call_id: 6 };
@@ -525,7 +525,7 @@ fn buffers_that_wrap_the_address_space_are_violations() {
 
     let mut c = conn();
     let mut offer = Header::new(FrameKind::Request, 6);
-    offer.flags = rpc_core::Flags::RESPONSE_BUFFER;
+    offer.flags = rpc_wire::Flags::RESPONSE_BUFFER;
     offer.remote = grant_of(6, 1 << 20).remote;
     offer.remote.addr = u64::MAX - (1 << 19);
     let expected = ProtocolViolation::BufferOutOfRange {

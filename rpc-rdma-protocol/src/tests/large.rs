@@ -1,7 +1,7 @@
 //! Large bodies over the in-memory fabric: the rendezvous, chunked WRITEs that let small
 //! frames pass, cancellation at every stage, refusals, the grant limit, and late WRITEs.
 
-use rpc_core::Code;
+use rpc_wire::Code;
 
 use super::fabric::{Pair, Side};
 use crate::{Config, LargeConfig};

@@ -2,7 +2,7 @@
 //! rendezvous (named by call and sequence number), so a stream pipelines its transfers, and
 //! one `Cancel` ends all of them at both ends.
 
-use rpc_core::Code;
+use rpc_wire::Code;
 
 use super::fabric::Pair;
 use super::large::{cfg, large, pair, run_until, settle, CHUNK};

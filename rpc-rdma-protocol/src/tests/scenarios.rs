@@ -1,6 +1,6 @@
 //! Scripted scenarios over the in-memory fabric.
 
-use rpc_core::{FrameKind, Header, HEADER_LEN};
+use rpc_wire::{FrameKind, Header, HEADER_LEN};
 
 use super::fabric::{Pair, Side};
 use crate::{CloseReason, Config, SendError, WorkId};

@@ -8,7 +8,7 @@
 //! windows; the slack keeps the honest ones whole.
 
 use proptest::prelude::*;
-use rpc_core::{FrameKind, Header};
+use rpc_wire::{FrameKind, Header};
 
 use super::fabric::{Pair, SharedRq, Side, Srq};
 use super::random::{apply, config, op, Op};

@@ -1,4 +1,5 @@
-//! The server side: an rdma_cm listener thread, one poller per connection.
+//! The server side: an rdma_cm listener thread that accepts connections and hands them to
+//! the shared completion engine, whose pollers serve many connections each.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};

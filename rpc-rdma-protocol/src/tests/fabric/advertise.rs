@@ -1,7 +1,7 @@
 //! The fabric's side of advertised response buffers: requests that offer one, and
 //! responses in a slot.
 
-use rpc_core::{Flags, FrameKind, Header};
+use rpc_wire::{Flags, FrameKind, Header};
 
 use super::Endpoint;
 use crate::SendError;

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use rpc_core::{Code, FrameKind, Header};
+use rpc_wire::{Code, FrameKind, Header};
 
 use super::{pattern, Endpoint, Wire};
 use crate::{Action, LocalBuffer, SendError, WorkId, WriteWork};

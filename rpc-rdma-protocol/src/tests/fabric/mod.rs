@@ -21,7 +21,7 @@
 
 use std::collections::VecDeque;
 
-use rpc_core::{FrameKind, Header, HEADER_LEN};
+use rpc_wire::{FrameKind, Header, HEADER_LEN};
 
 mod advertise;
 mod checks;

@@ -10,7 +10,7 @@
 //! | 4      | 2    | flags          | [`Flags`], plus the form bit `COMPACT` (bit 2)            |
 //! | 6      | 2    | status         | gRPC status code (responses only)                         |
 //! | 8      | 8    | call_id        | chosen by the client, unique per connection               |
-//! | 16     | 4    | method_id      | [`crate::method_id`] of `/package.Service/Method`; the    |
+//! | 16     | 4    | method_id      | `rpc_core::method_id` of `/package.Service/Method`; the   |
 //! |        |      |                | sequence number on stream frames ([`Header::seq`])        |
 //! | 20     | 4    | metadata_len   | bytes of metadata following the header                    |
 //! | 24     | 4    | payload_len    | bytes of payload following the metadata                   |
@@ -73,11 +73,11 @@ pub enum FrameKind {
     /// message as payload; [`Header::seq`] is one past its last message.
     Trailers = 9,
     /// Returns room in a stream's flow-control window to the peer: the payload is
-    /// [`crate::stream::WindowUpdate`] (messages and bytes consumed).
+    /// `rpc_core::stream::WindowUpdate` (messages and bytes consumed).
     WindowUpdate = 10,
     /// Several consecutive messages of a streaming call in one frame: the payload is each
     /// message after its length (4 bytes, little-endian), and [`Header::seq`] is the first
-    /// one's place; the others take the places after it (`crate::stream::batch`).
+    /// one's place; the others take the places after it (`rpc_core::stream::batch`).
     Messages = 11,
 }
 

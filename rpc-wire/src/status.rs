@@ -100,7 +100,7 @@ impl fmt::Display for Code {
 /// The outcome of a failed call: a [`Code`] and a human-readable message.
 ///
 /// ```
-/// use rpc_core::{Code, Status};
+/// use rpc_wire::{Code, Status};
 /// let status = Status::not_found("no such user: 42");
 /// assert_eq!(status.code(), Code::NotFound);
 /// assert_eq!(status.to_string(), "NOT_FOUND: no such user: 42");

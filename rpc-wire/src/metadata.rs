@@ -21,7 +21,7 @@ struct Entry {
 /// An ordered list of metadata entries; a key may repeat.
 ///
 /// ```
-/// let mut md = rpc_core::MetadataMap::new();
+/// let mut md = rpc_wire::MetadataMap::new();
 /// md.insert("x-request-id", "abc-123").unwrap();
 /// assert_eq!(md.get("x-request-id"), Some(&b"abc-123"[..]));
 /// ```
