@@ -13,9 +13,9 @@ use bytes::Bytes;
 use prost::Message;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use rpc_core::body::EncodeBody;
-use rpc_core::frame::{FrameSender, InboundFrame, OutgoingFrame};
-use rpc_core::{
+use rdma_rpc::body::EncodeBody;
+use rdma_rpc::frame::{FrameSender, InboundFrame, OutgoingFrame};
+use rdma_rpc::{
     CallTable, Channel, ChannelConfig, ClientTransport, FrameKind, Header, MetadataMap, Method,
     Request, Response, Status, HEADER_LEN,
 };
@@ -26,7 +26,7 @@ use rpc_transport_tcp::codec::FrameWriter;
 /// A request header as the client writes it.
 fn request_header() -> Header {
     let mut header = Header::new(FrameKind::Request, 42);
-    header.method_id = rpc_core::method_id("/echo.Echo/Echo");
+    header.method_id = rdma_rpc::method_id("/echo.Echo/Echo");
     header.payload_len = 36;
     header.timeout_us = 1_000_000;
     header

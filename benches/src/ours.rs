@@ -74,7 +74,7 @@ pub fn start_server(url: &Endpoint, rdma: RdmaConfig) -> Result<ServerHandle, Be
 /// Connects to `url` and runs `plan`.
 pub fn run_client(url: &str, plan: &ClientPlan) -> Result<BenchResult, BenchError> {
     let endpoint: Endpoint = url.parse()?;
-    let limit = (plan.size + PROTOBUF_OVERHEAD).max(rpc_core::client::DEFAULT_MAX_MESSAGE_SIZE);
+    let limit = (plan.size + PROTOBUF_OVERHEAD).max(rdma_rpc::client::DEFAULT_MAX_MESSAGE_SIZE);
     let channel = rdma_rpc::client()
         .rdma_config(plan.rdma.clone())
         .max_message_size(limit)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::RwLock;
-use rpc_core::{Request, Response, Status};
+use rdma_rpc::{Request, Response, Status};
 
 use crate::kv::store_server::Store;
 use crate::kv::{DeleteReply, DeleteRequest, GetReply, GetRequest, PutReply, PutRequest};

@@ -12,23 +12,23 @@
 
 pub mod echo {
     //! Generated from `proto/echo.proto`.
-    rpc_core::include_proto!("echo");
+    rdma_rpc::include_proto!("echo");
 }
 
 pub mod kv {
     //! Generated from `proto/kv.proto`.
-    rpc_core::include_proto!("kv");
+    rdma_rpc::include_proto!("kv");
 }
 
 pub mod rpc {
     //! Protobuf package `rpc`.
     pub mod testing {
         //! Generated from `proto/testing.proto` (package `rpc.testing`).
-        rpc_core::include_proto!("rpc.testing");
+        rdma_rpc::include_proto!("rpc.testing");
     }
     pub mod streaming {
         //! Generated from `proto/streaming.proto` (package `rpc.streaming`).
-        rpc_core::include_proto!("rpc.streaming");
+        rdma_rpc::include_proto!("rpc.streaming");
     }
 }
 

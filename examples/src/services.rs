@@ -2,7 +2,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use rpc_core::{Code, Request, Response, Status};
+use rdma_rpc::{Code, Request, Response, Status};
 
 use crate::echo::{echo_server, EchoReply, EchoRequest};
 use crate::testing::{tester_server, BulkReply, BulkRequest, FailRequest, SleepRequest};

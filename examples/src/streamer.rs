@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use rpc_core::{Code, Request, Response, Status, Streaming};
+use rdma_rpc::{Code, Request, Response, Status, Streaming};
 
 use crate::bulk_pattern;
 use crate::streaming::{streamer_server, Chunk, ConsumeSummary, ProduceRequest};

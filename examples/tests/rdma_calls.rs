@@ -469,11 +469,11 @@ async fn kept_replies_never_drain_a_shared_receive_queue() {
 /// them may hold a receive slot.
 async fn keep_every_reply(rdma: RdmaConfig, limit: u32) {
     let server = start(&Tester::default(), rdma.clone());
-    let calls = Arc::new(rpc_core::CallTable::new());
+    let calls = Arc::new(rdma_rpc::CallTable::new());
     let addr = server.local_url().trim_start_matches("rdma://");
     let transport = rpc_transport_rdma::RdmaClient::connect(addr, calls.clone(), &rdma)
         .expect("rdma client connects");
-    let channel = Channel::new(calls, transport.clone(), rpc_core::ChannelConfig::default());
+    let channel = Channel::new(calls, transport.clone(), rdma_rpc::ChannelConfig::default());
     let client = EchoClient::new(channel);
     let started = Instant::now();
     let kept: Vec<_> = stream::iter(0..4_000u64)
@@ -542,7 +542,7 @@ async fn smallest_windows_grow_under_sixteen_calls_in_flight() {
         ..RdmaConfig::default()
     };
     let server = start(&Tester::default(), rdma.clone());
-    let calls = Arc::new(rpc_core::CallTable::new());
+    let calls = Arc::new(rdma_rpc::CallTable::new());
     let addr = server.local_url().trim_start_matches("rdma://");
     let transport = rpc_transport_rdma::RdmaClient::connect(addr, calls.clone(), &rdma)
         .expect("rdma client connects");
@@ -551,7 +551,7 @@ async fn smallest_windows_grow_under_sixteen_calls_in_flight() {
         3,
         "the server's initial window"
     );
-    let channel = Channel::new(calls, transport.clone(), rpc_core::ChannelConfig::default());
+    let channel = Channel::new(calls, transport.clone(), rdma_rpc::ChannelConfig::default());
     let client = EchoClient::new(channel);
     for seq in 0..200 {
         client.echo(EchoRequest::default()).await.expect("a call");

@@ -331,7 +331,7 @@ fn sizes_beyond_the_limits_are_refused_with_both_sizes() {
         })
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
-    let body_limit = MIB + rpc_core::MAX_METADATA_LEN;
+    let body_limit = MIB + rdma_rpc::MAX_METADATA_LEN;
     assert!(err.message().contains(&body_limit.to_string()), "{err}");
 
     // A response beyond the client's own limit... the server refuses nothing, the client

@@ -44,7 +44,7 @@ impl Default for Builder {
             out_dir: None,
             build_client: true,
             build_server: true,
-            core_path: "::rpc_core".to_owned(),
+            core_path: "::rdma_rpc".to_owned(),
             emit_rerun_if_changed: None,
             compile_well_known_types: false,
             file_descriptor_set_path: None,
@@ -82,8 +82,9 @@ impl Builder {
         self
     }
 
-    /// The path generated code uses to reach the runtime crate (default `::rpc_core`), e.g.
-    /// `::rdma_rpc::core` when only a crate re-exporting it is a dependency.
+    /// The path generated code uses to reach the runtime (default `::rdma_rpc`, the crate
+    /// applications depend on); `::rpc_core` for a crate below the facade (the health
+    /// service).
     pub fn core_path(mut self, path: impl Into<String>) -> Self {
         self.core_path = path.into();
         self

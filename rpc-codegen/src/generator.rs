@@ -12,7 +12,7 @@ use crate::naming;
 pub(crate) struct Settings {
     pub build_client: bool,
     pub build_server: bool,
-    /// Path of the runtime crate, e.g. `::rpc_core`.
+    /// Path of the runtime crate, e.g. `::rdma_rpc`.
     pub core_path: TokenStream,
     /// Protobuf paths (`.pkg.Msg` or `.pkg`) whose Rust paths prost-build takes verbatim.
     pub extern_prefixes: Vec<String>,

@@ -35,7 +35,7 @@
 //!
 //! ```ignore
 //! pub mod echo {
-//!     rpc_core::include_proto!("echo");
+//!     rdma_rpc::include_proto!("echo");
 //! }
 //!
 //! struct MyEcho;
@@ -43,10 +43,10 @@
 //! impl echo::echo_server::Echo for MyEcho {
 //!     async fn echo(
 //!         &self,
-//!         request: rpc_core::Request<echo::EchoRequest>,
-//!     ) -> Result<rpc_core::Response<echo::EchoReply>, rpc_core::Status> {
+//!         request: rdma_rpc::Request<echo::EchoRequest>,
+//!     ) -> Result<rdma_rpc::Response<echo::EchoReply>, rdma_rpc::Status> {
 //!         let message = request.into_inner().message;
-//!         Ok(rpc_core::Response::new(echo::EchoReply { message }))
+//!         Ok(rdma_rpc::Response::new(echo::EchoReply { message }))
 //!     }
 //! }
 //!
@@ -56,7 +56,7 @@
 //! ```
 //!
 //! Nested packages (`a.b.c`) are included as nested modules (`pub mod a { pub mod b { pub
-//! mod c { rpc_core::include_proto!("a.b.c"); } } }`) so that cross-package references
+//! mod c { rdma_rpc::include_proto!("a.b.c"); } } }`) so that cross-package references
 //! resolve. Well-known types map to `prost-types`, so a crate using them depends on it.
 //!
 //! # Crate layout
@@ -85,7 +85,7 @@ use std::path::Path;
 
 pub use builder::Builder;
 
-/// A [`Builder`] with the defaults: client and server, runtime at `::rpc_core`, output in
+/// A [`Builder`] with the defaults: client and server, runtime at `::rdma_rpc`, output in
 /// `OUT_DIR`.
 pub fn configure() -> Builder {
     Builder::default()

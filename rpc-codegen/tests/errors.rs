@@ -5,8 +5,7 @@ mod common;
 
 use std::io;
 
-use common::{generate, generate_sources};
-use rpc_codegen::configure;
+use common::{configure, generate, generate_sources};
 
 /// Compiles one file `bad.proto` with `source`; returns the error kind and message, with the
 /// temporary include directory stripped from the paths.

@@ -2,8 +2,7 @@
 
 mod common;
 
-use common::{generate, parse};
-use rpc_codegen::configure;
+use common::{configure, generate, parse};
 use syn::{ImplItem, Item, ItemMod, TraitItem};
 
 /// The top-level module `name` of a generated file.
@@ -223,13 +222,20 @@ fn messages_only_generates_no_service() {
 }
 
 #[test]
-fn core_path_is_configurable() {
-    let out = generate(configure().core_path("::rdma_rpc::core"), &["echo.proto"]).unwrap();
+fn generated_code_names_the_facade_unless_told_otherwise() {
+    // An application depends on `rdma-rpc` alone: the default path is the facade's.
+    let out = generate(rpc_codegen::configure(), &["echo.proto"]).unwrap();
     let echo = out.package("echo");
     parse(&echo);
-    assert!(echo.contains("channel: ::rdma_rpc::core::Channel"));
-    assert!(echo.contains("impl<T: Echo> ::rdma_rpc::core::server::Service for EchoServer<T>"));
+    assert!(echo.contains("channel: ::rdma_rpc::Channel"));
+    assert!(echo.contains("impl<T: Echo> ::rdma_rpc::server::Service for EchoServer<T>"));
     assert!(!echo.contains("rpc_core"));
+
+    let out = generate(configure().core_path("::my_rt::core"), &["echo.proto"]).unwrap();
+    let echo = out.package("echo");
+    parse(&echo);
+    assert!(echo.contains("channel: ::my_rt::core::Channel"));
+    assert!(!echo.contains("rdma_rpc") && !echo.contains("rpc_core"));
 }
 
 #[test]

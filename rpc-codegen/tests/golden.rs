@@ -11,7 +11,7 @@ use std::path::Path;
 
 #[test]
 fn checked_in_echo_output_is_current() {
-    let out = common::generate(rpc_codegen::configure(), &["echo.proto"]).unwrap();
+    let out = common::generate(common::configure(), &["echo.proto"]).unwrap();
     let generated = out.package("echo");
     let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/generated/echo.rs");
     if std::env::var_os("RPC_CODEGEN_BLESS").is_some() {

@@ -8,6 +8,13 @@ use std::path::{Path, PathBuf};
 
 use tempfile::TempDir;
 
+/// The generator's defaults, but for the runtime's path: these tests compile and call the
+/// generated code against `rpc-core` itself, below the `rdma-rpc` facade that applications
+/// (and the default path, `::rdma_rpc`) name.
+pub fn configure() -> rpc_codegen::Builder {
+    rpc_codegen::configure().core_path("::rpc_core")
+}
+
 /// `tests/protos`, the include directory of the fixtures.
 pub fn protos_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/protos")
