@@ -29,7 +29,7 @@ fuzz_target!(|input: Input| {
         loop {
             match decoder.decode(&mut buf) {
                 Ok(Some(inbound)) => {
-                    if let rpc_transport_tcp::codec::Inbound::Frame(frame) = inbound {
+                    if let rpc_transport_tcp::codec::Decoded::Frame(frame) = inbound {
                         let limit = payload_limit(frame.header.kind, max_payload);
                         assert!(frame.payload.len() <= limit);
                     }

@@ -17,6 +17,7 @@ pub mod call_table;
 pub mod client;
 mod error;
 pub mod frame;
+pub mod inbound;
 pub mod interceptor;
 mod message;
 pub mod observe;
@@ -34,6 +35,7 @@ pub use client::{
 pub use error::{Error, HeaderError};
 pub use frame::FrameSender;
 pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};
+pub use inbound::Inbound;
 pub use interceptor::{AsyncInterceptor, InterceptedService, Interceptor};
 pub use message::{method_id, IntoRequest, IntoStreamingRequest, Request, Response};
 pub use observe::{Method, MethodRef};

@@ -6,11 +6,11 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::stream::Wakes;
-use rpc_core::{CallTable, ClientTransport, Code, FrameKind, FrameSender, Header, Status};
+use rpc_core::client::Responses;
+use rpc_core::frame::OutgoingFrame;
+use rpc_core::{CallTable, ClientTransport, FrameSender, Status};
 
-use crate::conn::{Conn, Inbox, ReadPolicy};
+use crate::conn::{Conn, ReadPolicy};
 use crate::handshake;
 use crate::outbox::{Class, Pushed};
 
@@ -69,13 +69,7 @@ impl TcpClient {
             idle_timeout: None,
             pause_when_full: false,
         };
-        let limit = config.max_message_size as u64;
-        let responses = Responses {
-            calls,
-            peer,
-            limit,
-            conn: conn.clone(),
-        };
+        let responses = Responses::new(calls, peer, config.max_message_size);
         conn.start(runtime.handle(), responses, policy);
         Ok(Arc::new(TcpClient { conn }))
     }
@@ -95,72 +89,6 @@ fn connect_any(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
             "the host name resolved to no address",
         )
     }))
-}
-
-/// Completes calls from the responses a connection receives.
-struct Responses {
-    calls: Arc<CallTable>,
-    peer: String,
-    limit: u64,
-    conn: Arc<Conn>,
-}
-
-impl Inbox for Responses {
-    fn on_messages(&self, call_id: u64, run: &mut Vec<InboundFrame>, wakes: &mut Wakes) {
-        self.calls.on_stream_messages(call_id, run.drain(..), wakes);
-    }
-
-    fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes) {
-        match frame.header.kind {
-            // Call id 0 is never a call's: a status for it is about the connection (a server
-            // at its connection limit says so, then closes).
-            FrameKind::Response if frame.header.call_id == 0 => {
-                let code = match frame.header.status {
-                    Code::Ok => Code::Unavailable,
-                    code => code,
-                };
-                let status = Status::new(
-                    code,
-                    format!(
-                        "{} refused the connection: {}",
-                        self.peer,
-                        String::from_utf8_lossy(&frame.payload)
-                    ),
-                );
-                // Closed from this side too: a server that says so and keeps the
-                // connection open cannot hold it.
-                self.conn.close(status.clone());
-                self.calls.close(status);
-            }
-            FrameKind::Response => {
-                self.calls.complete(frame.header.call_id, Ok(frame));
-            }
-            kind if rpc_core::stream::is_stream_frame(kind) => {
-                self.calls.on_stream_frame(frame, wakes)
-            }
-            kind => {
-                tracing::debug!(?kind, peer = %self.peer, "ignoring a frame clients do not act on")
-            }
-        }
-    }
-
-    fn on_oversized(&self, header: &Header, declared: u64) {
-        let (what, limit) =
-            rpc_core::stream::batch::oversized(header.kind, self.limit as usize, "response");
-        self.calls.complete(
-            header.call_id,
-            Err(Status::message_too_large(what, declared, limit)),
-        );
-    }
-
-    fn idle(&self) -> bool {
-        false
-    }
-
-    fn on_closed(&self, status: Status) {
-        tracing::debug!(peer = %self.peer, %status, "client connection ended");
-        self.calls.close(status);
-    }
 }
 
 /// Requests go through the connection's output queue, as the server's answers do.

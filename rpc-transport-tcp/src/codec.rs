@@ -44,7 +44,7 @@ pub enum ReadError {
 
 /// What decoding produced.
 #[derive(Debug)]
-pub enum Inbound {
+pub enum Decoded {
     /// A complete frame.
     Frame(InboundFrame),
     /// A frame whose payload exceeds the limit. Its header is all that was kept; the rest of
@@ -83,7 +83,7 @@ impl FrameDecoder {
 
     /// Takes the next frame out of `buf`. `Ok(None)`: `buf` holds no whole frame yet (what
     /// it holds stays for the next call).
-    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Inbound>, ReadError> {
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Decoded>, ReadError> {
         if self.skipping > 0 {
             let n = (buf.len() as u64).min(self.skipping);
             buf.advance(n as usize);
@@ -112,7 +112,7 @@ impl FrameDecoder {
                     let n = (buf.len() as u64).min(total);
                     buf.advance(n as usize);
                     self.skipping = total - n;
-                    return Ok(Some(Inbound::Oversized {
+                    return Ok(Some(Decoded::Oversized {
                         header,
                         declared: payload_len as u64,
                     }));
@@ -135,7 +135,7 @@ impl FrameDecoder {
             _ => frame.split_to(meta_len).freeze(),
         };
         let payload: Bytes = frame.freeze();
-        Ok(Some(Inbound::Frame(InboundFrame {
+        Ok(Some(Decoded::Frame(InboundFrame {
             header,
             metadata,
             payload,

@@ -1,6 +1,6 @@
 //! One TCP connection on the event loop: its socket, its output queue, and the two tasks
 //! that drive them. Clients and servers differ only in what they do with received frames
-//! ([`Inbox`]).
+//! (their [`Inbound`]).
 
 use std::future::poll_fn;
 use std::io;
@@ -14,12 +14,12 @@ use std::task::{Context, Poll};
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::server::ReplySink;
 use rpc_core::stream::{is_message_frame, Wakes};
-use rpc_core::{Header, Status};
+use rpc_core::{Inbound, Status};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::{timeout, timeout_at, Instant};
 
-use crate::codec::{FrameDecoder, Inbound};
+use crate::codec::{Decoded, FrameDecoder};
 use crate::config::{ConnectionLimits, KEEPALIVE_PROBES};
 use crate::outbox::{Chunk, Outbox};
 
@@ -89,22 +89,6 @@ impl ReplySink for Conn {
     }
 }
 
-/// What a side does with what its peer sends.
-pub(crate) trait Inbox: Send + Sync + 'static {
-    /// A complete frame; wakeups it causes may be held in `wakes`, performed when the
-    /// frames of the read are handed up.
-    fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes);
-    /// A run of `Message` and `Messages` frames of stream `call_id`, in order (the messages of one read
-    /// that follow each other), to be taken out of `run` and fed under one lookup.
-    fn on_messages(&self, call_id: u64, run: &mut Vec<InboundFrame>, wakes: &mut Wakes);
-    /// A frame over the payload limit, refused at its header.
-    fn on_oversized(&self, header: &Header, declared: u64);
-    /// Whether no call is in progress, so that a silent peer may be closed as idle.
-    fn idle(&self) -> bool;
-    /// The connection ended for `status`'s reason.
-    fn on_closed(&self, status: Status);
-}
-
 /// How the reader treats a connection.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReadPolicy {
@@ -138,7 +122,7 @@ impl Conn {
     pub(crate) fn start(
         self: &Arc<Self>,
         runtime: &tokio::runtime::Handle,
-        inbox: impl Inbox,
+        inbox: impl Inbound,
         policy: ReadPolicy,
     ) {
         runtime.spawn(self.clone().write_loop());
@@ -268,7 +252,7 @@ impl Conn {
         (Status::unavailable(message), false)
     }
 
-    async fn read_loop(self: Arc<Self>, inbox: impl Inbox, policy: ReadPolicy) {
+    async fn read_loop(self: Arc<Self>, inbox: impl Inbound, policy: ReadPolicy) {
         let (status, abort) = self.read_frames(&inbox, policy).await;
         // A close by this side already set the status the senders see; keep it.
         let status = self.outbox.closed().unwrap_or(status);
@@ -282,7 +266,7 @@ impl Conn {
 
     /// Reads and delivers frames until the connection ends; returns why it did, and whether
     /// the peer broke a limit (the connection is then reset).
-    async fn read_frames(&self, inbox: &impl Inbox, policy: ReadPolicy) -> (Status, bool) {
+    async fn read_frames(&self, inbox: &impl Inbound, policy: ReadPolicy) -> (Status, bool) {
         let mut decoder = FrameDecoder::new(policy.max_payload);
         let mut buf = BytesMut::new();
         // Held while the frames of one read are handed up: a stream's reader wakes once to
@@ -305,7 +289,7 @@ impl Conn {
                 }
                 let before = delivered;
                 match decoder.decode(&mut buf) {
-                    Ok(Some(Inbound::Frame(frame))) if is_message_frame(frame.header.kind) => {
+                    Ok(Some(Decoded::Frame(frame))) if is_message_frame(frame.header.kind) => {
                         if let Some(frame) = run.push(frame) {
                             delivered += run.hand_up(inbox, &mut wakes);
                             run.push(frame);
@@ -314,12 +298,16 @@ impl Conn {
                             delivered += run.hand_up(inbox, &mut wakes);
                         }
                     }
-                    Ok(Some(Inbound::Frame(frame))) => {
+                    Ok(Some(Decoded::Frame(frame))) => {
                         run.hand_up(inbox, &mut wakes);
-                        inbox.on_frame(frame, &mut wakes);
+                        let handed = inbox.on_frame(frame, &mut wakes);
                         delivered += 1;
+                        if let Err(status) = handed {
+                            wakes.wake_all();
+                            return (status, false);
+                        }
                     }
-                    Ok(Some(Inbound::Oversized { header, declared })) => {
+                    Ok(Some(Decoded::Oversized { header, declared })) => {
                         run.hand_up(inbox, &mut wakes);
                         inbox.on_oversized(&header, declared);
                         delivered += 1;
@@ -428,7 +416,7 @@ impl Run {
     /// Hands the run up, if there is one: before any other frame, so that frames reach the
     /// inbox in the order they came.
     /// Returns the deliveries made (0 or 1).
-    fn hand_up(&mut self, inbox: &impl Inbox, wakes: &mut Wakes) -> u32 {
+    fn hand_up(&mut self, inbox: &impl Inbound, wakes: &mut Wakes) -> u32 {
         let Some(first) = self.frames.first() else {
             return 0;
         };
@@ -462,22 +450,25 @@ fn keep_alive(stream: &TcpStream, limits: &ConnectionLimits) -> io::Result<()> {
 mod tests {
     use super::*;
     use parking_lot::Mutex;
-    use rpc_core::FrameKind;
+    use rpc_core::{FrameKind, Header};
 
     /// Records what it is handed: `(call id, seqs)` per delivery.
     #[derive(Default)]
     struct Recorder(Mutex<Vec<(u64, Vec<u32>)>>);
 
-    impl Inbox for Recorder {
-        fn on_frame(&self, frame: InboundFrame, _: &mut Wakes) {
+    impl Inbound for Recorder {
+        fn on_frame(&self, frame: InboundFrame, _: &mut Wakes) -> Result<(), Status> {
             let seq = frame.header.seq();
             self.0.lock().push((frame.header.call_id, vec![seq]));
+            Ok(())
         }
         fn on_messages(&self, call_id: u64, run: &mut Vec<InboundFrame>, _: &mut Wakes) {
             let seqs = run.drain(..).map(|f| f.header.seq()).collect();
             self.0.lock().push((call_id, seqs));
         }
         fn on_oversized(&self, _: &Header, _: u64) {}
+        fn on_dropped(&self, _: u64, _: FrameKind) {}
+        fn on_transfer_failed(&self, _: u64, _: FrameKind, _: Status) {}
         fn idle(&self) -> bool {
             true
         }
@@ -508,7 +499,9 @@ mod tests {
             }
         }
         delivered += run.hand_up(&inbox, &mut wakes);
-        inbox.on_frame(frame(FrameKind::Trailers, 1, 5), &mut wakes);
+        inbox
+            .on_frame(frame(FrameKind::Trailers, 1, 5), &mut wakes)
+            .unwrap();
         assert_eq!(
             run.hand_up(&inbox, &mut wakes),
             0,

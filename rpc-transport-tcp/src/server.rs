@@ -11,15 +11,14 @@ use bytes::BytesMut;
 use parking_lot::{Condvar, Mutex};
 use rpc_core::auth::{Checker, Peer};
 use rpc_core::body::RawBody;
-use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::server::{ConnectionDispatch, Dispatcher};
-use rpc_core::stream::Wakes;
+use rpc_core::frame::OutgoingFrame;
+use rpc_core::server::{ConnectionDispatch, Dispatcher, Requests};
 use rpc_core::{FrameKind, Header, MetadataMap, Status};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
 use crate::config::TcpServerConfig;
-use crate::conn::{Conn, Inbox, ReadPolicy};
+use crate::conn::{Conn, ReadPolicy};
 use crate::handshake;
 
 /// Pause after a failed `accept` (out of file descriptors, say) before the next.
@@ -321,11 +320,11 @@ fn start_connection(
         idle_timeout: Some(shared.config.idle_timeout),
         pause_when_full: true,
     };
-    let requests = Requests {
-        id,
-        dispatch,
-        shared: shared.clone(),
-    };
+    let gone = shared.clone();
+    let requests = Requests::new(dispatch).on_closed_then(Box::new(move || {
+        gone.connections.lock().remove(&id);
+        gone.gone.notify_all();
+    }));
     conn.start(&tokio::runtime::Handle::current(), requests, policy);
     Ok(())
 }
@@ -341,39 +340,5 @@ fn refuse(stream: &tokio::net::TcpStream, status: &Status) {
         let mut out = BytesMut::new();
         frame.encode_to(&mut out);
         let _ = stream.try_write(&out);
-    }
-}
-
-/// Runs the requests a connection receives.
-struct Requests {
-    id: u64,
-    dispatch: Arc<ConnectionDispatch>,
-    shared: Arc<Shared>,
-}
-
-impl Inbox for Requests {
-    fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes) {
-        self.dispatch.on_frame(frame, wakes);
-    }
-
-    fn on_messages(&self, call_id: u64, run: &mut Vec<InboundFrame>, wakes: &mut Wakes) {
-        self.dispatch
-            .on_stream_messages(call_id, run.drain(..), wakes);
-    }
-
-    fn on_oversized(&self, header: &Header, declared: u64) {
-        self.dispatch.reject_oversized(header, declared);
-    }
-
-    fn idle(&self) -> bool {
-        self.dispatch.calls_running() == 0
-    }
-
-    fn on_closed(&self, status: Status) {
-        tracing::debug!(%status, "server connection ended");
-        self.dispatch.close();
-        let mut connections = self.shared.connections.lock();
-        connections.remove(&self.id);
-        self.shared.gone.notify_all();
     }
 }

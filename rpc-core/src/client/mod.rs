@@ -10,6 +10,7 @@ mod connection;
 mod reconnect;
 #[cfg(test)]
 mod reconnect_tests;
+mod responses;
 pub mod service;
 #[cfg(test)]
 mod test_support;
@@ -28,6 +29,7 @@ pub(crate) use call::PendingCall;
 pub use connection::Connection;
 use reconnect::{ConnectWait, Healing};
 pub use reconnect::{Connectivity, Connector, ReconnectConfig};
+pub use responses::{ResponseObserver, Responses};
 pub use service::{CallService, UnaryCall};
 
 use crate::body::EncodeBody;

@@ -16,6 +16,7 @@ mod config;
 mod dispatch;
 mod early;
 mod in_flight;
+mod requests;
 mod router;
 mod service;
 mod sink;
@@ -30,6 +31,7 @@ pub use dispatch::{
     ConnectionDispatch, Dispatcher, ReplySink, ServerConfig, DEFAULT_MAX_CALLS,
     DEFAULT_MAX_CALLS_PER_CONNECTION,
 };
+pub use requests::{OnClosed, Requests};
 pub use service::{
     client_streaming, server_streaming, streaming, unary, MethodDescriptor, NamedService,
     ServerCall, ServerReply, Service,

@@ -6,14 +6,14 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use rpc_core::auth::{Credentials, HELLO_LEN, PROOF_LEN};
-use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::stream::Wakes;
+use rpc_core::client::Responses;
+use rpc_core::frame::OutgoingFrame;
 use rpc_core::{CallTable, ClientTransport, Drive, FrameKind, FrameSender, Status, HEADER_LEN};
 
 use crate::protocol::{ConnectParams, Stats};
 use crate::transport::budget::ConnectionSlot;
 use crate::transport::config::{PollMode, RdmaConfig};
-use crate::transport::conn::{Conn, FrameSink};
+use crate::transport::conn::Conn;
 use crate::transport::engine::Role;
 use crate::transport::events::expect_event;
 use crate::transport::resources::{verbs_status, Resources};
@@ -37,49 +37,6 @@ impl std::fmt::Debug for RdmaClient {
         f.debug_struct("RdmaClient")
             .field("peer", &self.peer)
             .finish()
-    }
-}
-
-struct ClientFrames {
-    calls: Arc<CallTable>,
-    response_sizes: Arc<ResponseSizes>,
-}
-
-impl FrameSink for ClientFrames {
-    fn deliver(&self, frame: InboundFrame, wakes: &mut Wakes) {
-        match frame.header.kind {
-            FrameKind::Response => {
-                let len = frame.metadata.len() + frame.payload.len();
-                self.response_sizes
-                    .observe(frame.header.method_id, len as u64);
-                self.calls.complete(frame.header.call_id, Ok(frame));
-            }
-            kind if rpc_core::stream::is_stream_frame(kind) => {
-                self.calls.on_stream_frame(frame, wakes)
-            }
-            kind => tracing::debug!(?kind, "ignoring a frame clients do not act on"),
-        }
-    }
-
-    fn dropped(&self, call_id: u64, kind: FrameKind) {
-        if kind == FrameKind::Request || rpc_core::stream::is_message_frame(kind) {
-            self.calls.complete(
-                call_id,
-                Err(Status::unavailable(
-                    "the connection closed before the request was sent",
-                )),
-            );
-        }
-    }
-
-    fn transfer_failed(&self, call_id: u64, kind: FrameKind, status: Status) {
-        if kind == FrameKind::Request || rpc_core::stream::is_message_frame(kind) {
-            self.calls.complete(call_id, Err(status));
-        }
-    }
-
-    fn closed(&self, status: Status) {
-        self.calls.close(status);
     }
 }
 
@@ -156,10 +113,13 @@ impl RdmaClient {
             check_server_proof(credentials, hello, established.private_data(), &what)?;
         }
         let conn = Conn::new(res, id, established.private_data(), peer.clone(), config)?;
-        conn.set_sink(Arc::new(ClientFrames {
-            calls,
-            response_sizes: response_sizes.clone(),
-        }));
+        let sizes = response_sizes.clone();
+        let limit = usize::try_from(config.large_max_message).unwrap_or(usize::MAX);
+        conn.set_inbound(Arc::new(
+            Responses::new(calls, peer.clone(), limit).observing(Box::new(move |header, len| {
+                sizes.observe(header.method_id, len as u64)
+            })),
+        ));
         if let Err(status) = conn.start(true) {
             conn.close(status.clone());
             return Err(status);

@@ -10,16 +10,15 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rpc_core::auth::{Checker, Peer, HELLO_LEN, PROOF_LEN};
-use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::server::{ConnectionDispatch, Dispatcher, ReplySink};
-use rpc_core::stream::Wakes;
-use rpc_core::{FrameKind, Status};
+use rpc_core::frame::OutgoingFrame;
+use rpc_core::server::{ConnectionDispatch, Dispatcher, ReplySink, Requests};
+use rpc_core::Status;
 
 use crate::protocol::{encode_reject, ConnectParams, Geometry};
 use crate::transport::budget::ConnectionSlot;
 use crate::transport::client::resolve;
 use crate::transport::config::RdmaConfig;
-use crate::transport::conn::{Conn, FrameSink};
+use crate::transport::conn::Conn;
 use crate::transport::engine::Role;
 use crate::transport::events::wait_readable;
 use crate::transport::kick::Kick;
@@ -268,7 +267,7 @@ fn accept(id: CmId, private_data: &[u8], peer: String, shared: &Shared) -> Resul
         Arc::new(RdmaReplySink(conn.clone())),
         who,
     );
-    conn.set_sink(Arc::new(ServerFrames(dispatch.clone())));
+    conn.set_inbound(Arc::new(Requests::new(dispatch.clone())));
     let started = conn
         .id()
         .accept(&ConnParam {
@@ -286,27 +285,6 @@ fn accept(id: CmId, private_data: &[u8], peer: String, shared: &Shared) -> Resul
     }
     shared.connections.lock().push(Served { conn, dispatch });
     Ok(())
-}
-
-struct ServerFrames(Arc<ConnectionDispatch>);
-
-impl FrameSink for ServerFrames {
-    fn deliver(&self, frame: InboundFrame, wakes: &mut Wakes) {
-        self.0.on_frame(frame, wakes);
-    }
-
-    fn dropped(&self, _call_id: u64, _kind: FrameKind) {}
-
-    fn transfer_failed(&self, call_id: u64, kind: FrameKind, status: Status) {
-        if matches!(kind, FrameKind::Response | FrameKind::Message) {
-            self.0.fail_call(call_id, &status);
-        }
-    }
-
-    fn closed(&self, status: Status) {
-        tracing::debug!(%status, "rdma connection closed");
-        self.0.close();
-    }
 }
 
 struct RdmaReplySink(Arc<Conn>);

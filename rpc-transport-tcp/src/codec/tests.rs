@@ -14,7 +14,7 @@ fn encode_request(call_id: u64, payload: &[u8]) -> Vec<u8> {
 }
 
 /// Feeds `wire` to a decoder in chunks of the given sizes (cycled); returns what came out.
-fn decode_chunked(wire: &[u8], chunks: &[usize], limit: usize) -> Vec<Inbound> {
+fn decode_chunked(wire: &[u8], chunks: &[usize], limit: usize) -> Vec<Decoded> {
     let mut decoder = FrameDecoder::new(limit);
     let mut buf = BytesMut::new();
     let mut out = Vec::new();
@@ -37,9 +37,9 @@ fn decode_chunked(wire: &[u8], chunks: &[usize], limit: usize) -> Vec<Inbound> {
     out
 }
 
-fn frame(inbound: &Inbound) -> &InboundFrame {
+fn frame(inbound: &Decoded) -> &InboundFrame {
     match inbound {
-        Inbound::Frame(frame) => frame,
+        Decoded::Frame(frame) => frame,
         other => panic!("frame expected, got {other:?}"),
     }
 }
@@ -63,7 +63,7 @@ fn oversized_payloads_are_reported_at_the_header_and_skipped() {
     let mut decoder = FrameDecoder::new(4096);
     let mut buf = BytesMut::from(&wire[..100]);
     match decoder.decode(&mut buf).unwrap() {
-        Some(Inbound::Oversized { header, declared }) => {
+        Some(Decoded::Oversized { header, declared }) => {
             assert_eq!((header.call_id, declared), (1, 5000));
         }
         other => panic!("expected oversized, got {other:?}"),
@@ -98,8 +98,8 @@ fn a_messages_frame_has_its_own_payload_limit() {
         let wire = stream_frame(kind, len);
         let out = decode_chunked(&wire, &[wire.len()], 100);
         match &out[..] {
-            [Inbound::Frame(frame)] => Ok(frame.payload.len()),
-            [Inbound::Oversized { declared, .. }] => Err(*declared),
+            [Decoded::Frame(frame)] => Ok(frame.payload.len()),
+            [Decoded::Oversized { declared, .. }] => Err(*declared),
             other => panic!("{other:?}"),
         }
     };
@@ -159,7 +159,7 @@ fn frame_writer_writes_what_the_decoder_reads() {
     assert_eq!(&frame_of(&got).payload[..], b"abc");
 }
 
-fn frame_of(out: &[Inbound]) -> &InboundFrame {
+fn frame_of(out: &[Decoded]) -> &InboundFrame {
     assert_eq!(out.len(), 1);
     frame(&out[0])
 }
@@ -181,12 +181,12 @@ proptest! {
         prop_assert_eq!(out.len(), sizes.len());
         for (i, (inbound, &size)) in out.iter().zip(&sizes).enumerate() {
             match inbound {
-                Inbound::Frame(f) => {
+                Decoded::Frame(f) => {
                     prop_assert!(size <= limit);
                     prop_assert_eq!(f.header.call_id, i as u64 + 1);
                     prop_assert_eq!(&f.payload[..], &vec![i as u8; size][..]);
                 }
-                Inbound::Oversized { header, declared } => {
+                Decoded::Oversized { header, declared } => {
                     prop_assert!(size > limit);
                     prop_assert_eq!(header.call_id, i as u64 + 1);
                     prop_assert_eq!(*declared, size as u64);

@@ -17,9 +17,7 @@ use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use rpc_core::frame::InboundFrame;
-use rpc_core::stream::Wakes;
-use rpc_core::{FrameKind, Header, Status};
+use rpc_core::{FrameKind, Header, Inbound, Status};
 use smallvec::SmallVec;
 
 use crate::protocol::{self, Action, SendError};
@@ -57,20 +55,6 @@ thread_local! {
     /// The connection (its address) whose CQ this thread last polled as a blocking caller:
     /// it comes back to send or poll. 0 for none.
     static DRIVER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// Where a connection's received frames and failures go.
-pub(crate) trait FrameSink: Send + Sync {
-    /// A frame arrived; wakeups it causes may be held in `wakes`, performed after the
-    /// frames of the completion batch are handed up.
-    fn deliver(&self, frame: InboundFrame, wakes: &mut Wakes);
-    /// A committed frame was never sent because the connection closed.
-    fn dropped(&self, call_id: u64, kind: FrameKind);
-    /// A large body (`kind`: request or response) could not be sent: the peer refused a
-    /// buffer for it. Its call fails with `status`.
-    fn transfer_failed(&self, call_id: u64, kind: FrameKind, status: Status);
-    /// The connection is closed; no more frames will come.
-    fn closed(&self, status: Status);
 }
 
 struct State {
@@ -114,7 +98,7 @@ pub(crate) struct Conn {
     /// The protocol dropped frames or closed: `after_state` has work to do.
     attention: AtomicBool,
     closed: AtomicBool,
-    sink: Mutex<Option<Arc<dyn FrameSink>>>,
+    inbound: Mutex<Option<Arc<dyn Inbound>>>,
     /// The protocol closed, and the thread that saw it could not call back into the upper
     /// layer: the engine's poller runs the close (see `after_state`).
     close_pending: AtomicBool,
@@ -213,7 +197,7 @@ impl Conn {
             control_queue_limit,
             attention: AtomicBool::new(false),
             closed: AtomicBool::new(false),
-            sink: Mutex::new(None),
+            inbound: Mutex::new(None),
             close_pending: AtomicBool::new(false),
             deferred: Mutex::new(Vec::new()),
             released: Mutex::new(Vec::with_capacity(RELEASE_BATCH)),
@@ -228,7 +212,7 @@ impl Conn {
     /// Starts processing the connection's completions: registers it with the engine
     /// (handing it what arrived already) and, with `watch_cm` (clients, which own their
     /// rdma_cm channel; a server's listener watches its connections), lets the engine's
-    /// poller watch its rdma_cm channel. Call once the sink is set.
+    /// poller watch its rdma_cm channel. Call once its inbound side is set.
     pub(crate) fn start(self: &Arc<Self>, watch_cm: bool) -> Result<(), Status> {
         Engine::register(&self.res.attachment, self)?;
         if let Some(channel) = self.id.channel().filter(|_| watch_cm) {
@@ -237,8 +221,8 @@ impl Conn {
         Ok(())
     }
 
-    pub(crate) fn set_sink(&self, sink: Arc<dyn FrameSink>) {
-        *self.sink.lock() = Some(sink);
+    pub(crate) fn set_inbound(&self, inbound: Arc<dyn Inbound>) {
+        *self.inbound.lock() = Some(inbound);
     }
 
     pub(crate) fn peer(&self) -> &str {
@@ -401,12 +385,12 @@ impl Conn {
             )
         };
         if !dropped.is_empty() || !failed.is_empty() {
-            if let Some(sink) = self.sink() {
+            if let Some(inbound) = self.inbound() {
                 for (call_id, kind) in dropped {
-                    sink.dropped(call_id, kind);
+                    inbound.on_dropped(call_id, kind);
                 }
                 for (call_id, kind, status) in failed {
-                    sink.transfer_failed(call_id, kind, status);
+                    inbound.on_transfer_failed(call_id, kind, status);
                 }
             }
         }
@@ -434,15 +418,15 @@ impl Conn {
             && self.close_deferred.swap(false, Ordering::SeqCst))
     }
 
-    fn sink(&self) -> Option<Arc<dyn FrameSink>> {
-        self.sink.lock().clone()
+    fn inbound(&self) -> Option<Arc<dyn Inbound>> {
+        self.inbound.lock().clone()
     }
 
     fn address(&self) -> usize {
         self as *const Conn as usize
     }
 
-    /// Closes the connection: fails what is queued, disconnects, tells the sink.
+    /// Closes the connection: fails what is queued, disconnects, tells the upper layer.
     pub(crate) fn close(&self, status: Status) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
@@ -457,13 +441,13 @@ impl Conn {
         self.wake_writers();
         let wakers = std::mem::take(&mut *self.write_wakers.lock());
         wakers.into_iter().for_each(Waker::wake);
-        let sink = self.sink.lock().take();
+        let inbound = self.inbound.lock().take();
         let dropped = std::mem::take(&mut self.state.lock().dropped);
-        if let Some(sink) = sink {
+        if let Some(inbound) = inbound {
             for (call_id, kind) in dropped {
-                sink.dropped(call_id, kind);
+                inbound.on_dropped(call_id, kind);
             }
-            sink.closed(status);
+            inbound.on_closed(status);
         }
     }
 

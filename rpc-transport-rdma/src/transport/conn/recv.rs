@@ -10,11 +10,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use rpc_core::frame::InboundFrame;
 use rpc_core::stream::Wakes;
-use rpc_core::Drive;
+use rpc_core::{Drive, Inbound, Status};
 use smallvec::SmallVec;
 
 use super::large::{placed_frame, Arrival};
-use super::{Batch, Conn, FrameSink, State, DELIVERING, DRIVER, RELEASE_BATCH, UPPER_LAYER_LOCKED};
+use super::{Batch, Conn, State, DELIVERING, DRIVER, RELEASE_BATCH, UPPER_LAYER_LOCKED};
 use crate::protocol::{ProtocolViolation, Received, SendTarget, WorkId};
 use crate::transport::engine::{Polled, SharedCq};
 use crate::verbs::WorkCompletion;
@@ -177,38 +177,49 @@ impl Conn {
         commitment.shared.give_back(granted - grown);
     }
 
-    /// Hands `received` to the sink. Borrowed, and drained in place: a batch is a few
-    /// hundred bytes, and every move of it is a copy.
+    /// Hands `received` to the upper layer. Borrowed, and drained in place: a batch is a
+    /// few hundred bytes, and every move of it is a copy. A frame the upper layer says ends
+    /// the connection closes it once the batch is handed up.
     fn deliver(self: &Arc<Self>, received: &mut Batch) {
-        let Some(sink) = self.sink() else {
+        let Some(inbound) = self.inbound() else {
             return;
         };
         let outer = DELIVERING.replace(self.address());
         // A stream's reader wakes once to all of its messages in the batch.
         let mut wakes = Wakes::new();
-        self.deliver_batch(&*sink, received.drain(..), &mut wakes);
+        let mut ended = None;
+        self.deliver_batch(&*inbound, received.drain(..), &mut wakes, &mut ended);
         loop {
             let deferred = std::mem::take(&mut *self.deferred.lock());
             if deferred.is_empty() {
                 break;
             }
-            self.deliver_batch(&*sink, deferred, &mut wakes);
+            self.deliver_batch(&*inbound, deferred, &mut wakes, &mut ended);
         }
         DELIVERING.set(outer);
         wakes.wake_all();
+        if let Some(status) = ended {
+            self.close(status);
+        }
     }
 
     fn deliver_batch(
         self: &Arc<Self>,
-        sink: &dyn FrameSink,
+        inbound: &dyn Inbound,
         received: impl IntoIterator<Item = Arrival>,
         wakes: &mut Wakes,
+        ended: &mut Option<Status>,
     ) {
+        let mut hand_up = |frame: InboundFrame, wakes: &mut Wakes| {
+            if let Err(status) = inbound.on_frame(frame, wakes) {
+                ended.get_or_insert(status);
+            }
+        };
         for arrival in received {
             let (rx, entry) = match arrival {
                 Arrival::Slot(rx, entry) => (rx, entry),
                 Arrival::Placed(header, buffer) => {
-                    sink.deliver(placed_frame(header, buffer), wakes);
+                    hand_up(placed_frame(header, buffer), wakes);
                     continue;
                 }
             };
@@ -224,7 +235,7 @@ impl Conn {
                 metadata,
                 payload: frame_bytes.slice(rx.payload_range()),
             };
-            sink.deliver(frame, wakes);
+            hand_up(frame, wakes);
             // Held until the upper layer is done with the frame: a server whose handler ran
             // inline has sent its response by now, so the slot's release (re-post, credit
             // bookkeeping) happens after the response left, not before.
