@@ -5,6 +5,7 @@
 use std::future::poll_fn;
 use std::io;
 use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use bytes::BytesMut;
 use std::task::{Context, Poll};
 
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::server::ReplySink;
+use rpc_core::server::{ReplySink, ServedLink};
 use rpc_core::stream::{is_message_frame, Wakes};
 use rpc_core::{Inbound, Status};
 use tokio::io::Interest;
@@ -47,6 +48,21 @@ pub(crate) struct Conn {
     /// `tcp://host:port` of the other end, for messages.
     pub(crate) peer: String,
     limits: ConnectionLimits,
+    /// Its reader ended and told its inbound side.
+    ended: AtomicBool,
+}
+
+/// A server's graceful shutdown half-closes the connection once its answers are written;
+/// the connection has flushed them when it ended (the client closed its side in turn).
+impl ServedLink for Conn {
+    fn flushed(&self) -> bool {
+        self.close_when_flushed();
+        self.ended.load(Ordering::Acquire)
+    }
+
+    fn close(&self, status: Status) {
+        Conn::close(self, status);
+    }
 }
 
 /// The connection is where a server's answers go: the same output queue its client side
@@ -115,6 +131,7 @@ impl Conn {
             outbox: Outbox::new(limits.write_queue),
             peer,
             limits: limits.clone(),
+            ended: AtomicBool::new(false),
         }))
     }
 
@@ -262,6 +279,7 @@ impl Conn {
             self.close(status.clone());
         }
         inbox.on_closed(status);
+        self.ended.store(true, Ordering::Release);
     }
 
     /// Reads and delivers frames until the connection ends; returns why it did, and whether

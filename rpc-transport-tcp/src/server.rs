@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use rpc_core::auth::{Checker, Peer};
 use rpc_core::body::RawBody;
 use rpc_core::frame::OutgoingFrame;
-use rpc_core::server::{ConnectionDispatch, Dispatcher, Requests};
+use rpc_core::server::{shut_down, ConnectionDispatch, Dispatcher, Requests, Served};
 use rpc_core::{FrameKind, Header, MetadataMap, Status};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
@@ -33,20 +33,13 @@ struct Shared {
     local_addr: SocketAddr,
     draining: AtomicBool,
     next_conn: AtomicU64,
-    connections: Mutex<HashMap<u64, Connection>>,
-    /// Signalled when a connection leaves `connections`.
-    gone: Condvar,
+    connections: Mutex<HashMap<u64, Served<Conn>>>,
     /// Authenticates new connections, if the server requires it.
     auth: Option<Checker>,
     /// Connections accepted and authenticating (they count against `max_connections`).
     handshaking: AtomicUsize,
     /// Tells the accept loop to close the listener (the start of a shutdown).
     stop_accepting: tokio::sync::Notify,
-}
-
-struct Connection {
-    conn: Arc<Conn>,
-    dispatch: Arc<ConnectionDispatch>,
 }
 
 /// A running TCP server. Dropping it shuts it down gracefully.
@@ -96,7 +89,6 @@ impl TcpServer {
             draining: AtomicBool::new(false),
             next_conn: AtomicU64::new(0),
             connections: Mutex::new(HashMap::new()),
-            gone: Condvar::new(),
             stop_accepting: tokio::sync::Notify::new(),
         });
         let (closed, listener_closed) = std::sync::mpsc::sync_channel(1);
@@ -125,11 +117,8 @@ impl TcpServer {
         let Some(runtime) = self.runtime.take() else {
             return;
         };
-        let until = Instant::now() + grace;
+        let started = Instant::now();
         self.shared.draining.store(true, Ordering::SeqCst);
-        for c in self.shared.connections.lock().values() {
-            c.dispatch.drain();
-        }
         // New connections are refused from now on, not accepted and then reset: a client
         // that reconnects meanwhile learns at once that nobody listens here.
         self.shared.stop_accepting.notify_one();
@@ -140,33 +129,8 @@ impl TcpServer {
         {
             tracing::warn!("the listener did not close within {LISTENER_CLOSE_WAIT:?}");
         }
-        let left = until.saturating_duration_since(Instant::now());
-        if !self.shared.dispatcher.wait_idle(left) {
-            tracing::warn!(
-                in_flight = self.shared.dispatcher.in_flight(),
-                "shutdown grace period over with handlers still running"
-            );
-        }
-        for c in self.shared.connections.lock().values() {
-            c.conn.close_when_flushed();
-        }
-        let mut connections = self.shared.connections.lock();
-        while !connections.is_empty() {
-            if self
-                .shared
-                .gone
-                .wait_until(&mut connections, until)
-                .timed_out()
-            {
-                break;
-            }
-        }
-        for (_, c) in connections.drain() {
-            c.dispatch.close();
-            c.conn
-                .close(Status::unavailable("the server shut down".to_string()));
-        }
-        drop(connections);
+        let served: Vec<_> = self.shared.connections.lock().values().cloned().collect();
+        shut_down(&self.shared.dispatcher, &served, started, grace);
         runtime.shutdown_background();
     }
 }
@@ -305,8 +269,8 @@ fn start_connection(
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     shared.connections.lock().insert(
         id,
-        Connection {
-            conn: conn.clone(),
+        Served {
+            link: conn.clone(),
             dispatch: dispatch.clone(),
         },
     );
@@ -323,7 +287,6 @@ fn start_connection(
     let gone = shared.clone();
     let requests = Requests::new(dispatch).on_closed_then(Box::new(move || {
         gone.connections.lock().remove(&id);
-        gone.gone.notify_all();
     }));
     conn.start(&tokio::runtime::Handle::current(), requests, policy);
     Ok(())

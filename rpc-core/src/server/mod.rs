@@ -19,6 +19,7 @@ mod in_flight;
 mod requests;
 mod router;
 mod service;
+mod shutdown;
 mod sink;
 mod stream_reply;
 #[cfg(test)]
@@ -36,6 +37,7 @@ pub use service::{
     client_streaming, server_streaming, streaming, unary, MethodDescriptor, NamedService,
     ServerCall, ServerReply, Service,
 };
+pub use shutdown::{shut_down, Served, ServedLink, FLUSH_AT_LEAST};
 
 use crate::error::Error;
 use router::Router;

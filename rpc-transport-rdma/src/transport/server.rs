@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rpc_core::auth::{Checker, Peer, HELLO_LEN, PROOF_LEN};
 use rpc_core::frame::OutgoingFrame;
-use rpc_core::server::{ConnectionDispatch, Dispatcher, ReplySink, Requests};
+use rpc_core::server::{shut_down, ConnectionDispatch, Dispatcher, ReplySink, Requests, Served};
 use rpc_core::Status;
 
 use crate::protocol::{encode_reject, ConnectParams, Geometry};
@@ -28,8 +28,6 @@ use crate::verbs::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel};
 const LISTEN_BACKLOG: u32 = 128;
 /// Longest the listener sleeps without an event.
 const IDLE_WAKE: Duration = Duration::from_secs(60);
-/// Least time a shutdown gives queued answers to leave.
-const DRAIN_SENDS: Duration = Duration::from_millis(100);
 
 struct Shared {
     dispatcher: Arc<Dispatcher>,
@@ -38,17 +36,12 @@ struct Shared {
     stop: AtomicBool,
     /// Wakes the listener for `stop`: it sleeps on its channel, not on a timer.
     wake: Kick,
-    connections: Mutex<Vec<Served>>,
+    connections: Mutex<Vec<Served<Conn>>>,
     /// Authenticates connect requests, if the server requires it.
     auth: Option<Checker>,
 }
 
 /// A connection and the dispatch of its calls.
-struct Served {
-    conn: Arc<Conn>,
-    dispatch: Arc<ConnectionDispatch>,
-}
-
 /// A running RDMA server. Dropping it shuts it down gracefully.
 pub struct RdmaServer {
     shared: Arc<Shared>,
@@ -124,25 +117,9 @@ impl RdmaServer {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.wake.kick();
         let _ = listener.join();
+        // A queue pair cannot stop receiving alone: new requests are answered UNAVAILABLE.
         let served = std::mem::take(&mut *self.shared.connections.lock());
-        // A queue pair cannot stop receiving alone: answer new requests UNAVAILABLE instead.
-        for s in &served {
-            s.dispatch.drain();
-        }
-        if !self.shared.dispatcher.wait_idle(grace) {
-            tracing::warn!("shutdown grace period over with handlers still running");
-        }
-        // Let answers go out (queued for credits, waiting for a buffer, or posted and not
-        // yet acknowledged) before a disconnect flushes them.
-        let until = started + grace.max(DRAIN_SENDS);
-        for s in &served {
-            while !s.conn.drained() && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-        for s in served {
-            s.conn.close(Status::unavailable("server shut down"));
-        }
+        shut_down(&self.shared.dispatcher, &served, started, grace);
     }
 }
 
@@ -167,7 +144,7 @@ fn listen_loop(listener: &CmId, shared: &Arc<Shared>) {
                 }
             }
         }
-        shared.connections.lock().retain(|s| !s.conn.is_closed());
+        shared.connections.lock().retain(|s| !s.link.is_closed());
     }
 }
 
@@ -191,8 +168,8 @@ fn on_event(listener: &CmId, mut event: CmEvent, shared: &Arc<Shared>) {
                 .connections
                 .lock()
                 .iter()
-                .find(|s| event.is_for(s.conn.id()))
-                .map(|s| s.conn.clone());
+                .find(|s| event.is_for(s.link.id()))
+                .map(|s| s.link.clone());
             if let Some(conn) = conn {
                 conn.on_cm_event(kind);
             }
@@ -283,7 +260,10 @@ fn accept(id: CmId, private_data: &[u8], peer: String, shared: &Shared) -> Resul
         conn.close(status.clone());
         return Err(status);
     }
-    shared.connections.lock().push(Served { conn, dispatch });
+    shared.connections.lock().push(Served {
+        link: conn,
+        dispatch,
+    });
     Ok(())
 }
 

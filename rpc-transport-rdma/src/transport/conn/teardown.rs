@@ -15,6 +15,7 @@
 
 use std::time::Instant;
 
+use rpc_core::server::ServedLink;
 use rpc_core::Status;
 
 use super::Conn;
@@ -91,5 +92,17 @@ impl Conn {
             self.close(status);
         }
         true
+    }
+}
+
+/// A server's graceful shutdown waits until the connection is [drained](Conn::drained)
+/// before it disconnects.
+impl ServedLink for Conn {
+    fn flushed(&self) -> bool {
+        self.drained()
+    }
+
+    fn close(&self, status: Status) {
+        Conn::close(self, status);
     }
 }
