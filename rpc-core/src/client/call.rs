@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use super::{Connection, Drive};
+use super::progress::{self, Drive};
+use super::Connection;
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{FrameKind, Header};
 use crate::timer::{DeadlineTimer, TimerKey};
@@ -23,7 +24,7 @@ pub(crate) struct PendingCall {
     /// The request went to the transport: the server may be running the call.
     sent: bool,
     finished: bool,
-    /// The transport lets this call drive its completions ([`ClientTransport::drive`]).
+    /// The transport lets this call drive its completions ([`super::Progress::drive`]).
     driving: bool,
 }
 
@@ -107,9 +108,7 @@ impl PendingCall {
 
     /// Hands the transport's completions back if this call drove them.
     fn stop_driving(&mut self) {
-        if std::mem::take(&mut self.driving) {
-            self.conn.transport.stop_driving();
-        }
+        progress::release(self.conn.transport.progress(), &mut self.driving);
     }
 
     fn send_cancel(&self) {
@@ -138,7 +137,7 @@ impl PendingCall {
             if let Some(result) = inner.calls.take(self.id) {
                 return result;
             }
-            if inner.transport.poll_progress() {
+            if progress::poll_progress(inner.transport.progress()) {
                 continue;
             }
             let me = me.get_or_insert_with(std::thread::current);
@@ -175,7 +174,7 @@ impl Future for PendingCall {
         if let Poll::Ready(result) = inner.calls.poll_call(this.id, cx) {
             return Poll::Ready(this.finish(result));
         }
-        match inner.transport.drive(cx, &mut this.driving) {
+        match progress::drive(inner.transport.progress(), cx, &mut this.driving) {
             Drive::Received => {
                 // Our response may be in it; if not, the others on this executor go first
                 // before we look at the completions again.

@@ -7,11 +7,15 @@ pub mod balance;
 mod balance_tests;
 mod call;
 mod connection;
+pub(crate) mod progress;
 mod reconnect;
 #[cfg(test)]
 mod reconnect_tests;
 mod responses;
 pub mod service;
+mod streaming;
+#[cfg(test)]
+mod streaming_tests;
 #[cfg(test)]
 mod test_support;
 
@@ -27,6 +31,7 @@ use tracing::Instrument;
 use balance::Balanced;
 pub(crate) use call::PendingCall;
 pub use connection::Connection;
+pub use progress::{Drive, Progress};
 use reconnect::{ConnectWait, Healing};
 pub use reconnect::{Connectivity, Connector, ReconnectConfig};
 pub use responses::{ResponseObserver, Responses};
@@ -62,47 +67,17 @@ pub trait ClientTransport: FrameSender {
         self.send(frame)
     }
 
-    /// Lets a blocked caller make progress on its own thread (run-to-completion): poll the
-    /// transport's completions for a while. Returns true as soon as anything was received
-    /// (by this thread or another), false if nothing was and the caller should park. The
-    /// default does nothing and the caller parks until the receive path unparks it.
-    fn poll_progress(&self) -> bool {
-        false
+    /// Whether a waiting caller may poll this transport's completions on its own thread
+    /// ([`Progress`]); `None` (the default): callers wait to be woken by the receive path.
+    fn progress(&self) -> Option<&dyn Progress> {
+        None
     }
-
-    /// Lets an async call waiting for its response drive the transport's completions on
-    /// its own task (run-to-completion for async callers): one look at them, and the
-    /// transport's advice on what the task does next ([`Drive`]). `driving` is the caller's
-    /// lease: the transport sets it when it lets this caller spin and clears it when it
-    /// takes the lease back; a caller that ends while holding it calls
-    /// [`ClientTransport::stop_driving`]. The default never drives: the caller waits to be
-    /// woken by the receive path.
-    fn drive(&self, _cx: &mut Context<'_>, _driving: &mut bool) -> Drive {
-        Drive::Wait
-    }
-
-    /// Gives back the lease of a caller that ended while [`ClientTransport::drive`] let it
-    /// spin (its call completed, failed or was dropped), so another waiting caller, or the
-    /// transport's own thread, drives the completions from now on. Never blocks.
-    fn stop_driving(&self) {}
 
     /// Where the connection goes, for messages.
     fn peer(&self) -> &str;
 
     /// Closes the connection; pending calls fail with `Unavailable`.
     fn close(&self);
-}
-
-/// What an async call waiting for its response does after [`ClientTransport::drive`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Drive {
-    /// Something was received: look at the call again.
-    Received,
-    /// Nothing yet, and this caller drives the completions: be polled again soon (the task
-    /// wakes itself and yields to the others on its executor).
-    Spin,
-    /// Wait to be woken: another caller, or the transport's own thread, drives them.
-    Wait,
 }
 
 /// Client settings shared by every call on a channel.

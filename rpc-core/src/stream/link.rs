@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::client::{ClientTransport, Drive};
+use crate::client::progress::{self, Drive, Progress};
+use crate::client::ClientTransport;
 use crate::frame::{FrameSender, OutgoingFrame};
 use crate::server::ReplySink;
 use crate::Status;
@@ -84,26 +85,24 @@ impl Link {
         self.frames.send(frame)
     }
 
-    /// Lets a client task waiting on the stream drive the transport ([`ClientTransport::drive`]).
+    /// Lets a client task waiting on the stream drive the transport's completions
+    /// ([`crate::client::Progress::drive`]).
     pub(crate) fn drive(&self, cx: &mut Context<'_>, driving: &mut bool) -> Drive {
-        match &self.client {
-            Some(t) => t.drive(cx, driving),
-            None => Drive::Wait,
-        }
+        progress::drive(self.progress(), cx, driving)
     }
 
     /// Gives back the lease [`Link::drive`] handed out.
     pub(crate) fn stop_driving(&self, driving: &mut bool) {
-        if std::mem::take(driving) {
-            if let Some(t) = &self.client {
-                t.stop_driving();
-            }
-        }
+        progress::release(self.progress(), driving);
     }
 
     /// Polls the transport's completions on a blocked thread (run-to-completion); false if
     /// nothing arrived and the thread should park.
     pub(crate) fn poll_progress(&self) -> bool {
-        self.client.as_ref().is_some_and(|t| t.poll_progress())
+        progress::poll_progress(self.progress())
+    }
+
+    fn progress(&self) -> Option<&dyn Progress> {
+        self.client.as_ref().and_then(|t| t.progress())
     }
 }

@@ -14,9 +14,6 @@
 //! * [`Streaming`]: the typed stream of messages handlers and clients read.
 
 pub mod batch;
-mod client;
-#[cfg(test)]
-mod client_tests;
 pub mod flow;
 mod link;
 mod send;
@@ -33,6 +30,7 @@ pub(crate) use link::Link;
 pub use send::{MessageStream, MAX_STREAM_MESSAGES, MESSAGES_PER_POLL};
 pub(crate) use send::{Outgoing, TypedMessages};
 pub(crate) use shared::StreamShared;
+pub(crate) use streaming::Pump;
 pub use streaming::{BlockingStreaming, Streaming};
 pub use wake::Wakes;
 

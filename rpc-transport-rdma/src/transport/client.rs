@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use rpc_core::auth::{Credentials, HELLO_LEN, PROOF_LEN};
-use rpc_core::client::Responses;
+use rpc_core::client::{Progress, Responses};
 use rpc_core::frame::OutgoingFrame;
 use rpc_core::{CallTable, ClientTransport, Drive, FrameKind, FrameSender, Status, HEADER_LEN};
 
@@ -194,16 +194,8 @@ impl ClientTransport for RdmaClient {
         self.conn.send_control(frame)
     }
 
-    fn poll_progress(&self) -> bool {
-        self.conn.spin_progress(self.spin)
-    }
-
-    fn drive(&self, cx: &mut Context<'_>, driving: &mut bool) -> Drive {
-        self.conn.drive(cx, driving)
-    }
-
-    fn stop_driving(&self) {
-        self.conn.stop_driving();
+    fn progress(&self) -> Option<&dyn Progress> {
+        Some(self)
     }
 
     fn peer(&self) -> &str {
@@ -215,6 +207,22 @@ impl ClientTransport for RdmaClient {
             "channel to {} closed",
             self.peer
         )));
+    }
+}
+
+/// A waiting caller may poll the connection's completion queue itself: blocking calls spin
+/// on it, async calls take the engine's drive lease.
+impl Progress for RdmaClient {
+    fn poll_progress(&self) -> bool {
+        self.conn.spin_progress(self.spin)
+    }
+
+    fn drive(&self, cx: &mut Context<'_>, lease: &mut bool) -> Drive {
+        self.conn.drive(cx, lease)
+    }
+
+    fn release(&self) {
+        self.conn.stop_driving();
     }
 }
 

@@ -49,13 +49,16 @@ thread_local! {
     /// This thread is inside the upper layer's code for some connection (delivering frames,
     /// or dropping a received buffer): progress made here must not re-enter it.
     static UPPER_LAYER_LOCKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// The connection (its address) whose frames this thread is delivering, running
+    /// The connection (its serial) whose frames this thread is delivering, running
     /// handlers inline; 0 for none.
-    static DELIVERING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-    /// The connection (its address) whose CQ this thread last polled as a blocking caller:
+    static DELIVERING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// The connection (its serial) whose CQ this thread last polled as a blocking caller:
     /// it comes back to send or poll. 0 for none.
-    static DRIVER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static DRIVER: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
+
+/// The next connection's serial; 0 means none, so they start at 1.
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
 struct State {
     proto: protocol::Connection,
@@ -81,6 +84,9 @@ pub(crate) struct Conn {
     state: ManuallyDrop<Mutex<State>>,
     /// This connection, for the engine's lists of work.
     me: Weak<Conn>,
+    /// Names this connection in the thread-locals below: unique in the process for its
+    /// life (an address is not: a connection dropped and another made may share one).
+    serial: u64,
     /// Bumped on every `Writable`; senders waiting for slots watch it.
     writable_epoch: AtomicU64,
     writable_lock: Mutex<()>,
@@ -186,6 +192,7 @@ impl Conn {
             handing_up: AtomicU32::new(0),
             close_deferred: AtomicBool::new(false),
             me: me.clone(),
+            serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
             writable_epoch: AtomicU64::new(0),
             writable_lock: Mutex::new(()),
             writable: Condvar::new(),
@@ -422,8 +429,9 @@ impl Conn {
         self.inbound.lock().clone()
     }
 
-    fn address(&self) -> usize {
-        self as *const Conn as usize
+    /// This connection's [`Conn::serial`], for the thread-locals.
+    fn serial(&self) -> u64 {
+        self.serial
     }
 
     /// Closes the connection: fails what is queued, disconnects, tells the upper layer.

@@ -80,7 +80,7 @@ impl Conn {
     pub(crate) fn hand_up(self: &Arc<Self>, received: &mut Batch) {
         self.wake_async_writers();
         let _counted = (!received.is_empty()).then(|| HandingUp(self));
-        if DELIVERING.get() == self.address() {
+        if DELIVERING.get() == self.serial() {
             // A handler on this thread is waiting for send credits: hand these frames to
             // the delivery loop it runs in rather than nesting handlers.
             self.deferred.lock().extend(received.drain(..));
@@ -184,7 +184,7 @@ impl Conn {
         let Some(inbound) = self.inbound() else {
             return;
         };
-        let outer = DELIVERING.replace(self.address());
+        let outer = DELIVERING.replace(self.serial());
         // A stream's reader wakes once to all of its messages in the batch.
         let mut wakes = Wakes::new();
         let mut ended = None;
@@ -272,8 +272,8 @@ impl Conn {
     /// quiet spell releases them too. Other threads (async handlers, frames kept by the
     /// application) release at once: nothing says they will come back.
     fn release_recv(&self, slot: u32, entry: u32) {
-        let address = self.address();
-        if DELIVERING.get() != address && DRIVER.get() != address {
+        let serial = self.serial();
+        if DELIVERING.get() != serial && DRIVER.get() != serial {
             let outer = UPPER_LAYER_LOCKED.replace(true);
             {
                 let mut state = self.state.lock();
@@ -355,7 +355,7 @@ impl Conn {
     /// One look at the CQ for an async call waiting for its response (see the engine's
     /// drive lease).
     pub(crate) fn drive(&self, cx: &mut Context<'_>, driving: &mut bool) -> Drive {
-        DRIVER.set(self.address());
+        DRIVER.set(self.serial());
         let attachment = &self.res.attachment;
         attachment.engine.drive(&attachment.cq, cx, driving)
     }
@@ -367,7 +367,7 @@ impl Conn {
     }
 
     pub(crate) fn spin_progress(&self, budget: Option<Duration>) -> bool {
-        DRIVER.set(self.address());
+        DRIVER.set(self.serial());
         let attachment = &self.res.attachment;
         attachment
             .engine

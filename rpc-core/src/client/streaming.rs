@@ -10,13 +10,14 @@ use futures::{FutureExt, Stream, StreamExt};
 use prost::Message;
 use tracing::Instrument;
 
-use super::send::{Outgoing, TypedMessages};
-use super::{Link, StreamShared, Streaming};
-use crate::client::{decode_response, Channel, Connection, PendingCall};
+use super::{decode_response, Channel, Connection, PendingCall};
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
 use crate::message::{Request, Response};
 use crate::observe::{CallRecord, MethodRef};
+use crate::stream::{
+    BlockingStreaming, Link, Outgoing, Pump, StreamShared, Streaming, TypedMessages,
+};
 use crate::timer::{DeadlineTimer, TimerKey};
 use crate::MetadataMap;
 use crate::{Code, Status};
@@ -277,7 +278,7 @@ impl Channel {
         &self,
         method: impl Into<MethodRef>,
         mut request: Request<Req>,
-    ) -> Result<Response<super::BlockingStreaming<Resp>>, Status>
+    ) -> Result<Response<BlockingStreaming<Resp>>, Status>
     where
         Req: Message + Send + Sync + 'static,
         Resp: Message + Default + Send + 'static,
@@ -401,7 +402,7 @@ type Sending = futures::future::BoxFuture<'static, Result<(), Status>>;
 
 /// Sends every message of `messages`, then the half-close; stops early (successfully) if
 /// the call ended meanwhile. Like a server's stream, it lets other tasks run every
-/// [`super::MESSAGES_PER_POLL`] messages: a stream that is always ready must not hold its
+/// [`crate::stream::MESSAGES_PER_POLL`] messages: a stream that is always ready must not hold its
 /// thread (or, before the headers, the caller's poll) for ever.
 fn pump<S, Req>(
     mut out: Outgoing,
@@ -474,7 +475,7 @@ fn headers_of(frame: InboundFrame) -> Result<Response<()>, Status> {
 /// guard), recorded until it ends; or the call's status, recorded now.
 fn streaming_response<Resp>(
     headers: Result<(InboundFrame, u64, StreamGuard), Status>,
-    pump: Option<super::streaming::Pump>,
+    pump: Option<Pump>,
     record: CallRecord,
 ) -> Result<Response<Streaming<Resp>>, Status> {
     let (frame, id, mut guard) = match headers {
