@@ -314,10 +314,12 @@ fn futures_resumed_after_completion() -> usize {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            if info
-                .payload_as_str()
-                .is_some_and(|message| message.contains("resumed after completion"))
-            {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+            if message.is_some_and(|message| message.contains("resumed after completion")) {
                 RESUMED.fetch_add(1, Ordering::SeqCst);
             }
             previous(info);
@@ -349,11 +351,7 @@ async fn requests_all_sent_before_the_headers(url: &str) {
     for _ in 0..ROUNDS {
         let mut echoes = client.chat(one()).await.unwrap().into_inner();
         assert_eq!(read_in_order(&mut echoes, |_| {}).await, 1);
-        let status = client
-            .chat(failing())
-            .await
-            .err()
-            .expect("the asked status");
+        let status = client.chat(failing()).await.expect_err("the asked status");
         assert_eq!(
             (status.code(), status.message()),
             (Code::InvalidArgument, "asked to fail")
@@ -369,7 +367,7 @@ async fn requests_all_sent_before_the_headers(url: &str) {
             for _ in 0..ROUNDS {
                 let mut echoes = plain.chat(one()).await.unwrap().into_inner();
                 assert_eq!(read_in_order(&mut echoes, |_| {}).await, 1);
-                let status = plain.chat(failing()).await.err().expect("the asked status");
+                let status = plain.chat(failing()).await.expect_err("the asked status");
                 assert_eq!(status.code(), Code::InvalidArgument);
             }
         })

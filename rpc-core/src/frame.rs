@@ -49,7 +49,7 @@ pub trait FrameSender: Send + Sync + 'static {
     /// encode into a buffer of its own ([`crate::stream::batch`]) before it hands them over
     /// with [`FrameSender::poll_send_encoded`], instead of sending each in a frame of its
     /// own; `None` (the default): every message goes by [`FrameSender::poll_send_more`].
-    /// At most [`crate::stream::STAGE_LIMIT`] is used: a stage holds one frame. A transport
+    /// At most [`crate::header::STAGE_LIMIT`] is used: a stage holds one frame. A transport
     /// that places each frame in memory of its own (an RDMA slot) gives
     /// [`one_frame_stage`] of its largest frame.
     fn stage_limit(&self) -> Option<usize> {
@@ -89,7 +89,7 @@ pub trait FrameSender: Send + Sync + 'static {
 /// The stage limit of a transport whose frames are at most `max_frame` bytes
 /// ([`FrameSender::stage_limit`]).
 pub fn one_frame_stage(max_frame: usize) -> usize {
-    max_frame.min(crate::stream::STAGE_LIMIT)
+    max_frame.min(crate::header::STAGE_LIMIT)
 }
 
 /// The header and payload of the one frame a sender's stage holds.

@@ -17,13 +17,13 @@ pub mod call_table;
 pub mod client;
 mod error;
 pub mod frame;
-pub mod inbound;
 pub mod interceptor;
 mod message;
 pub mod observe;
 pub mod server;
 pub mod stream;
 mod timer;
+pub mod transport;
 
 pub use rpc_wire::{body, header};
 
@@ -35,16 +35,17 @@ pub use client::{
 pub use error::{Error, HeaderError};
 pub use frame::FrameSender;
 pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};
-pub use inbound::Inbound;
-pub use interceptor::{AsyncInterceptor, InterceptedService, Interceptor};
+pub use interceptor::{AsyncInterceptor, Interceptor};
 pub use message::{method_id, IntoRequest, IntoStreamingRequest, Request, Response};
 pub use observe::{Method, MethodRef};
 pub use rpc_wire::{Code, Status};
 pub use rpc_wire::{MetadataMap, MAX_METADATA_LEN};
+pub use server::InterceptedService;
 pub use server::{Server, ServerBuilder};
 pub use stream::Streaming;
 /// The tower version rpc-core's services and balancer are built on.
 pub use tower;
+pub use transport::Inbound;
 
 /// Re-exports used by generated code; not part of the public API.
 #[doc(hidden)]

@@ -6,6 +6,9 @@ use std::time::Duration;
 use crate::auth::Peer;
 use crate::MetadataMap;
 
+/// Default limit on encoded request and response sizes, on both sides (the gRPC default).
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
+
 /// A request message with its metadata and time budget.
 ///
 /// ```

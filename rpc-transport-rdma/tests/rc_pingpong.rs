@@ -262,10 +262,8 @@ fn sync_pingpong_and_rdma_write() {
         assert_eq!((wc.imm_data(), wc.byte_len()), (Some(IMM_AFTER_WRITE), 0));
         // SAFETY: the peer's WRITE completed before its SEND with immediate, which
         // arrived; it writes this range no more.
-        assert_eq!(
-            unsafe { &ep.write_mr.slice_unchecked()[..WRITE_LEN] },
-            &pattern(WRITE_LEN, 1)[..]
-        );
+        let written = unsafe { &ep.write_mr.slice_unchecked()[..WRITE_LEN] };
+        assert_eq!(written, &pattern(WRITE_LEN, 1)[..]);
         ep.post_recv(wc.wr_id() as usize);
 
         let wc = wait_one(&ep.recv_cq, &ep.channel, "write with imm");
@@ -273,10 +271,8 @@ fn sync_pingpong_and_rdma_write() {
         assert_eq!(wc.imm_data(), Some(IMM_WITH_WRITE));
         assert_eq!(wc.byte_len() as usize, WRITE_IMM_LEN);
         // SAFETY: the WRITE with immediate completed (its receive arrived): done writing.
-        assert_eq!(
-            unsafe { &ep.write_mr.slice_unchecked()[WRITE_LEN..WRITE_LEN + WRITE_IMM_LEN] },
-            &pattern(WRITE_IMM_LEN, 2)[..]
-        );
+        let written = unsafe { &ep.write_mr.slice_unchecked()[WRITE_LEN..][..WRITE_IMM_LEN] };
+        assert_eq!(written, &pattern(WRITE_IMM_LEN, 2)[..]);
         ep.post_recv(wc.wr_id() as usize);
 
         ep.send_inline(u64::MAX, b"done", SendOp::Send);

@@ -26,4 +26,4 @@ pub use error::{Error, HeaderError};
 pub use frame::{FrameTooLarge, InboundFrame, OutgoingFrame};
 pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};
 pub use metadata::{MetadataMap, MAX_METADATA_LEN};
-pub use status::{Code, Status};
+pub use status::{Code, Status, MAX_STATUS_MESSAGE};

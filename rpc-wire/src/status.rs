@@ -97,6 +97,10 @@ impl fmt::Display for Code {
     }
 }
 
+/// Longest status message sent to a peer, in bytes ([`Status::wire_message`]); a longer one
+/// is cut.
+pub const MAX_STATUS_MESSAGE: usize = 4096;
+
 /// The outcome of a failed call: a [`Code`] and a human-readable message.
 ///
 /// ```
@@ -176,6 +180,20 @@ impl Status {
         &self.message
     }
 
+    /// The message as it goes on the wire: cut to [`MAX_STATUS_MESSAGE`] bytes, at a
+    /// character boundary.
+    pub fn wire_message(&self) -> &str {
+        let message = self.message.as_str();
+        if message.len() <= MAX_STATUS_MESSAGE {
+            return message;
+        }
+        let mut end = MAX_STATUS_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        &message[..end]
+    }
+
     /// The status for a message of `actual` bytes against a limit of `limit` bytes.
     pub fn message_too_large(what: &str, actual: u64, limit: u64) -> Status {
         Status::resource_exhausted(format!(
@@ -218,6 +236,16 @@ impl From<std::io::Error> for Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_message_is_cut_at_a_character_boundary() {
+        let short = Status::internal("fits");
+        assert_eq!(short.wire_message(), "fits");
+        // 'é' is two bytes: the limit falls inside the last one.
+        let long = Status::internal(format!("{}é", "x".repeat(MAX_STATUS_MESSAGE - 1)));
+        assert_eq!(long.wire_message().len(), MAX_STATUS_MESSAGE - 1);
+        assert!(long.wire_message().bytes().all(|b| b == b'x'));
+    }
 
     #[test]
     fn wire_values_match_grpc() {

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use super::progress::{self, Drive};
 use super::Connection;
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{FrameKind, Header};
 use crate::timer::{DeadlineTimer, TimerKey};
+use crate::transport::progress::{self, Drive};
 use crate::{Code, Status};
 
 /// A call registered in the table; once sent, resolves to the response frame. Dropping it

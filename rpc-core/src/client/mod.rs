@@ -7,7 +7,6 @@ pub mod balance;
 mod balance_tests;
 mod call;
 mod connection;
-pub(crate) mod progress;
 mod reconnect;
 #[cfg(test)]
 mod reconnect_tests;
@@ -28,10 +27,10 @@ use bytes::Bytes;
 use prost::Message;
 use tracing::Instrument;
 
+pub use crate::transport::{ClientTransport, Drive, Progress};
 use balance::Balanced;
 pub(crate) use call::PendingCall;
 pub use connection::Connection;
-pub use progress::{Drive, Progress};
 use reconnect::{ConnectWait, Healing};
 pub use reconnect::{Connectivity, Connector, ReconnectConfig};
 pub use responses::{ResponseObserver, Responses};
@@ -39,7 +38,7 @@ pub use service::{CallService, UnaryCall};
 
 use crate::body::EncodeBody;
 use crate::call_table::CallTable;
-use crate::frame::{FrameSender, InboundFrame, OutgoingFrame};
+use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::Header;
 use crate::interceptor::{
     intercept_all, intercept_all_blocking, AsyncInterceptor, Intercept, Interceptor,
@@ -50,35 +49,7 @@ use crate::stream::{Window, DEFAULT_STREAM_WINDOW};
 use crate::MetadataMap;
 use crate::{Code, Status};
 
-/// Default limit on encoded request and response sizes (the gRPC default).
-pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
-
-/// What a transport provides to the client side of a connection: sending frames
-/// ([`FrameSender`]) and the rest below.
-///
-/// The transport delivers every response frame it receives to the [`CallTable`] it was
-/// given at connect time ([`CallTable::complete`]) and closes the table when the connection
-/// dies ([`CallTable::close`]).
-pub trait ClientTransport: FrameSender {
-    /// Sends a header-only frame (a `Cancel`) without ever blocking, from any context,
-    /// `Drop` included: a transport with no room now queues it within a bound, or drops it
-    /// (the call was given up on; its late answer is ignored). The default calls `send`.
-    fn send_control(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        self.send(frame)
-    }
-
-    /// Whether a waiting caller may poll this transport's completions on its own thread
-    /// ([`Progress`]); `None` (the default): callers wait to be woken by the receive path.
-    fn progress(&self) -> Option<&dyn Progress> {
-        None
-    }
-
-    /// Where the connection goes, for messages.
-    fn peer(&self) -> &str;
-
-    /// Closes the connection; pending calls fail with `Unavailable`.
-    fn close(&self);
-}
+pub use crate::message::DEFAULT_MAX_MESSAGE_SIZE;
 
 /// Client settings shared by every call on a channel.
 #[derive(Debug, Clone)]

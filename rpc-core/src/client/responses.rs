@@ -5,8 +5,8 @@ use std::sync::Arc;
 use crate::call_table::CallTable;
 use crate::frame::InboundFrame;
 use crate::header::{FrameKind, Header};
-use crate::inbound::Inbound;
 use crate::stream::{is_message_frame, is_stream_frame, Wakes};
+use crate::transport::Inbound;
 use crate::{Code, Status};
 
 /// Watches the size of each response (a transport that sizes buffers for them).

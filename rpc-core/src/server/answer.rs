@@ -11,9 +11,6 @@ use crate::server::service::ServerReply;
 use crate::MetadataMap;
 use crate::{Code, Status};
 
-/// Longest status message sent on the wire; longer ones are cut at a char boundary.
-const MAX_STATUS_MESSAGE: usize = 4096;
-
 /// What a call is answered with.
 pub(crate) enum Answer {
     /// The handler's reply.
@@ -107,7 +104,7 @@ impl ConnectionDispatch {
                 } else {
                     status.code()
                 };
-                let message = truncate_at_char(status.message(), MAX_STATUS_MESSAGE);
+                let message = status.wire_message();
                 let body = RawBody(message.as_bytes());
                 let empty = MetadataMap::new();
                 match OutgoingFrame::new(header, &empty, &body) {
@@ -161,20 +158,4 @@ impl ConnectionDispatch {
             tracing::debug!(call_id, "no room for the refusal; dropped");
         }
     }
-}
-
-/// The message of `status` as it goes on the wire: cut to [`MAX_STATUS_MESSAGE`] bytes.
-pub(crate) fn status_message(status: &Status) -> &str {
-    truncate_at_char(status.message(), MAX_STATUS_MESSAGE)
-}
-
-fn truncate_at_char(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }

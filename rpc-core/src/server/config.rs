@@ -45,7 +45,7 @@ pub const DEFAULT_MAX_CALLS: usize = 16 * 1024;
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            max_message_size: crate::client::DEFAULT_MAX_MESSAGE_SIZE,
+            max_message_size: crate::message::DEFAULT_MAX_MESSAGE_SIZE,
             inline_handlers: true,
             worker_threads: 2,
             max_calls_per_connection: DEFAULT_MAX_CALLS_PER_CONNECTION,

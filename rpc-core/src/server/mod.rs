@@ -16,6 +16,7 @@ mod config;
 mod dispatch;
 mod early;
 mod in_flight;
+mod intercepted;
 mod requests;
 mod router;
 mod service;
@@ -27,11 +28,11 @@ mod tests;
 
 use std::sync::Arc;
 
-pub(crate) use answer::status_message;
 pub use dispatch::{
     ConnectionDispatch, Dispatcher, ReplySink, ServerConfig, DEFAULT_MAX_CALLS,
     DEFAULT_MAX_CALLS_PER_CONNECTION,
 };
+pub use intercepted::InterceptedService;
 pub use requests::{OnClosed, Requests};
 pub use service::{
     client_streaming, server_streaming, streaming, unary, MethodDescriptor, NamedService,

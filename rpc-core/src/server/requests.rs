@@ -7,8 +7,8 @@ use parking_lot::Mutex;
 use super::ConnectionDispatch;
 use crate::frame::InboundFrame;
 use crate::header::{FrameKind, Header};
-use crate::inbound::Inbound;
 use crate::stream::Wakes;
+use crate::transport::Inbound;
 use crate::Status;
 
 /// What a transport does once a server connection ended (forget it, say), run once.

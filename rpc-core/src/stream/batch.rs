@@ -16,14 +16,7 @@ use crate::header::{FrameKind, Header};
 use crate::Status;
 use crate::COMPACT_HEADER_LEN;
 
-/// Largest payload of a [`FrameKind::Messages`] frame a sender builds. A receiver takes a
-/// `Messages` frame of up to this many bytes whatever its own message size limit (each
-/// message in it is checked against that limit); a larger one is refused as an oversized
-/// message would be.
-pub const MESSAGES_FRAME_LIMIT: usize = 16 * 1024;
-
-/// Bytes before each message in a `Messages` payload: its length.
-pub const LENGTH_PREFIX: usize = 4;
+pub use crate::header::{LENGTH_PREFIX, MESSAGES_FRAME_LIMIT, STAGE_LIMIT};
 
 /// The payload limit a receiver applies to a frame of `kind`, given its limit for
 /// messages: [`MESSAGES_FRAME_LIMIT`] at least for `Messages` frames.
@@ -185,10 +178,6 @@ pub(crate) struct Staged {
     /// Bytes the frame may take, header included; at most [`STAGE_LIMIT`].
     limit: usize,
 }
-
-/// The largest stage: a `Messages` frame of [`MESSAGES_FRAME_LIMIT`] bytes of payload
-/// after its header (always the compact form).
-pub const STAGE_LIMIT: usize = COMPACT_HEADER_LEN + MESSAGES_FRAME_LIMIT;
 
 impl Staged {
     /// An empty stage of at most `limit` bytes (no more than [`STAGE_LIMIT`]).

@@ -3,10 +3,9 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::client::progress::{self, Drive, Progress};
-use crate::client::ClientTransport;
 use crate::frame::{FrameSender, OutgoingFrame};
-use crate::server::ReplySink;
+use crate::transport::progress::{self, Drive, Progress};
+use crate::transport::ClientTransport;
 use crate::Status;
 
 /// The sending side of the connection a stream lives on, and on a client the transport a
@@ -36,7 +35,7 @@ impl Link {
     }
 
     /// A server's connection.
-    pub(crate) fn server(sink: Arc<dyn ReplySink>) -> Self {
+    pub(crate) fn server(sink: Arc<dyn FrameSender>) -> Self {
         Link {
             frames: sink,
             client: None,

@@ -23,8 +23,8 @@ mod shared;
 mod streaming;
 #[cfg(test)]
 mod tests;
-mod wake;
 
+pub use crate::transport::Wakes;
 pub use batch::{MESSAGES_FRAME_LIMIT, STAGE_LIMIT};
 pub(crate) use link::Link;
 pub use send::{MessageStream, MAX_STREAM_MESSAGES, MESSAGES_PER_POLL};
@@ -32,7 +32,6 @@ pub(crate) use send::{Outgoing, TypedMessages};
 pub(crate) use shared::StreamShared;
 pub(crate) use streaming::Pump;
 pub use streaming::{BlockingStreaming, Streaming};
-pub use wake::Wakes;
 
 use crate::body::RawBody;
 use crate::frame::OutgoingFrame;

@@ -243,7 +243,7 @@ impl Outgoing {
     ) -> Poll<Result<(), Status>> {
         let mut header = Header::stream(FrameKind::Trailers, self.call_id, self.next_seq);
         header.status = status.code();
-        let message = crate::server::status_message(status);
+        let message = status.wire_message();
         let body = RawBody(message.as_bytes());
         let metadata = if metadata.checked_encoded_len().is_ok() {
             metadata

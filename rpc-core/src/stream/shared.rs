@@ -11,10 +11,10 @@ use parking_lot::Mutex;
 
 use super::flow::{Inbox, Item, SendWindow, Single, StreamError};
 use super::is_message_frame;
-use super::wake::{Waiter, Wakes};
 use super::{Window, WindowUpdate, INITIAL_WINDOW};
 use crate::frame::InboundFrame;
 use crate::header::FrameKind;
+use crate::transport::{Waiter, Wakes};
 use crate::MetadataMap;
 use crate::{Code, Status};
 

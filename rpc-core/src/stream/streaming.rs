@@ -14,7 +14,7 @@ use prost::Message;
 use super::flow::{take_single, Item, Single};
 use super::shared::{Next, StreamEnd, StreamShared};
 use super::{Link, WindowUpdate};
-use crate::client::Drive;
+use crate::transport::Drive;
 use crate::MetadataMap;
 use crate::{Code, Status};
 

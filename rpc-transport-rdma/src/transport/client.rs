@@ -6,8 +6,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use rpc_core::auth::{Credentials, HELLO_LEN, PROOF_LEN};
-use rpc_core::client::{Progress, Responses};
+use rpc_core::client::Responses;
 use rpc_core::frame::OutgoingFrame;
+use rpc_core::transport::Progress;
 use rpc_core::{CallTable, ClientTransport, Drive, FrameKind, FrameSender, Status, HEADER_LEN};
 
 use crate::protocol::{ConnectParams, Stats};

@@ -44,6 +44,19 @@ pub const MAGIC: u16 = 0x5252;
 /// `Messages` kind).
 pub const PROTOCOL_VERSION: u8 = 3;
 
+/// Largest payload of a [`FrameKind::Messages`] frame a sender builds. A receiver takes a
+/// `Messages` frame of up to this many bytes whatever its own message size limit (each
+/// message in it is checked against that limit); a larger one is refused as an oversized
+/// message would be.
+pub const MESSAGES_FRAME_LIMIT: usize = 16 * 1024;
+
+/// Bytes before each message in a `Messages` payload: its length.
+pub const LENGTH_PREFIX: usize = 4;
+
+/// The largest `Messages` frame: [`MESSAGES_FRAME_LIMIT`] bytes of payload after its header
+/// (always the compact form). A sender stages at most this much before it sends.
+pub const STAGE_LIMIT: usize = COMPACT_HEADER_LEN + MESSAGES_FRAME_LIMIT;
+
 /// What a frame is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]

@@ -3,9 +3,9 @@
 //! transport: a client's [`crate::client::Responses`] and a server's
 //! [`crate::server::Requests`].
 
+use super::Wakes;
 use crate::frame::InboundFrame;
 use crate::header::{FrameKind, Header};
-use crate::stream::Wakes;
 use crate::Status;
 
 /// What a connection's transport calls as frames arrive, given to it when the connection

@@ -1,4 +1,5 @@
-//! Who waits on a stream, and wakeups held back to the end of a batch of frames.
+//! Who waits for what a transport delivers (a stream's reader or writer), and wakeups held
+//! back to the end of a batch of frames.
 //!
 //! A transport hands up frames one at a time, but receives them in batches: one socket read
 //! holds hundreds of small messages, one completion-queue poll dozens. Waking a stream's
@@ -9,7 +10,8 @@
 use std::task::{Context, Waker};
 use std::thread::Thread;
 
-/// The task or thread waiting on one side of a stream.
+/// The task or thread waiting on one side of a stream (or anything a transport's frames
+/// move).
 #[derive(Debug, Default)]
 pub(crate) enum Waiter {
     #[default]

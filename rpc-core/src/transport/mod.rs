@@ -1,0 +1,52 @@
+//! The interface between core and a transport, and the only one: what a transport
+//! implements for each connection and what it calls.
+//!
+//! * Sending: [`FrameSender`] (a server's [`ReplySink`](crate::server::ReplySink) is the
+//!   same), and for a client [`ClientTransport`].
+//! * Receiving: [`Inbound`], which core implements once per side
+//!   ([`crate::client::Responses`], [`crate::server::Requests`]).
+//! * Optional: [`Progress`], for a transport whose completions a waiting caller may poll
+//!   on its own thread.
+//! * Shutting down: [`crate::server::ServedLink`], for a server's graceful shutdown.
+//!
+//! `docs/ARCHITECTURE.md` shows where a new transport plugs in.
+
+mod inbound;
+pub(crate) mod progress;
+mod wake;
+
+pub use crate::frame::FrameSender;
+pub use inbound::Inbound;
+pub use progress::{Drive, Progress};
+pub(crate) use wake::Waiter;
+pub use wake::Wakes;
+
+use crate::frame::OutgoingFrame;
+use crate::Status;
+
+/// What a transport provides to the client side of a connection: sending frames
+/// ([`FrameSender`]) and the rest below.
+///
+/// The transport delivers every response frame it receives to the [`CallTable`](crate::CallTable) it was
+/// given at connect time ([`CallTable::complete`](crate::CallTable::complete)) and closes the table when the connection
+/// dies ([`CallTable::close`](crate::CallTable::close)).
+pub trait ClientTransport: FrameSender {
+    /// Sends a header-only frame (a `Cancel`) without ever blocking, from any context,
+    /// `Drop` included: a transport with no room now queues it within a bound, or drops it
+    /// (the call was given up on; its late answer is ignored). The default calls `send`.
+    fn send_control(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        self.send(frame)
+    }
+
+    /// Whether a waiting caller may poll this transport's completions on its own thread
+    /// ([`Progress`]); `None` (the default): callers wait to be woken by the receive path.
+    fn progress(&self) -> Option<&dyn Progress> {
+        None
+    }
+
+    /// Where the connection goes, for messages.
+    fn peer(&self) -> &str;
+
+    /// Closes the connection; pending calls fail with `Unavailable`.
+    fn close(&self);
+}
