@@ -15,10 +15,29 @@
 pub use rpc_rdma_protocol as protocol;
 pub use rpc_rdma_verbs as verbs;
 
-mod transport;
+mod budget;
+mod client;
+mod config;
+mod conn;
+mod engine;
+mod events;
+mod kick;
+mod large_pool;
+mod metrics;
+mod reaper;
+mod resources;
+mod response_sizes;
+mod send_memory;
+mod server;
+mod shared_recv;
 
-pub use transport::{
-    process_limits, process_usage, set_process_limits, PollMode, ProcessLimits, ProcessUsage,
-    RdmaClient, RdmaConfig, RdmaServer, Receives, SharedRecvConfig, DEFAULT_KEEPALIVE,
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_SEND_WINDOW, DEFAULT_SHARED_WINDOW,
+pub use budget::{
+    process_limits, process_usage, set_process_limits, ProcessLimits, ProcessUsage,
+    DEFAULT_MAX_CONNECTIONS,
 };
+pub use client::RdmaClient;
+pub use config::{
+    PollMode, RdmaConfig, Receives, SharedRecvConfig, DEFAULT_KEEPALIVE, DEFAULT_SEND_WINDOW,
+    DEFAULT_SHARED_WINDOW,
+};
+pub use server::RdmaServer;

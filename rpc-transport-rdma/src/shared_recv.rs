@@ -16,9 +16,9 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 use rpc_core::Status;
 
+use crate::config::SharedRecvConfig;
 use crate::protocol::{Admission, PoolConfig, SharedPool, WorkId};
-use crate::transport::config::SharedRecvConfig;
-use crate::transport::resources::verbs_status;
+use crate::resources::verbs_status;
 use crate::verbs::{
     AccessFlags, MemoryRegion, ProtectionDomain, RecvRequest, Sge, SharedReceiveQueue, VerbsError,
     WorkCompletion,

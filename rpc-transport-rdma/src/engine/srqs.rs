@@ -7,8 +7,8 @@ use std::sync::Arc;
 use rpc_core::Status;
 
 use super::{tag_of, Engine};
-use crate::transport::config::SharedRecvConfig;
-use crate::transport::shared_recv::SharedRecv;
+use crate::config::SharedRecvConfig;
+use crate::shared_recv::SharedRecv;
 use crate::verbs::WorkCompletion;
 
 impl Engine {

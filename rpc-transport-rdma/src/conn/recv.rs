@@ -15,8 +15,8 @@ use smallvec::SmallVec;
 
 use super::large::{placed_frame, Arrival};
 use super::{Batch, Conn, State, DELIVERING, DRIVER, RELEASE_BATCH, UPPER_LAYER_LOCKED};
+use crate::engine::{Polled, SharedCq};
 use crate::protocol::{ProtocolViolation, Received, SendTarget, WorkId};
-use crate::transport::engine::{Polled, SharedCq};
 use crate::verbs::WorkCompletion;
 
 impl Conn {
@@ -144,7 +144,7 @@ impl Conn {
         // protocol is done with it: a ring slot by the `PostRecv` that follows its release, a
         // shared buffer below (the frame was consumed or refused) or once released.
         let bytes = unsafe { self.res.recv_entry(entry) };
-        if let Some(metrics) = crate::transport::metrics::rdma() {
+        if let Some(metrics) = crate::metrics::rdma() {
             metrics.received.increment(u64::from(byte_len));
         }
         let Some(commitment) = self.res.shared_recv() else {
@@ -351,7 +351,7 @@ impl Conn {
     /// Spins on the CQ for up to `budget` (`None`: until something arrives) on the caller's
     /// thread: the run-to-completion path of blocking calls (see [`Engine::spin`]).
     ///
-    /// [`Engine::spin`]: crate::transport::engine::Engine::spin
+    /// [`Engine::spin`]: crate::engine::Engine::spin
     /// One look at the CQ for an async call waiting for its response (see the engine's
     /// drive lease).
     pub(crate) fn drive(&self, cx: &mut Context<'_>, driving: &mut bool) -> Drive {

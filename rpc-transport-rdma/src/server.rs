@@ -14,15 +14,15 @@ use rpc_core::frame::OutgoingFrame;
 use rpc_core::server::{shut_down, ConnectionDispatch, Dispatcher, ReplySink, Requests, Served};
 use rpc_core::Status;
 
+use crate::budget::ConnectionSlot;
+use crate::client::resolve;
+use crate::config::RdmaConfig;
+use crate::conn::Conn;
+use crate::engine::Role;
+use crate::events::wait_readable;
+use crate::kick::Kick;
 use crate::protocol::{encode_reject, ConnectParams, Geometry};
-use crate::transport::budget::ConnectionSlot;
-use crate::transport::client::resolve;
-use crate::transport::config::RdmaConfig;
-use crate::transport::conn::Conn;
-use crate::transport::engine::Role;
-use crate::transport::events::wait_readable;
-use crate::transport::kick::Kick;
-use crate::transport::resources::{verbs_status, Resources};
+use crate::resources::{verbs_status, Resources};
 use crate::verbs::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel};
 
 const LISTEN_BACKLOG: u32 = 128;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use rpc_core::auth::Credentials;
 
-use crate::transport::engine::Role;
+use crate::engine::Role;
 
 /// How a connection's completions are processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

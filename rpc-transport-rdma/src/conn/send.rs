@@ -12,8 +12,8 @@ use rpc_core::Status;
 
 use super::State;
 use super::{large, Conn};
+use crate::metrics;
 use crate::protocol::SendError;
-use crate::transport::metrics;
 
 impl Conn {
     /// Encodes `frame` into a send slot and posts it (or queues it behind earlier frames

@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 use rpc_core::Drive;
 
 use super::{should_yield, Engine, Polled, SharedCq, CLOCK_EVERY};
-use crate::transport::config::PollMode;
+use crate::config::PollMode;
 
 /// Tasks recorded as waiting for one CQ's lease before they are all woken to make room
 /// (see `LeaseState::wait`): bounds the list when a lease is held for long while many

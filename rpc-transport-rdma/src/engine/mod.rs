@@ -36,12 +36,12 @@ use parking_lot::{Mutex, RwLock};
 use rpc_core::Status;
 use smallvec::SmallVec;
 
+use crate::config::{PollMode, RdmaConfig};
+use crate::conn::{Batch, Conn};
+use crate::kick::Kick;
 use crate::protocol::WorkId;
-use crate::transport::config::{PollMode, RdmaConfig};
-use crate::transport::conn::{Batch, Conn};
-use crate::transport::kick::Kick;
-use crate::transport::resources::verbs_status;
-use crate::transport::shared_recv::SharedRecv;
+use crate::resources::verbs_status;
+use crate::shared_recv::SharedRecv;
 use crate::verbs::{CompletionChannel, CompletionQueue, Context, ProtectionDomain, WorkCompletion};
 
 mod async_events;

@@ -20,11 +20,11 @@ use parking_lot::{Condvar, Mutex};
 use rpc_core::{FrameKind, Header, Inbound, Status};
 use smallvec::SmallVec;
 
+use crate::config::RdmaConfig;
+use crate::engine::Engine;
 use crate::protocol::{self, Action, SendError};
-use crate::transport::config::RdmaConfig;
-use crate::transport::engine::Engine;
-use crate::transport::reaper;
-use crate::transport::resources::Resources;
+use crate::reaper;
+use crate::resources::Resources;
 use crate::verbs::{CmEventKind, CmId, SendFlags, SendOp, SendRequest, Sge};
 
 mod keepalive;

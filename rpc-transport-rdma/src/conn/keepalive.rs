@@ -17,9 +17,9 @@ use std::time::Duration;
 use rpc_core::Status;
 
 use super::{Conn, State};
-use crate::protocol::WorkId;
 #[cfg(doc)]
-use crate::transport::config::RdmaConfig;
+use crate::config::RdmaConfig;
+use crate::protocol::WorkId;
 
 /// A connection's idleness and probe, as the poller sees them.
 pub(super) struct Keepalive {

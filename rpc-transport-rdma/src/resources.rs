@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use rpc_core::Status;
 
+use crate::budget::ConnectionSlot;
+use crate::config::RdmaConfig;
+use crate::engine::{Attachment, Engine, Role};
+use crate::large_pool::LargePool;
 use crate::protocol::Config;
 use crate::protocol::WorkId;
-use crate::transport::budget::ConnectionSlot;
-use crate::transport::config::RdmaConfig;
-use crate::transport::engine::{Attachment, Engine, Role};
-use crate::transport::large_pool::LargePool;
-use crate::transport::send_memory::SendMemory;
-use crate::transport::shared_recv::SharedRecv;
+use crate::send_memory::SendMemory;
+use crate::shared_recv::SharedRecv;
 use crate::verbs::{
     AccessFlags, CmId, MemoryRegion, QpCapabilities, QpInitAttr, QueuePair, RecvRequest, Sge,
     VerbsError,

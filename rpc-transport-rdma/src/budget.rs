@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use rpc_core::Status;
 
 #[cfg(doc)]
-use crate::transport::config::RdmaConfig;
+use crate::config::RdmaConfig;
 
 /// Connections a process may have, unless [`set_process_limits`] says otherwise.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 8192;
@@ -113,7 +113,7 @@ pub fn process_usage() -> ProcessUsage {
 
 /// Sets the usage gauges (absolute values: right however late metrics were turned on).
 fn report_usage() {
-    if let Some(metrics) = super::metrics::rdma() {
+    if let Some(metrics) = crate::metrics::rdma() {
         let usage = process_usage();
         metrics.connections.set(f64::from(usage.connections));
         metrics.registered_bytes.set(usage.registered_bytes as f64);

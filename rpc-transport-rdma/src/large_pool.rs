@@ -21,8 +21,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 #[cfg(doc)]
-use crate::transport::budget::ProcessLimits;
-use crate::transport::budget::Registered;
+use crate::budget::ProcessLimits;
+use crate::budget::Registered;
 use crate::verbs::{AccessFlags, MemoryRegion, MemoryWindow, ProtectionDomain, VerbsError};
 
 /// Smallest buffer registered (smaller bodies round up to it).

@@ -16,8 +16,8 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-use crate::transport::conn::Conn;
-use crate::transport::shared_recv::SharedRecv;
+use crate::conn::Conn;
+use crate::shared_recv::SharedRecv;
 use crate::verbs::WorkCompletion;
 
 /// Largest tag `WorkId::to_wr_id` can carry.

@@ -11,14 +11,14 @@ use rpc_core::frame::OutgoingFrame;
 use rpc_core::transport::Progress;
 use rpc_core::{CallTable, ClientTransport, Drive, FrameKind, FrameSender, Status, HEADER_LEN};
 
+use crate::budget::ConnectionSlot;
+use crate::config::{PollMode, RdmaConfig};
+use crate::conn::Conn;
+use crate::engine::Role;
+use crate::events::expect_event;
 use crate::protocol::{ConnectParams, Stats};
-use crate::transport::budget::ConnectionSlot;
-use crate::transport::config::{PollMode, RdmaConfig};
-use crate::transport::conn::Conn;
-use crate::transport::engine::Role;
-use crate::transport::events::expect_event;
-use crate::transport::resources::{verbs_status, Resources};
-use crate::transport::response_sizes::ResponseSizes;
+use crate::resources::{verbs_status, Resources};
+use crate::response_sizes::ResponseSizes;
 use crate::verbs::{CmEventKind, CmId, ConnParam, EventChannel};
 
 /// Longest a blocking call spins in one go with [`PollMode::Busy`] before it re-checks its

@@ -11,8 +11,8 @@ use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::{Code, Flags, FrameKind, Header, Status};
 
 use super::{Conn, State};
+use crate::large_pool::{ArrivedBody, LargeBuffer, PoolError};
 use crate::protocol::{Action, BodyId, LocalBuffer, Received, WorkId};
-use crate::transport::large_pool::{ArrivedBody, LargeBuffer, PoolError};
 use crate::verbs::{
     AccessFlags, MemoryWindow, RemoteAddr, SendFlags, SendOp, SendRequest, Sge, VerbsError,
 };
@@ -120,7 +120,7 @@ impl Conn {
             addr: buffer.addr(),
             lkey: buffer.lkey(),
         };
-        if let Some(metrics) = crate::transport::metrics::rdma() {
+        if let Some(metrics) = crate::metrics::rdma() {
             metrics.sent_by_write.increment(total as u64);
         }
         let started = {
