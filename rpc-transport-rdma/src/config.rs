@@ -47,8 +47,10 @@ impl Default for PollMode {
 pub const DEFAULT_SEND_WINDOW: u32 = 2;
 
 /// How long a connection may be idle before it is probed, unless [`RdmaConfig::keepalive`]
-/// says otherwise. A thousand idle connections cost about 70 probes a second.
-pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
+/// says otherwise (the same for every transport). A thousand idle connections cost about 70
+/// probes a second.
+pub use rpc_core::transport::DEFAULT_KEEPALIVE;
+use rpc_core::transport::{DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_STALL_LIMIT};
 
 /// The initial receive window of a connection on a shared receive queue, unless
 /// [`RdmaConfig::recv_window`] says otherwise: what every connection commits however idle
@@ -225,7 +227,7 @@ impl Default for RdmaConfig {
             connect_timeout: Duration::from_secs(5),
             credentials: None,
             max_inline: 256,
-            stall_limit: Duration::from_secs(10),
+            stall_limit: DEFAULT_STALL_LIMIT,
             large_chunk: 256 * 1024,
             large_write_window: 2,
             large_max_message: 1 << 31,
@@ -241,7 +243,7 @@ impl Default for RdmaConfig {
             cq_entries: 16 * 1024,
             control_queue: 1024,
             keepalive: Some(DEFAULT_KEEPALIVE),
-            keepalive_timeout: Duration::from_secs(20),
+            keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
         }
     }
 }

@@ -25,9 +25,8 @@ pub struct ConnectionLimits {
     pub keepalive_timeout: Duration,
 }
 
-/// Idle time before a TCP connection is probed, unless [`ConnectionLimits::keepalive`] says
-/// otherwise.
-pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
+pub use rpc_core::transport::DEFAULT_KEEPALIVE;
+use rpc_core::transport::{DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_STALL_LIMIT};
 /// Keepalive probes sent before the peer is declared dead.
 pub(crate) const KEEPALIVE_PROBES: u32 = 3;
 
@@ -35,10 +34,10 @@ impl Default for ConnectionLimits {
     fn default() -> Self {
         ConnectionLimits {
             write_queue: 1 << 20,
-            stall_limit: Duration::from_secs(10),
+            stall_limit: DEFAULT_STALL_LIMIT,
             read_timeout: Duration::from_secs(30),
             keepalive: Some(DEFAULT_KEEPALIVE),
-            keepalive_timeout: Duration::from_secs(20),
+            keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
         }
     }
 }

@@ -26,11 +26,11 @@ use crate::server::calls::Calls;
 pub use crate::server::config::{
     ServerConfig, DEFAULT_MAX_CALLS, DEFAULT_MAX_CALLS_PER_CONNECTION,
 };
-use crate::server::early::Streams;
 use crate::server::in_flight::InFlight;
 use crate::server::router::Router;
 use crate::server::service::{InboundStream, ServerCall};
 pub use crate::server::sink::ReplySink;
+use crate::server::streams::Streams;
 use crate::stream::Outgoing;
 use crate::stream::{is_stream_frame, Link, StreamShared, Wakes};
 use crate::{Code, Status};

@@ -14,7 +14,6 @@ mod answer;
 mod calls;
 mod config;
 mod dispatch;
-mod early;
 mod in_flight;
 mod intercepted;
 mod requests;
@@ -23,6 +22,7 @@ mod service;
 mod shutdown;
 mod sink;
 mod stream_reply;
+mod streams;
 #[cfg(test)]
 mod tests;
 

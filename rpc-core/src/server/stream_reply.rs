@@ -17,7 +17,7 @@ use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
 use crate::observe::trace::TraceContext;
 use crate::observe::CallRecord;
-use crate::server::early::Routed;
+use crate::server::streams::Routed;
 use crate::stream::{Outgoing, StreamShared, Wakes};
 use crate::MetadataMap;
 use crate::Status;

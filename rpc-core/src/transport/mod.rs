@@ -21,8 +21,20 @@ pub use progress::{Drive, Progress};
 pub(crate) use wake::Waiter;
 pub use wake::Wakes;
 
+use std::time::Duration;
+
 use crate::frame::OutgoingFrame;
 use crate::Status;
+
+/// Idle time after which a transport probes a connection's peer (TCP keepalive, an RDMA
+/// probe), unless its settings say otherwise.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
+/// Longest a peer may leave a probe, or data sent to it, unacknowledged before it is
+/// declared dead and the connection closed (`UNAVAILABLE`).
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Longest a sender may find no room to send (a full socket, no credit or slot) before the
+/// peer is taken as stuck and the connection closed.
+pub const DEFAULT_STALL_LIMIT: Duration = Duration::from_secs(10);
 
 /// What a transport provides to the client side of a connection: sending frames
 /// ([`FrameSender`]) and the rest below.

@@ -39,7 +39,7 @@ use large::LargeState;
 use teardown::Disconnected;
 
 /// Frames taken from one poll of the completion queue.
-pub(crate) type Batch = SmallVec<[Arrival; 4]>;
+pub(crate) type Arrivals = SmallVec<[Arrival; 4]>;
 
 /// Receive slots whose release may wait for a better moment (see `recv.rs`); one more and
 /// they are released at once, so the credits held back stay few.

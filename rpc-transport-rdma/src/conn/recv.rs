@@ -14,7 +14,7 @@ use rpc_core::{Drive, Inbound, Status};
 use smallvec::SmallVec;
 
 use super::large::{placed_frame, Arrival};
-use super::{Batch, Conn, State, DELIVERING, DRIVER, RELEASE_BATCH, UPPER_LAYER_LOCKED};
+use super::{Arrivals, Conn, State, DELIVERING, DRIVER, RELEASE_BATCH, UPPER_LAYER_LOCKED};
 use crate::engine::{Polled, SharedCq};
 use crate::protocol::{ProtocolViolation, Received, SendTarget, WorkId};
 use crate::verbs::WorkCompletion;
@@ -47,9 +47,9 @@ impl Conn {
     /// Processes a run of this connection's completions, in CQ order: feeds them to the
     /// protocol and executes its actions. Returns the frames to hand up (after the caller
     /// dropped the CQ's poll lock, with [`Conn::hand_up`]).
-    pub(crate) fn process(&self, completions: &[WorkCompletion]) -> Batch {
+    pub(crate) fn process(&self, completions: &[WorkCompletion]) -> Arrivals {
         // Most batches hold a frame or two: no allocation for them.
-        let mut received: Batch = SmallVec::new();
+        let mut received: Arrivals = SmallVec::new();
         if completions.is_empty() {
             return received;
         }
@@ -77,7 +77,7 @@ impl Conn {
     /// protocol left for outside its lock.
     /// Frames go up before a close the same batch brought (a flushed receive after them,
     /// say) runs: they arrived before it.
-    pub(crate) fn hand_up(self: &Arc<Self>, received: &mut Batch) {
+    pub(crate) fn hand_up(self: &Arc<Self>, received: &mut Arrivals) {
         self.wake_async_writers();
         let _counted = (!received.is_empty()).then(|| HandingUp(self));
         if DELIVERING.get() == self.serial() {
@@ -90,7 +90,7 @@ impl Conn {
         self.after_state();
     }
 
-    fn on_completion(&self, state: &mut State, wc: &WorkCompletion, received: &mut Batch) {
+    fn on_completion(&self, state: &mut State, wc: &WorkCompletion, received: &mut Arrivals) {
         let Some((_, work)) = WorkId::from_wr_id(wc.wr_id()) else {
             tracing::error!(wr_id = wc.wr_id(), "completion for an unknown work request");
             state.proto.close();
@@ -180,7 +180,7 @@ impl Conn {
     /// Hands `received` to the upper layer. Borrowed, and drained in place: a batch is a
     /// few hundred bytes, and every move of it is a copy. A frame the upper layer says ends
     /// the connection closes it once the batch is handed up.
-    fn deliver(self: &Arc<Self>, received: &mut Batch) {
+    fn deliver(self: &Arc<Self>, received: &mut Arrivals) {
         let Some(inbound) = self.inbound() else {
             return;
         };

@@ -37,7 +37,7 @@ use rpc_core::Status;
 use smallvec::SmallVec;
 
 use crate::config::{PollMode, RdmaConfig};
-use crate::conn::{Batch, Conn};
+use crate::conn::{Arrivals, Conn};
 use crate::kick::Kick;
 use crate::protocol::WorkId;
 use crate::resources::verbs_status;
@@ -379,7 +379,7 @@ impl Engine {
         }
         self.completions_seen.fetch_add(1, Ordering::AcqRel);
         // Runs of completions of one connection, processed in CQ order under its lock.
-        let mut runs: SmallVec<[(Arc<Conn>, Batch); 2]> = SmallVec::new();
+        let mut runs: SmallVec<[(Arc<Conn>, Arrivals); 2]> = SmallVec::new();
         let tags: SmallVec<[u32; POLL_BATCH]> =
             polled.iter().map(|wc| self.route_tag(wc)).collect();
         let mut start = 0;
