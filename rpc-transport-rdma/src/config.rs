@@ -165,10 +165,17 @@ pub struct RdmaConfig {
     /// refused at once (`RESOURCE_EXHAUSTED`), so a peer cannot grow the queue without bound.
     pub large_max_queued: u32,
     /// Longest a peer may hold a buffer we granted at its request without announcing the
-    /// body written into it. A peer past it is hoarding registered memory: the connection
+    /// body written into it, beyond the time the body takes to write at
+    /// `large_grant_min_rate`. A peer past it is hoarding registered memory: the connection
     /// is closed with `RESOURCE_EXHAUSTED` naming the grant, and everything it held is
     /// freed. (Response buffers we advertise are not timed: a handler may take its time.)
     pub large_grant_timeout: Duration,
+    /// Slowest a peer is expected to write a granted body, in bytes per second: a grant of
+    /// `len` bytes may be held `large_grant_timeout` plus `len / large_grant_min_rate`
+    /// (a 1 GiB body at the default 16 MiB/s: 64 s more). A receiver does not see RDMA
+    /// WRITEs land, only the notice after the last one, so this is what tells a slow
+    /// writer from a hoarder. 0 counts as 1.
+    pub large_grant_min_rate: u64,
     /// Receive slots the application may hold at once as zero-copy views of received
     /// messages (`0..=window - 3`); `None`: a quarter of the initial window (`recv_window`).
     /// Past it, received messages are handed up as copies and their slots go straight back
@@ -236,6 +243,7 @@ impl Default for RdmaConfig {
             large_max_grants: 16,
             large_max_queued: 256,
             large_grant_timeout: Duration::from_secs(30),
+            large_grant_min_rate: 16 << 20,
             lend_limit: None,
             send_window: None,
             recv_window: None,

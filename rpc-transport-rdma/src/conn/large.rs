@@ -77,14 +77,36 @@ impl LargeState {
         self.grants.clear();
     }
 
-    /// The oldest grant the peer asked for and has held longer than `timeout`: its length
-    /// and age.
-    fn overdue(&self, now: Instant, timeout: Duration) -> Option<(usize, Duration)> {
+    /// The oldest grant the peer asked for and has held longer than `limit` allows: its
+    /// length, age and allowance.
+    fn overdue(&self, now: Instant, limit: GrantLimit) -> Option<(usize, Duration, Duration)> {
         self.grants
             .values()
-            .filter_map(|g| Some((g.buffer.len(), now.saturating_duration_since(g.asked?))))
-            .filter(|&(_, age)| age > timeout)
-            .max_by_key(|&(_, age)| age)
+            .filter_map(|g| {
+                let len = g.buffer.len();
+                let age = now.saturating_duration_since(g.asked?);
+                let allowed = limit.allowance(len);
+                (age > allowed).then_some((len, age, allowed))
+            })
+            .max_by_key(|&(_, age, _)| age)
+    }
+}
+
+/// How long a peer may hold a buffer granted at its request before it counts as hoarding
+/// (`large_grant_timeout`, `large_grant_min_rate`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GrantLimit {
+    pub(super) timeout: Duration,
+    /// Bytes per second.
+    pub(super) min_rate: u64,
+}
+
+impl GrantLimit {
+    /// The time a grant of `len` bytes may be held: the timeout, plus the body's writing at
+    /// the slowest expected rate.
+    fn allowance(self, len: usize) -> Duration {
+        let writing = Duration::from_secs_f64(len as f64 / self.min_rate.max(1) as f64);
+        self.timeout.saturating_add(writing)
     }
 }
 
@@ -375,19 +397,20 @@ impl Conn {
 }
 
 impl Conn {
-    /// Closes the connection if its peer has held a buffer it asked for longer than
-    /// `large_grant_timeout` without announcing the body: it is hoarding registered memory.
+    /// Closes the connection if its peer has held a buffer it asked for longer than its
+    /// [`GrantLimit`] allows without announcing the body: it is hoarding registered memory.
     /// Called by the poller's ticks.
     pub(super) fn expire_grants(&self) {
         let overdue = {
             let state = self.state.lock();
-            state.large.overdue(Instant::now(), self.grant_timeout)
+            state.large.overdue(Instant::now(), self.grant_limit)
         };
-        if let Some((len, age)) = overdue {
+        if let Some((len, age, allowed)) = overdue {
             self.close(Status::resource_exhausted(format!(
                 "{} held a buffer of {len} bytes it asked for {age:?} without writing the \
-                 body (large_grant_timeout {:?}); the connection is closed to free it",
-                self.peer, self.grant_timeout
+                 body (allowed {allowed:?}: large_grant_timeout {:?} plus the body at \
+                 large_grant_min_rate {} B/s); the connection is closed to free it",
+                self.peer, self.grant_limit.timeout, self.grant_limit.min_rate
             )));
         }
     }
@@ -406,5 +429,30 @@ pub(super) fn placed_frame(header: Header, buffer: ArrivedBody) -> InboundFrame 
             flags: rpc_core::Flags::NONE,
             ..header
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A grant may be held its timeout plus the time its body takes at the slowest
+    /// expected rate: a slow writer of a large body is not a hoarder.
+    #[test]
+    fn a_large_grant_may_be_held_while_its_body_is_written_slowly() {
+        let limit = GrantLimit {
+            timeout: Duration::from_secs(30),
+            min_rate: 16 << 20,
+        };
+        assert_eq!(limit.allowance(0), Duration::from_secs(30));
+        assert_eq!(limit.allowance(1 << 30), Duration::from_secs(30 + 64));
+        // A body written at 30 MB/s, as soft-RoCE under emulation does.
+        let writing = Duration::from_secs_f64((1u64 << 30) as f64 / 30e6);
+        assert!(writing > limit.timeout && writing < limit.allowance(1 << 30));
+        let no_rate = GrantLimit {
+            min_rate: 0,
+            ..limit
+        };
+        assert!(no_rate.allowance(1) > limit.timeout, "0 counts as 1 B/s");
     }
 }

@@ -35,7 +35,7 @@ mod teardown;
 
 use keepalive::Keepalive;
 pub(crate) use large::Arrival;
-use large::LargeState;
+use large::{GrantLimit, LargeState};
 use teardown::Disconnected;
 
 /// Frames taken from one poll of the completion queue.
@@ -129,8 +129,8 @@ pub(crate) struct Conn {
     /// Largest frame one SEND carries (negotiated; larger bodies go by RDMA WRITE).
     max_send_frame: usize,
     keepalive: Keepalive,
-    /// Longest the peer may hold a buffer granted at its request (`large_grant_timeout`).
-    grant_timeout: Duration,
+    /// How long the peer may hold a buffer granted at its request.
+    grant_limit: GrantLimit,
 }
 
 impl Drop for Conn {
@@ -212,7 +212,10 @@ impl Conn {
             peer,
             stall_limit,
             keepalive: Keepalive::new(config.keepalive, config.keepalive_timeout),
-            grant_timeout: config.large_grant_timeout,
+            grant_limit: GrantLimit {
+                timeout: config.large_grant_timeout,
+                min_rate: config.large_grant_min_rate,
+            },
         }))
     }
 
