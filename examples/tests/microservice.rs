@@ -101,7 +101,16 @@ fn key_value_over_http(listen: &str) {
     let url = server.line_after("kv-server listening on ");
     let mut gateway = Process::start(
         "kv-gateway",
-        &["--listen", "127.0.0.1:0", "--backend", &url],
+        // A generous budget per backend call: the first one connects, which over soft-RoCE
+        // under emulation can take seconds.
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            &url,
+            "--timeout-ms",
+            "30000",
+        ],
     );
     let http_url = gateway.line_after("kv-gateway listening on ");
     let addr = http_url.trim_start_matches("http://");

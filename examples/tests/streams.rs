@@ -17,6 +17,11 @@ use rpc_examples::streaming::streamer_server::StreamerServer;
 use rpc_examples::streaming::{Chunk, ProduceRequest};
 use rpc_examples::{bulk_pattern, EchoService, Streamer, FAIL_WITH, STOP_AFTER};
 
+/// What a test waits for something that must happen (a server reads, a call ends) before it
+/// fails: generous, since under emulation (soft-RoCE in a TCG VM) everything is slow and
+/// a machine may be several times slower than another.
+const LIVENESS: Duration = Duration::from_secs(60);
+
 fn builder(streamer: &Streamer) -> rdma_rpc::ServerBuilder {
     Server::builder()
         .add_service(EchoServer::new(EchoService))
@@ -71,7 +76,7 @@ async fn read_in_order(stream: &mut Streaming<Chunk>, check: impl Fn(&Chunk)) ->
 
 /// Waits for a server-side counter, which moves on a handler thread.
 async fn eventually(what: &str, check: impl Fn() -> bool) {
-    let until = Instant::now() + Duration::from_secs(5);
+    let until = Instant::now() + LIVENESS;
     while !check() {
         assert!(Instant::now() < until, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -278,7 +283,7 @@ async fn server_answers_early(url: &str) {
             .metadata_mut()
             .insert(STOP_AFTER, n.to_string())
             .unwrap();
-        request.set_timeout(Duration::from_secs(20));
+        request.set_timeout(LIVENESS);
         request
     };
     let summary = client.consume(stop_after(10)).await.unwrap().into_inner();
@@ -289,7 +294,7 @@ async fn server_answers_early(url: &str) {
         let endless = (0..).map(|i| chunk(i, 100));
         let mut request = Request::new(endless);
         request.metadata_mut().insert(STOP_AFTER, "1000").unwrap();
-        request.set_timeout(Duration::from_secs(20));
+        request.set_timeout(LIVENESS);
         blocking.consume_blocking::<std::iter::Map<_, _>>(request)
     })
     .await
@@ -402,7 +407,7 @@ where
             .is_pending();
         let _ = polled.send((pending, opening));
     });
-    let (pending, opening) = tokio::time::timeout(Duration::from_secs(5), outcome)
+    let (pending, opening) = tokio::time::timeout(LIVENESS, outcome)
         .await
         .expect("one poll of the opening returns")
         .unwrap();
