@@ -7,7 +7,10 @@
 //! * [`frame`]: [`FrameSender`], how core hands frames to a transport.
 //! * [`client`]: [`Channel`], the call table and the unary call future (any executor) and
 //!   its blocking form.
-//! * [`server`]: services, routing by method id, dispatch with deadlines and cancellation.
+//! * [`server`]: services, routing by method id, dispatch with deadlines and cancellation,
+//!   graceful shutdown.
+//! * [`transport`]: the interface a transport implements and calls, and nothing else of
+//!   core's.
 
 #![forbid(unsafe_code)]
 

@@ -4,9 +4,12 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 
 /// A raw pointer to a librdmacm object whose calls must not overlap. The pointer is handed
-/// out only to a closure that runs with the lock held ([`LockedRaw::locked`]), so no caller
-/// can keep the pointer and let the lock go (as a `(guard, pointer)` pair allows with
-/// `let (_, raw) = …`), and none reaches it without the lock.
+/// out only to a closure that runs with the lock held ([`LockedRaw::locked`]): no caller
+/// gets the pointer without taking the lock, nor lets the lock go by accident while it
+/// uses the pointer (as a `(guard, pointer)` pair allows with `let (_, raw) = …`). A closure
+/// could still return the pointer; by this crate's convention none does (they return
+/// values read through it), and dereferencing it elsewhere would need an `unsafe` block
+/// that cannot claim the lock.
 pub(crate) struct LockedRaw<T> {
     raw: NonNull<T>,
     lock: Mutex<()>,

@@ -41,7 +41,6 @@ struct Shared {
     auth: Option<Checker>,
 }
 
-/// A connection and the dispatch of its calls.
 /// A running RDMA server. Dropping it shuts it down gracefully.
 pub struct RdmaServer {
     shared: Arc<Shared>,

@@ -139,11 +139,11 @@ impl Conn {
     pub(crate) fn start(
         self: &Arc<Self>,
         runtime: &tokio::runtime::Handle,
-        inbox: impl Inbound,
+        inbound: impl Inbound,
         policy: ReadPolicy,
     ) {
         runtime.spawn(self.clone().write_loop());
-        runtime.spawn(self.clone().read_loop(inbox, policy));
+        runtime.spawn(self.clone().read_loop(inbound, policy));
     }
 
     /// Closes the connection at once: queued frames are dropped, both tasks end, every
@@ -269,8 +269,8 @@ impl Conn {
         (Status::unavailable(message), false)
     }
 
-    async fn read_loop(self: Arc<Self>, inbox: impl Inbound, policy: ReadPolicy) {
-        let (status, abort) = self.read_frames(&inbox, policy).await;
+    async fn read_loop(self: Arc<Self>, inbound: impl Inbound, policy: ReadPolicy) {
+        let (status, abort) = self.read_frames(&inbound, policy).await;
         // A close by this side already set the status the senders see; keep it.
         let status = self.outbox.closed().unwrap_or(status);
         if abort {
@@ -278,13 +278,13 @@ impl Conn {
         } else {
             self.close(status.clone());
         }
-        inbox.on_closed(status);
+        inbound.on_closed(status);
         self.ended.store(true, Ordering::Release);
     }
 
     /// Reads and delivers frames until the connection ends; returns why it did, and whether
     /// the peer broke a limit (the connection is then reset).
-    async fn read_frames(&self, inbox: &impl Inbound, policy: ReadPolicy) -> (Status, bool) {
+    async fn read_frames(&self, inbound: &impl Inbound, policy: ReadPolicy) -> (Status, bool) {
         let mut decoder = FrameDecoder::new(policy.max_payload);
         let mut buf = BytesMut::new();
         // Held while the frames of one read are handed up: a stream's reader wakes once to
@@ -309,16 +309,16 @@ impl Conn {
                 match decoder.decode(&mut buf) {
                     Ok(Some(Decoded::Frame(frame))) if is_message_frame(frame.header.kind) => {
                         if let Some(frame) = run.push(frame) {
-                            delivered += run.hand_up(inbox, &mut wakes);
+                            delivered += run.hand_up(inbound, &mut wakes);
                             run.push(frame);
                         }
                         if run.frames.len() >= MAX_RUN {
-                            delivered += run.hand_up(inbox, &mut wakes);
+                            delivered += run.hand_up(inbound, &mut wakes);
                         }
                     }
                     Ok(Some(Decoded::Frame(frame))) => {
-                        run.hand_up(inbox, &mut wakes);
-                        let handed = inbox.on_frame(frame, &mut wakes);
+                        run.hand_up(inbound, &mut wakes);
+                        let handed = inbound.on_frame(frame, &mut wakes);
                         delivered += 1;
                         if let Err(status) = handed {
                             wakes.wake_all();
@@ -326,8 +326,8 @@ impl Conn {
                         }
                     }
                     Ok(Some(Decoded::Oversized { header, declared })) => {
-                        run.hand_up(inbox, &mut wakes);
-                        inbox.on_oversized(&header, declared);
+                        run.hand_up(inbound, &mut wakes);
+                        inbound.on_oversized(&header, declared);
                         delivered += 1;
                     }
                     Ok(None) => break,
@@ -343,7 +343,7 @@ impl Conn {
                     tokio::task::yield_now().await;
                 }
             }
-            run.hand_up(inbox, &mut wakes);
+            run.hand_up(inbound, &mut wakes);
             wakes.wake_all();
             if !decoder.mid_frame(&buf) {
                 frame_started = None;
@@ -373,7 +373,7 @@ impl Conn {
                     return (status, true);
                 }
                 Err(_) => {
-                    if inbox.idle() && self.outbox.is_empty() {
+                    if inbound.idle() && self.outbox.is_empty() {
                         let status = Status::unavailable(format!(
                             "{} was idle for {:?} (idle timeout)",
                             self.peer,
@@ -432,13 +432,13 @@ impl Run {
     }
 
     /// Hands the run up, if there is one: before any other frame, so that frames reach the
-    /// inbox in the order they came.
+    /// upper layer in the order they came.
     /// Returns the deliveries made (0 or 1).
-    fn hand_up(&mut self, inbox: &impl Inbound, wakes: &mut Wakes) -> u32 {
+    fn hand_up(&mut self, inbound: &impl Inbound, wakes: &mut Wakes) -> u32 {
         let Some(first) = self.frames.first() else {
             return 0;
         };
-        inbox.on_messages(first.header.call_id, &mut self.frames, wakes);
+        inbound.on_messages(first.header.call_id, &mut self.frames, wakes);
         self.frames.clear();
         1
     }
@@ -503,31 +503,31 @@ mod tests {
 
     /// Messages of one stream that follow each other go up as one run; a message of
     /// another stream, or any other frame, ends the run first, so every frame reaches the
-    /// inbox in the order it came.
+    /// upper layer in the order it came.
     #[test]
     fn runs_of_one_streams_messages_go_up_together_and_in_order() {
-        let inbox = Recorder::default();
+        let inbound = Recorder::default();
         let mut wakes = Wakes::new();
         let mut run = Run::default();
         let mut delivered = 0;
         for (call, seq) in [(1, 1), (1, 2), (1, 3), (2, 1), (1, 4)] {
             if let Some(frame) = run.push(frame(FrameKind::Message, call, seq)) {
-                delivered += run.hand_up(&inbox, &mut wakes);
+                delivered += run.hand_up(&inbound, &mut wakes);
                 assert!(run.push(frame).is_none(), "an empty run takes any stream");
             }
         }
-        delivered += run.hand_up(&inbox, &mut wakes);
-        inbox
+        delivered += run.hand_up(&inbound, &mut wakes);
+        inbound
             .on_frame(frame(FrameKind::Trailers, 1, 5), &mut wakes)
             .unwrap();
         assert_eq!(
-            run.hand_up(&inbox, &mut wakes),
+            run.hand_up(&inbound, &mut wakes),
             0,
             "nothing left to hand up"
         );
         assert_eq!(delivered, 3);
         assert_eq!(
-            *inbox.0.lock(),
+            *inbound.0.lock(),
             [(1, vec![1, 2, 3]), (2, vec![1]), (1, vec![4]), (1, vec![5]),]
         );
     }

@@ -267,17 +267,26 @@ fn start_connection(
     let conn = Conn::new(stream, who.addr.clone(), &shared.config.limits)?;
     let dispatch = ConnectionDispatch::new(shared.dispatcher.clone(), conn.clone(), who);
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-    shared.connections.lock().insert(
-        id,
-        Served {
-            link: conn.clone(),
-            dispatch: dispatch.clone(),
-        },
-    );
-    // A shutdown that began since the check in the accept loop did not see this connection
-    // when it drained the others.
-    if shared.draining.load(Ordering::SeqCst) {
-        dispatch.drain();
+    {
+        let mut connections = shared.connections.lock();
+        // A shutdown sets `draining` before it takes its list of the connections under this
+        // lock: a connection joins the list in time, or is refused here (one that finished
+        // its handshake while the shutdown ran).
+        if shared.draining.load(Ordering::SeqCst) {
+            drop(connections);
+            refuse(
+                &conn.stream,
+                &Status::unavailable("the server is shutting down"),
+            );
+            return Ok(());
+        }
+        connections.insert(
+            id,
+            Served {
+                link: conn.clone(),
+                dispatch: dispatch.clone(),
+            },
+        );
     }
     let policy = ReadPolicy {
         max_payload: shared.dispatcher.config().max_message_size,

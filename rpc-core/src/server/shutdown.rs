@@ -59,11 +59,12 @@ pub fn shut_down<L: ServedLink>(
             "shutdown grace period over with handlers still running"
         );
     }
+    // Every connection starts flushing at once; then those not done are looked at again.
     let until = (started + grace).max(Instant::now() + FLUSH_AT_LEAST);
-    for s in served {
-        while !s.link.flushed() && Instant::now() < until {
-            std::thread::sleep(FLUSH_CHECK);
-        }
+    let mut flushing: Vec<&Served<L>> = served.iter().filter(|s| !s.link.flushed()).collect();
+    while !flushing.is_empty() && Instant::now() < until {
+        std::thread::sleep(FLUSH_CHECK);
+        flushing.retain(|s| !s.link.flushed());
     }
     for s in served {
         s.dispatch.close();

@@ -343,3 +343,53 @@ fn frames_held_for_a_cancelled_or_refused_request_are_dropped() {
     assert_eq!(*counts.lock(), [0, 0]);
     conn.close();
 }
+
+/// A link that has flushed `FLUSH_TAKES` after it was first asked to (a TCP client that
+/// closes its side a moment after the server's), recording whether it had when closed.
+struct SlowFlush {
+    asked: Mutex<Option<Instant>>,
+    closed_flushed: Mutex<Option<bool>>,
+}
+
+const FLUSH_TAKES: Duration = Duration::from_millis(60);
+
+impl super::ServedLink for SlowFlush {
+    fn flushed(&self) -> bool {
+        let asked = *self.asked.lock().get_or_insert_with(Instant::now);
+        asked.elapsed() >= FLUSH_TAKES
+    }
+
+    fn close(&self, _: Status) {
+        let flushed = self.flushed();
+        self.closed_flushed.lock().get_or_insert(flushed);
+    }
+}
+
+/// A graceful shutdown lets every connection flush at once, not one after the other: ten
+/// connections that each take 60 ms all flush within a 300 ms grace (one after the other,
+/// the last ones were closed with their answers still queued).
+#[test]
+fn shutdown_flushes_every_connection_at_once() {
+    let (dispatcher, _) = server(4, 16);
+    let served: Vec<super::Served<SlowFlush>> = (0..10)
+        .map(|_| super::Served {
+            link: Arc::new(SlowFlush {
+                asked: Mutex::new(None),
+                closed_flushed: Mutex::new(None),
+            }),
+            dispatch: connection(&dispatcher).0,
+        })
+        .collect();
+    let started = Instant::now();
+    super::shut_down(&dispatcher, &served, started, Duration::from_millis(300));
+    let closed_flushed: Vec<_> = served
+        .iter()
+        .map(|s| *s.link.closed_flushed.lock())
+        .collect();
+    assert_eq!(
+        closed_flushed,
+        vec![Some(true); 10],
+        "closed after flushing"
+    );
+    assert!(started.elapsed() < Duration::from_millis(300));
+}

@@ -9,13 +9,16 @@ use crate::header::{FrameKind, Header};
 use crate::Status;
 
 /// What a connection's transport calls as frames arrive, given to it when the connection
-/// is set up. Calls for one connection come from one thread at a time (its reader, or
-/// whoever drives its completions), in the order the frames arrived.
+/// is set up. Calls may come from several threads at once: TCP hands frames up from the
+/// connection's reader, RDMA from whichever thread drives the completion queue (the engine's
+/// poller, or callers spinning on it), and the end of a connection (`on_dropped`,
+/// `on_closed`) may be reported from the thread that closed it. The frames of one read or
+/// completion batch come in the order they arrived.
 pub trait Inbound: Send + Sync + 'static {
     /// A complete frame. Wakeups it causes may be held in `wakes`, which the transport
     /// performs once the frames of one read or completion batch are handed up. An error
     /// says the connection must end with that status (the peer said it refused it): the
-    /// transport closes it after the frames of the batch.
+    /// transport closes it, and what arrived after this frame may be dropped.
     fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes) -> Result<(), Status>;
 
     /// A run of `Message` and `Messages` frames of stream `call_id`, in order (the frames

@@ -37,11 +37,9 @@ pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 pub const DEFAULT_STALL_LIMIT: Duration = Duration::from_secs(10);
 
 /// What a transport provides to the client side of a connection: sending frames
-/// ([`FrameSender`]) and the rest below.
-///
-/// The transport delivers every response frame it receives to the [`CallTable`](crate::CallTable) it was
-/// given at connect time ([`CallTable::complete`](crate::CallTable::complete)) and closes the table when the connection
-/// dies ([`CallTable::close`](crate::CallTable::close)).
+/// ([`FrameSender`]) and the rest below. What the connection receives goes up through the
+/// [`Inbound`] side it is given at connect time ([`crate::client::Responses`] over the
+/// channel's [`CallTable`](crate::CallTable)), which also hears of the connection's end.
 pub trait ClientTransport: FrameSender {
     /// Sends a header-only frame (a `Cancel`) without ever blocking, from any context,
     /// `Drop` included: a transport with no room now queues it within a bound, or drops it
