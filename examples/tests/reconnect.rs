@@ -28,9 +28,10 @@ async fn restart_under_calls(server: ServerHandle, options: ServeOptions) {
         max_backoff: Duration::from_millis(200),
         ..ReconnectConfig::default()
     };
+    // The first connect of a process over soft-RoCE under emulation can take seconds.
     let connect = || {
         rdma_rpc::client()
-            .connect_timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_secs(10))
             .reconnect(reconnect.clone())
     };
     let client = EchoClient::new(connect().connect(&url).await.unwrap());
