@@ -85,12 +85,7 @@ fn quiet_expected_panic() {
     ONCE.call_once(|| {
         let report = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let message = payload
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
-            if message != Some(INTERCEPTOR_BUG) {
+            if common::panic_message(info) != Some(INTERCEPTOR_BUG) {
                 report(info);
             }
         }));

@@ -319,11 +319,7 @@ fn futures_resumed_after_completion() -> usize {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let message = payload
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+            let message = common::panic_message(info);
             if message.is_some_and(|message| message.contains("resumed after completion")) {
                 RESUMED.fetch_add(1, Ordering::SeqCst);
             }

@@ -20,3 +20,13 @@ pub fn start_rdma(builder: ServerBuilder, rdma: RdmaConfig) -> ServerHandle {
         )
         .expect("rdma server starts")
 }
+
+/// The message of a panic, whether it was formatted or a literal.
+#[allow(dead_code)]
+pub fn panic_message<'a>(info: &'a std::panic::PanicHookInfo<'_>) -> Option<&'a str> {
+    let payload = info.payload();
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+}
