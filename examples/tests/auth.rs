@@ -50,7 +50,8 @@ fn rdma_server(auth: bool) -> ServerHandle {
 }
 
 fn connect(url: &str, credentials: Option<Credentials>) -> Result<Channel, rdma_rpc::Error> {
-    let mut client = rdma_rpc::client().connect_timeout(Duration::from_secs(2));
+    // The first connect of a process over soft-RoCE under emulation can take seconds.
+    let mut client = rdma_rpc::client().connect_timeout(Duration::from_secs(10));
     if let Some(credentials) = credentials {
         client = client.credentials(credentials);
     }
