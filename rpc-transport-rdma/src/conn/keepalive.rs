@@ -11,7 +11,6 @@
 //! `retry_count` of 7). Busy connections are never probed; an idle one costs one
 //! zero-length WRITE and its acknowledgement per interval.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use rpc_core::Status;
@@ -21,21 +20,18 @@ use super::{Conn, State};
 use crate::config::RdmaConfig;
 use crate::protocol::WorkId;
 
-/// A connection's idleness and probe, as the poller sees them.
+/// A connection's idleness and probe, part of its `State`.
 pub(super) struct Keepalive {
-    /// Idle time after which to probe, in milliseconds; 0: never.
-    interval_ms: u64,
-    /// Longest a probe may go unanswered, in milliseconds.
-    timeout_ms: u64,
-    /// Bumped by every batch of completions processed.
-    activity: AtomicU64,
-    /// `activity` at the last tick.
-    seen: AtomicU64,
-    /// Milliseconds without activity (or, while `probing`, since the probe), as of the last
-    /// tick.
-    idle_ms: AtomicU64,
+    /// Idle time after which to probe; `None`: never.
+    interval: Option<Duration>,
+    /// Longest a probe may go unanswered.
+    timeout: Duration,
+    /// Completions were processed since the last tick.
+    active: bool,
+    /// Time without activity (or, while `probing`, since the probe), as of the last tick.
+    idle: Duration,
     /// A probe is posted and has not completed.
-    probing: AtomicBool,
+    probing: bool,
 }
 
 /// What a tick finds.
@@ -48,110 +44,104 @@ enum Tick {
     Dead,
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 impl Keepalive {
     pub(super) fn new(interval: Option<Duration>, timeout: Duration) -> Keepalive {
         Keepalive {
-            interval_ms: interval.map_or(0, |i| millis(i).max(1)),
-            timeout_ms: millis(timeout).max(1),
-            activity: AtomicU64::new(0),
-            seen: AtomicU64::new(0),
-            idle_ms: AtomicU64::new(0),
-            probing: AtomicBool::new(false),
+            interval,
+            timeout,
+            active: false,
+            idle: Duration::ZERO,
+            probing: false,
         }
     }
 
-    /// Completions were processed. Called under the connection's state lock, so one
-    /// thread at a time: a plain load and store, no locked instruction on the hot path.
-    pub(super) fn active(&self) {
-        let activity = self.activity.load(Ordering::Relaxed);
-        self.activity
-            .store(activity.wrapping_add(1), Ordering::Relaxed);
+    /// Completions were processed.
+    pub(super) fn active(&mut self) {
+        self.active = true;
     }
 
     /// Longest a probe may go unanswered.
     pub(super) fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
+        self.timeout
     }
 
     /// The probe completed.
-    pub(super) fn answered(&self) {
-        self.probing.store(false, Ordering::Relaxed);
+    pub(super) fn answered(&mut self) {
+        self.probing = false;
     }
 
     /// `elapsed` went by since the last tick.
-    fn tick(&self, elapsed: Duration) -> Tick {
-        if self.interval_ms == 0 {
+    fn tick(&mut self, elapsed: Duration) -> Tick {
+        let Some(interval) = self.interval else {
             return Tick::Nothing;
-        }
-        let activity = self.activity.load(Ordering::Relaxed);
-        if self.seen.swap(activity, Ordering::Relaxed) != activity {
-            self.idle_ms.store(0, Ordering::Relaxed);
-            return Tick::Nothing;
-        }
-        let idle = self
-            .idle_ms
-            .load(Ordering::Relaxed)
-            .saturating_add(millis(elapsed));
-        let (limit, due) = if self.probing.load(Ordering::Relaxed) {
-            (self.timeout_ms, Tick::Dead)
-        } else {
-            (self.interval_ms, Tick::Probe)
         };
-        if idle < limit {
-            self.idle_ms.store(idle, Ordering::Relaxed);
+        if std::mem::take(&mut self.active) {
+            self.idle = Duration::ZERO;
             return Tick::Nothing;
         }
-        self.idle_ms.store(0, Ordering::Relaxed);
+        self.idle = self.idle.saturating_add(elapsed);
+        let (limit, due) = if self.probing {
+            (self.timeout, Tick::Dead)
+        } else {
+            (interval, Tick::Probe)
+        };
+        if self.idle < limit {
+            return Tick::Nothing;
+        }
+        self.idle = Duration::ZERO;
         due
     }
 }
 
 impl Conn {
-    /// `elapsed` went by since the engine's last tick: probes the connection if it was idle
-    /// for its keepalive interval, closes it if its probe went unanswered for the timeout.
+    /// `elapsed` went by since the engine's last tick: closes the connection if its peer
+    /// hoards a granted buffer, or drained too long after disconnecting, or left a probe
+    /// unanswered for the timeout; probes it if it was idle for its keepalive interval.
     /// Called by the poller only.
     pub(crate) fn keepalive_tick(&self, elapsed: Duration) {
         if self.is_closed() {
             return;
         }
-        self.expire_grants();
-        if self.expire_disconnect() {
-            return;
-        }
-        match self.keepalive.tick(elapsed) {
-            Tick::Nothing => {}
-            Tick::Dead => self.close(Status::unavailable(format!(
-                "{} did not acknowledge a keepalive probe within {:?}: the peer is \
-                 unreachable or dead",
-                self.peer,
-                Duration::from_millis(self.keepalive.timeout_ms)
-            ))),
-            Tick::Probe => self.probe(),
+        let mut state = self.state.lock();
+        let verdict = self
+            .overdue_grant(&state)
+            .or_else(|| self.liveness(&mut state, elapsed));
+        self.unlock(state);
+        if let Some(status) = verdict {
+            self.close(status);
         }
     }
 
-    fn probe(&self) {
-        {
-            let mut state = self.state.lock();
-            if !state.proto.start_probe() {
-                return;
-            }
-            tracing::trace!(peer = %self.peer, "keepalive probe");
-            self.post_probe(&mut state);
-            self.run_actions(&mut state);
+    /// Ticks the keepalive; why the connection is dead, if it is.
+    fn liveness(&self, state: &mut State, elapsed: Duration) -> Option<Status> {
+        if let Some(disconnected) = &state.disconnected {
+            // Draining after the peer's disconnect: bounded by the probe's timeout.
+            return disconnected.expired(state.keepalive.timeout());
         }
-        self.after_state();
+        match state.keepalive.tick(elapsed) {
+            Tick::Nothing => None,
+            Tick::Dead => Some(Status::unavailable(format!(
+                "{} did not acknowledge a keepalive probe within {:?}: the peer is \
+                 unreachable or dead",
+                self.peer,
+                state.keepalive.timeout()
+            ))),
+            Tick::Probe => {
+                if state.proto.start_probe() {
+                    tracing::trace!(peer = %self.peer, "keepalive probe");
+                    self.post_probe(state);
+                    self.run_actions(state);
+                }
+                None
+            }
+        }
     }
 
     /// Posts the probe the protocol let go (a keepalive, a fence for teardown, a drain's
     /// marker); one the queue pair refuses is reported to the protocol, whose actions the
     /// caller runs.
     pub(super) fn post_probe(&self, state: &mut State) {
-        self.keepalive.probing.store(true, Ordering::Relaxed);
+        state.keepalive.probing = true;
         if let Err(e) = self.res.qp.post_probe(self.res.wr_id(WorkId::Probe)) {
             tracing::warn!(peer = %self.peer, %e, "the queue pair refused a probe");
             state.proto.on_probe_refused();
@@ -165,7 +155,7 @@ mod tests {
 
     #[test]
     fn probes_after_a_whole_idle_interval_and_never_while_active() {
-        let k = Keepalive::new(Some(Duration::from_millis(1000)), Duration::from_secs(5));
+        let mut k = Keepalive::new(Some(Duration::from_millis(1000)), Duration::from_secs(5));
         let tick = Duration::from_millis(400);
         assert_eq!(k.tick(tick), Tick::Nothing);
         assert_eq!(k.tick(tick), Tick::Nothing);
@@ -176,19 +166,19 @@ mod tests {
             assert_eq!(k.tick(tick), Tick::Nothing, "never while completions come");
             k.active();
         }
-        let off = Keepalive::new(None, Duration::from_secs(5));
+        let mut off = Keepalive::new(None, Duration::from_secs(5));
         assert_eq!(off.tick(Duration::from_secs(3600)), Tick::Nothing);
     }
 
     #[test]
     fn an_unanswered_probe_is_dead_after_the_timeout_unless_something_completes() {
-        let k = Keepalive::new(
+        let mut k = Keepalive::new(
             Some(Duration::from_millis(100)),
             Duration::from_millis(1000),
         );
         let tick = Duration::from_millis(400);
         assert_eq!(k.tick(tick), Tick::Probe);
-        k.probing.store(true, Ordering::Relaxed);
+        k.probing = true;
         assert_eq!(k.tick(tick), Tick::Nothing);
         assert_eq!(k.tick(tick), Tick::Nothing);
         k.active();

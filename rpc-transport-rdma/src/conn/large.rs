@@ -112,7 +112,7 @@ impl GrantLimit {
 
 /// Something to hand to the upper layer.
 #[derive(Debug)]
-pub(crate) enum Arrival {
+pub(super) enum Arrival {
     /// A frame in a receive slot, and the entry it landed in (the ring slot, or a shared
     /// receive queue's buffer).
     Slot(Received, u32),
@@ -145,16 +145,13 @@ impl Conn {
         if let Some(metrics) = crate::metrics::rdma() {
             metrics.sent_by_write.increment(total as u64);
         }
-        let started = {
-            let mut state = self.state.lock();
-            let started = state.proto.start_large(&header, local);
-            if let Ok(transfer) = started {
-                state.large.sources.insert(transfer, buffer);
-            }
-            self.run_actions(&mut state);
-            started
-        };
-        self.after_state();
+        let mut state = self.state.lock();
+        let started = state.proto.start_large(&header, local);
+        if let Ok(transfer) = started {
+            state.large.sources.insert(transfer, buffer);
+        }
+        self.run_actions(&mut state);
+        self.unlock(state);
         started.map(|_| ()).map_err(|e| self.send_error(e, total))
     }
 
@@ -200,8 +197,7 @@ impl Conn {
         header.flags = header.flags.with(Flags::RESPONSE_BUFFER);
         header.remote = descriptor;
         self.run_actions(&mut state);
-        drop(state);
-        self.after_state();
+        self.unlock(state);
         true
     }
 
@@ -215,8 +211,7 @@ impl Conn {
         let mut state = self.state.lock();
         state.proto.withdraw_advertisement(call_id);
         self.run_actions(&mut state);
-        drop(state);
-        self.after_state();
+        self.unlock(state);
     }
 
     /// Executes an action of the large-body path. State lock held.
@@ -397,22 +392,18 @@ impl Conn {
 }
 
 impl Conn {
-    /// Closes the connection if its peer has held a buffer it asked for longer than its
-    /// [`GrantLimit`] allows without announcing the body: it is hoarding registered memory.
-    /// Called by the poller's ticks.
-    pub(super) fn expire_grants(&self) {
-        let overdue = {
-            let state = self.state.lock();
-            state.large.overdue(Instant::now(), self.grant_limit)
-        };
-        if let Some((len, age, allowed)) = overdue {
-            self.close(Status::resource_exhausted(format!(
-                "{} held a buffer of {len} bytes it asked for {age:?} without writing the \
-                 body (allowed {allowed:?}: large_grant_timeout {:?} plus the body at \
-                 large_grant_min_rate {} B/s); the connection is closed to free it",
-                self.peer, self.grant_limit.timeout, self.grant_limit.min_rate
-            )));
-        }
+    /// Why the connection must close, if its peer has held a buffer it asked for longer
+    /// than its [`GrantLimit`] allows without announcing the body: it is hoarding
+    /// registered memory. Checked by the poller's ticks.
+    pub(super) fn overdue_grant(&self, state: &State) -> Option<Status> {
+        let limit = self.limits.grant;
+        let (len, age, allowed) = state.large.overdue(Instant::now(), limit)?;
+        Some(Status::resource_exhausted(format!(
+            "{} held a buffer of {len} bytes it asked for {age:?} without writing the body \
+             (allowed {allowed:?}: large_grant_timeout {:?} plus the body at \
+             large_grant_min_rate {} B/s); the connection is closed to free it",
+            self.peer, limit.timeout, limit.min_rate
+        )))
     }
 }
 

@@ -1,24 +1,25 @@
 //! One RDMA connection: verbs resources driven by the sans-IO protocol.
 //!
-//! Threads meet here: callers send (under the state lock: reserve a slot, encode the frame
-//! straight into it, commit, post), and whoever polls the completion queue (the poller
-//! thread, or a blocking caller doing run-to-completion) feeds completions to the protocol
-//! and hands received frames to the upper layer *after* dropping the locks, so a handler run
-//! inline can send its response at once.
+//! **One owner.** Everything about a connection that changes (the protocol, its large
+//! bodies, the senders waiting for room, the frames being handed up and the slots waiting
+//! to be re-posted, its liveness, how far it is closed) lives in [`State`], under one
+//! lock. Whoever holds the lock may post work requests (posts never block, and their order
+//! is part of the no-RNR guarantee) but calls nobody: what others must hear (wakers,
+//! received frames, dropped calls, the close) is collected as [`Upcalls`] and run once the
+//! lock is dropped, so a handler run inline can send its response at once.
 //!
-//! This file holds the connection, its send path and teardown; `recv.rs` the completion
-//! side (polling, delivery, receive-slot release, run-to-completion spinning).
+//! Threads meet here: callers send (`send.rs`); whoever polls the completion queue (the
+//! engine's poller, or a caller doing run-to-completion) processes completions and hands
+//! frames up (`recv.rs`); the poller ticks liveness (`keepalive.rs`); teardown
+//! (`teardown.rs`) drains before it disconnects; `large.rs` moves bodies by RDMA WRITE.
 
-use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::task::Waker;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
-use rpc_core::{FrameKind, Header, Inbound, Status};
-use smallvec::SmallVec;
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use rpc_core::{FrameKind, Inbound, Status};
 
 use crate::config::RdmaConfig;
 use crate::engine::Engine;
@@ -34,42 +35,46 @@ mod send;
 mod teardown;
 
 use keepalive::Keepalive;
-pub(crate) use large::Arrival;
 use large::{GrantLimit, LargeState};
-use teardown::Disconnected;
-
-/// Frames taken from one poll of the completion queue.
-pub(crate) type Arrivals = SmallVec<[Arrival; 4]>;
-
-/// Receive slots whose release may wait for a better moment (see `recv.rs`); one more and
-/// they are released at once, so the credits held back stay few.
-const RELEASE_BATCH: usize = 8;
-
-thread_local! {
-    /// This thread is inside the upper layer's code for some connection (delivering frames,
-    /// or dropping a received buffer): progress made here must not re-enter it.
-    static UPPER_LAYER_LOCKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// The connection (its serial) whose frames this thread is delivering, running
-    /// handlers inline; 0 for none.
-    static DELIVERING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    /// The connection (its serial) whose CQ this thread last polled as a blocking caller:
-    /// it comes back to send or poll. 0 for none.
-    static DRIVER: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
+pub(crate) use recv::Processed;
+use recv::{HandUps, UPPER_LAYER_LOCKED};
+use send::Writers;
+use teardown::{Closing, Disconnected};
 
 /// The next connection's serial; 0 means none, so they start at 1.
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
+/// A connection's changing state: its one owner is this lock.
 struct State {
     proto: protocol::Connection,
-    /// Calls whose queued frames the protocol dropped, reported outside the lock.
-    dropped: Vec<(u64, FrameKind)>,
     /// Buffers and windows of large bodies in flight.
     large: LargeState,
     /// With a shared receive queue: the buffer each held receive slot landed in.
     shared_bufs: Vec<u32>,
+    /// The upper layer's inbound side; the close takes it, and tells it last.
+    inbound: Option<Arc<dyn Inbound>>,
+    /// Calls whose queued frames the protocol dropped, to report outside the lock.
+    dropped: Vec<(u64, FrameKind)>,
+    /// Senders waiting for room, and the control frames queued for it.
+    writers: Writers,
+    /// Frames on their way up, and the receive slots coming back.
+    hand_ups: HandUps,
+    keepalive: Keepalive,
     /// The peer disconnected; the connection closes once its completions are drained.
     disconnected: Option<Disconnected>,
+    closing: Closing,
+}
+
+/// What never changes after the handshake.
+struct Limits {
+    /// Largest frame one SEND carries (negotiated; larger bodies go by RDMA WRITE).
+    max_send_frame: usize,
+    /// Longest a sender waits for a slot before the peer is declared stuck.
+    stall_limit: Duration,
+    /// Most control frames queued for room (see [`Conn::send_control`]).
+    control_queue: usize,
+    /// How long the peer may hold a buffer granted at its request.
+    grant: GrantLimit,
 }
 
 /// Teardown: `Drop` first revokes open grants (windows are deallocated, so nothing the peer
@@ -82,55 +87,28 @@ pub(crate) struct Conn {
     res: ManuallyDrop<Resources>,
     id: ManuallyDrop<CmId>,
     state: ManuallyDrop<Mutex<State>>,
+    /// Blocking senders wait here, on the state lock, for a `Writable`.
+    writable: Condvar,
+    /// `Closing::Closed`, readable without the lock by the loops that spin on the CQ.
+    closed: AtomicBool,
     /// This connection, for the engine's lists of work.
     me: Weak<Conn>,
-    /// Names this connection in the thread-locals below: unique in the process for its
-    /// life (an address is not: a connection dropped and another made may share one).
+    /// Names this connection in the thread-locals of `recv.rs`: unique in the process for
+    /// its life (an address is not: a connection dropped and another made may share one).
     serial: u64,
-    /// Bumped on every `Writable`; senders waiting for slots watch it.
-    writable_epoch: AtomicU64,
-    writable_lock: Mutex<()>,
-    writable: Condvar,
-    write_wakers: Mutex<Vec<Waker>>,
-    /// `write_wakers` is not empty.
-    has_wakers: AtomicBool,
-    /// The protocol reported `Writable`: wake the async senders, flush queued controls.
-    writable_fired: AtomicBool,
-    /// Since when async senders wait for room, with no `Writable` since.
-    stalled_since: Mutex<Option<Instant>>,
-    /// Header-only frames (`Cancel`) waiting for room (see [`Conn::send_control`]).
-    queued_controls: Mutex<VecDeque<Header>>,
-    control_queue_limit: usize,
-    /// The protocol dropped frames or closed: `after_state` has work to do.
-    attention: AtomicBool,
-    closed: AtomicBool,
-    inbound: Mutex<Option<Arc<dyn Inbound>>>,
-    /// The protocol closed, and the thread that saw it could not call back into the upper
-    /// layer: the engine's poller runs the close (see `after_state`).
-    close_pending: AtomicBool,
-    /// Frames received by a thread that was already delivering (a handler that polled while
-    /// waiting for send credits); its outermost delivery loop hands them over, in order.
-    deferred: Mutex<Vec<Arrival>>,
-    /// Receive slots the upper layer is done with, not yet re-posted (see `recv.rs`), with
-    /// the entries they landed in.
-    released: Mutex<Vec<(u32, u32)>>,
-    /// `released` is not empty.
-    has_released: AtomicBool,
-    /// Batches of frames taken from the CQ and not yet handed up (by the threads that took
-    /// them, after dropping the locks). Atomic, not under the state lock: every delivered
-    /// batch counts, and senders contend for that lock.
-    handing_up: AtomicU32,
-    /// A close waits for those batches: whoever sees the count reach zero with this set runs
-    /// it, so frames that arrived before the close reach the upper layer before its news.
-    close_deferred: AtomicBool,
     peer: String,
-    /// Longest a sender waits for a slot before the peer is declared stuck.
-    stall_limit: Duration,
-    /// Largest frame one SEND carries (negotiated; larger bodies go by RDMA WRITE).
-    max_send_frame: usize,
-    keepalive: Keepalive,
-    /// How long the peer may hold a buffer granted at its request.
-    grant_limit: GrantLimit,
+    limits: Limits,
+}
+
+/// What a holder of the state lock leaves for after it (see the module documentation).
+#[must_use]
+#[derive(Default)]
+pub(crate) struct Upcalls {
+    /// The protocol reported `Writable`: blocked senders are notified, these woken.
+    writable: bool,
+    wakers: Vec<std::task::Waker>,
+    /// Dropped frames, failed transfers or the protocol's close are to be reported.
+    report: bool,
 }
 
 impl Drop for Conn {
@@ -141,6 +119,8 @@ impl Drop for Conn {
             // Given back once the QP is destroyed.
             commitment.set(state.proto.recv_posted());
         }
+        // The upper layer's side goes here, not on the reaper thread.
+        drop(state.inbound.take());
         // SAFETY: each is taken once, here, and `self` is not used after.
         let (res, id, state) = unsafe {
             (
@@ -165,57 +145,46 @@ impl Conn {
         peer: String,
         config: &RdmaConfig,
     ) -> Result<Arc<Conn>, Status> {
-        let stall_limit = config.stall_limit;
-        let control_queue_limit = config.control_queue as usize;
         let params = protocol::ConnectParams::decode(peer_params).map_err(|e| {
             Status::unavailable(format!("{peer} sent unusable connection parameters: {e}"))
         })?;
         let geometry = protocol::Geometry::negotiate(&res.protocol, &params).map_err(|e| {
             Status::unavailable(format!("cannot agree on ring geometry with {peer}: {e}"))
         })?;
-        let max_send_frame = geometry.max_send_frame as usize;
+        let limits = Limits {
+            max_send_frame: geometry.max_send_frame as usize,
+            stall_limit: config.stall_limit,
+            control_queue: config.control_queue as usize,
+            grant: GrantLimit {
+                timeout: config.large_grant_timeout,
+                min_rate: config.large_grant_min_rate,
+            },
+        };
         let shared_bufs = match res.shared_recv() {
             Some(_) => vec![0; geometry.recv_slots as usize],
             None => Vec::new(),
         };
         Ok(Arc::new_cyclic(|me| Conn {
-            max_send_frame,
             res: ManuallyDrop::new(res),
             id: ManuallyDrop::new(id),
             state: ManuallyDrop::new(Mutex::new(State {
                 proto: protocol::Connection::new(geometry),
-                dropped: Vec::new(),
                 large: LargeState::default(),
                 shared_bufs,
+                inbound: None,
+                dropped: Vec::new(),
+                writers: Writers::default(),
+                hand_ups: HandUps::default(),
+                keepalive: Keepalive::new(config.keepalive, config.keepalive_timeout),
                 disconnected: None,
+                closing: Closing::Open,
             })),
-            handing_up: AtomicU32::new(0),
-            close_deferred: AtomicBool::new(false),
+            writable: Condvar::new(),
+            closed: AtomicBool::new(false),
             me: me.clone(),
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
-            writable_epoch: AtomicU64::new(0),
-            writable_lock: Mutex::new(()),
-            writable: Condvar::new(),
-            write_wakers: Mutex::new(Vec::new()),
-            has_wakers: AtomicBool::new(false),
-            writable_fired: AtomicBool::new(false),
-            stalled_since: Mutex::new(None),
-            queued_controls: Mutex::new(VecDeque::new()),
-            control_queue_limit,
-            attention: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-            inbound: Mutex::new(None),
-            close_pending: AtomicBool::new(false),
-            deferred: Mutex::new(Vec::new()),
-            released: Mutex::new(Vec::with_capacity(RELEASE_BATCH)),
-            has_released: AtomicBool::new(false),
             peer,
-            stall_limit,
-            keepalive: Keepalive::new(config.keepalive, config.keepalive_timeout),
-            grant_limit: GrantLimit {
-                timeout: config.large_grant_timeout,
-                min_rate: config.large_grant_min_rate,
-            },
+            limits,
         }))
     }
 
@@ -232,7 +201,7 @@ impl Conn {
     }
 
     pub(crate) fn set_inbound(&self, inbound: Arc<dyn Inbound>) {
-        *self.inbound.lock() = Some(inbound);
+        self.state.lock().inbound = Some(inbound);
     }
 
     pub(crate) fn peer(&self) -> &str {
@@ -249,7 +218,7 @@ impl Conn {
 
     /// Largest frame this connection can send in one slot.
     pub(crate) fn max_frame(&self) -> usize {
-        self.max_send_frame
+        self.limits.max_send_frame
     }
 
     /// Counters and gauges of the protocol state.
@@ -306,7 +275,7 @@ impl Conn {
                     unsafe { res.qp.post_send(&request) }
                 }
                 Action::Writable => {
-                    self.wake_writers();
+                    state.writers.on_writable();
                     Ok(())
                 }
                 Action::SendDropped { call_id, kind, .. } => {
@@ -324,31 +293,50 @@ impl Conn {
                 state.proto.close();
             }
         }
-        if !state.dropped.is_empty() || state.large.has_failures() || state.proto.is_closed() {
-            self.attention.store(true, Ordering::Release);
+    }
+
+    /// Collects what the lock's holder leaves for after it: sends the queued controls a
+    /// `Writable` made room for, takes the wakers, says whether there is news to report.
+    fn upcalls(&self, state: &mut State) -> Upcalls {
+        let mut upcalls = Upcalls::default();
+        // A loop: flushing controls may bring another `Writable`.
+        while std::mem::take(&mut state.writers.writable) {
+            state.writers.stalled_since = None;
+            self.flush_controls(state);
+            upcalls.writable = true;
+        }
+        if upcalls.writable {
+            upcalls.wakers = std::mem::take(&mut state.writers.wakers);
+        }
+        // Waiting for hand-ups, the report waits too; once closed, nobody is left to tell.
+        upcalls.report = state.closing == Closing::Open
+            && (!state.dropped.is_empty() || state.large.has_failures() || state.proto.is_closed());
+        upcalls
+    }
+
+    /// Drops the state lock, then runs what its holder left.
+    fn unlock(&self, mut state: MutexGuard<'_, State>) {
+        let mut upcalls = self.upcalls(&mut state);
+        drop(state);
+        self.wake_writers(&mut upcalls);
+        if upcalls.report {
+            self.report_soon();
         }
     }
 
-    fn wake_writers(&self) {
-        self.writable_fired.store(true, Ordering::Release);
-        self.writable_epoch.fetch_add(1, Ordering::AcqRel);
-        // Under the lock, so a sender between its check and its wait cannot miss this.
-        let _guard = self.writable_lock.lock();
-        self.writable.notify_all();
+    /// Notifies the blocked senders and wakes the async ones, if a `Writable` came.
+    fn wake_writers(&self, upcalls: &mut Upcalls) {
+        if upcalls.writable {
+            self.writable.notify_all();
+            upcalls.wakers.drain(..).for_each(std::task::Waker::wake);
+        }
     }
 
-    /// Work that must happen without the state lock: waking async senders, reporting
-    /// dropped frames, tearing down a connection the protocol closed.
-    fn after_state(&self) {
-        self.wake_async_writers();
-        if !(self.attention.load(Ordering::Acquire) && self.attention.swap(false, Ordering::AcqRel))
-        {
-            return;
-        }
+    /// Reports dropped frames, failed transfers and the protocol's close now, or, on a
+    /// thread inside the upper layer's code (which may hold its own locks: a receive buffer
+    /// dropped inside the call table, say), has the engine's poller do it.
+    fn report_soon(&self) {
         if UPPER_LAYER_LOCKED.get() {
-            // Called while the upper layer may hold its own locks (a receive buffer dropped
-            // inside the call table, say): no callbacks from here; the poller closes.
-            self.close_pending.store(true, Ordering::Release);
             let engine = &self.res.attachment.engine;
             engine.call_attention(&self.me);
             engine.wake_poller();
@@ -357,103 +345,70 @@ impl Conn {
         self.report_dropped_and_close();
     }
 
-    /// After a `Writable`: flushes queued controls and wakes the async senders.
-    fn wake_async_writers(&self) {
-        // Plain loads first: these run on every send, completion batch and slot release,
-        // and the flags are nearly always clear; a swap would be a locked instruction each.
-        // A loop: another `Writable` may come while this one is handled.
-        while self.writable_fired.load(Ordering::Acquire)
-            && self.writable_fired.swap(false, Ordering::AcqRel)
-        {
-            *self.stalled_since.lock() = None;
-            self.flush_controls();
-            if self.has_wakers.load(Ordering::Acquire)
-                && self.has_wakers.swap(false, Ordering::AcqRel)
-            {
-                let wakers = std::mem::take(&mut *self.write_wakers.lock());
-                wakers.into_iter().for_each(Waker::wake);
-            }
-        }
-    }
-
     /// Reports frames the protocol dropped and, if it closed the connection, closes it.
     /// Calls back into the upper layer: never from under its locks.
-    pub(crate) fn report_dropped_and_close(&self) {
-        if self.close_waits_for_hand_ups() {
-            return;
-        }
-        let (dropped, failed, reason, disconnected) = {
+    fn report_dropped_and_close(&self) {
+        let (dropped, failed, close, inbound) = {
             let mut state = self.state.lock();
-            let reason = state.proto.close_reason().map(ToString::to_string);
-            let failed = state.large.take_failures();
-            let disconnected = state.disconnected.as_ref().map(|d| d.status.clone());
+            if state.proto.is_closed() && state.hand_ups.batches > 0 {
+                // Frames taken before the close are still on their way up: the last of
+                // them to arrive closes (see `HandUps`).
+                if state.closing == Closing::Open {
+                    state.closing = Closing::AfterHandUps;
+                }
+                return;
+            }
+            let close = state.proto.close_reason().map(|reason| {
+                match &state.disconnected {
+                    // Drained after the peer's disconnect: that is why it closed.
+                    Some(disconnected) => disconnected.status.clone(),
+                    None => {
+                        Status::unavailable(format!("connection to {} failed: {reason}", self.peer))
+                    }
+                }
+            });
             (
                 std::mem::take(&mut state.dropped),
-                failed,
-                reason,
-                disconnected,
+                state.large.take_failures(),
+                close,
+                state.inbound.clone(),
             )
         };
-        if !dropped.is_empty() || !failed.is_empty() {
-            if let Some(inbound) = self.inbound() {
-                for (call_id, kind) in dropped {
-                    inbound.on_dropped(call_id, kind);
-                }
-                for (call_id, kind, status) in failed {
-                    inbound.on_transfer_failed(call_id, kind, status);
-                }
+        if let Some(inbound) = inbound {
+            for (call_id, kind) in dropped {
+                inbound.on_dropped(call_id, kind);
+            }
+            for (call_id, kind, status) in failed {
+                inbound.on_transfer_failed(call_id, kind, status);
             }
         }
-        match (reason, disconnected) {
-            // Drained after the peer's disconnect: that is why it closed.
-            (Some(_), Some(status)) => self.close(status),
-            (Some(reason), None) => self.close(Status::unavailable(format!(
-                "connection to {} failed: {reason}",
-                self.peer
-            ))),
-            (None, _) => {}
+        if let Some(status) = close {
+            self.close(status);
         }
-    }
-
-    /// The protocol closed while other threads still hand up frames taken before: the close
-    /// is left to the last of them (see `HandingUp`). True if it was.
-    fn close_waits_for_hand_ups(&self) -> bool {
-        if self.handing_up.load(Ordering::SeqCst) == 0 || !self.state.lock().proto.is_closed() {
-            return false;
-        }
-        self.close_deferred.store(true, Ordering::SeqCst);
-        // The last hand-up may have finished between the load and the store, seeing nothing
-        // deferred: then the close is ours after all (unless it took it meanwhile).
-        !(self.handing_up.load(Ordering::SeqCst) == 0
-            && self.close_deferred.swap(false, Ordering::SeqCst))
-    }
-
-    fn inbound(&self) -> Option<Arc<dyn Inbound>> {
-        self.inbound.lock().clone()
-    }
-
-    /// This connection's [`Conn::serial`], for the thread-locals.
-    fn serial(&self) -> u64 {
-        self.serial
     }
 
     /// Closes the connection: fails what is queued, disconnects, tells the upper layer.
     pub(crate) fn close(&self, status: Status) {
-        if self.closed.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        {
+        let (inbound, dropped, wakers) = {
             let mut state = self.state.lock();
+            if state.closing == Closing::Closed {
+                return;
+            }
+            state.closing = Closing::Closed;
+            self.closed.store(true, Ordering::Release);
             state.proto.close();
             self.run_actions(&mut state);
-        }
+            state.writers.controls.clear();
+            (
+                state.inbound.take(),
+                std::mem::take(&mut state.dropped),
+                std::mem::take(&mut state.writers.wakers),
+            )
+        };
         // Tell the peer; fails harmlessly if the peer disconnected first.
         let _ = self.id.disconnect();
-        self.wake_writers();
-        let wakers = std::mem::take(&mut *self.write_wakers.lock());
-        wakers.into_iter().for_each(Waker::wake);
-        let inbound = self.inbound.lock().take();
-        let dropped = std::mem::take(&mut self.state.lock().dropped);
+        self.writable.notify_all();
+        wakers.into_iter().for_each(std::task::Waker::wake);
         if let Some(inbound) = inbound {
             for (call_id, kind) in dropped {
                 inbound.on_dropped(call_id, kind);
@@ -462,17 +417,12 @@ impl Conn {
         }
     }
 
-    /// The engine's poller does what was left to it: a close a thread inside the upper
-    /// layer could not run, slot releases that waited for a quiet moment.
+    /// The engine's poller does what was left to it: a report a thread inside the upper
+    /// layer could not make, slot releases that waited for a quiet moment.
     pub(crate) fn attend(&self) {
-        if self.close_pending.load(Ordering::Acquire)
-            && self.close_pending.swap(false, Ordering::AcqRel)
-        {
-            self.report_dropped_and_close();
-        }
-        if self.has_released.load(Ordering::Acquire) {
-            self.release_deferred_now();
-        }
+        let mut state = self.state.lock();
+        self.release_deferred(&mut state);
+        self.unlock(state);
     }
 
     /// Reads the connection's rdma_cm events (clients): a disconnect closes it once what

@@ -2,22 +2,67 @@
 //! received frames to the upper layer as zero-copy buffers, and the run-to-completion
 //! spinning of blocking callers.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Context;
 use std::time::Duration;
 
 use bytes::Bytes;
+use parking_lot::MutexGuard;
 use rpc_core::frame::InboundFrame;
 use rpc_core::stream::Wakes;
 use rpc_core::{Drive, Inbound, Status};
 use smallvec::SmallVec;
 
 use super::large::{placed_frame, Arrival};
-use super::{Arrivals, Conn, State, DELIVERING, DRIVER, RELEASE_BATCH, UPPER_LAYER_LOCKED};
+use super::teardown::Closing;
+use super::{Conn, State, Upcalls};
 use crate::engine::{Polled, SharedCq};
 use crate::protocol::{ProtocolViolation, Received, SendTarget, WorkId};
 use crate::verbs::WorkCompletion;
+
+/// Receive slots whose release may wait for a better moment (see [`Conn::release_recv`]);
+/// one more and they are released at once, so the credits held back stay few.
+const RELEASE_BATCH: usize = 8;
+
+thread_local! {
+    /// This thread is inside the upper layer's code for some connection (delivering frames,
+    /// or dropping a received buffer): progress made here must not re-enter it.
+    pub(super) static UPPER_LAYER_LOCKED: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+    /// The connection (its serial) whose frames this thread is delivering, running
+    /// handlers inline; 0 for none.
+    static DELIVERING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// The connection (its serial) whose CQ this thread last polled as a blocking caller:
+    /// it comes back to send or poll. 0 for none.
+    static DRIVER: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Frames on their way to the upper layer and receive slots on their way back, part of the
+/// connection's [`State`].
+#[derive(Default)]
+pub(super) struct HandUps {
+    /// Batches of frames taken from the CQ and not yet handed up (by the threads that took
+    /// them, after dropping the locks). A close the protocol decides meanwhile waits for
+    /// them ([`Closing::AfterHandUps`]): the last one runs it, so frames that arrived before
+    /// the close reach the upper layer before its news.
+    pub(super) batches: u32,
+    /// Frames received by a thread that was already delivering (a handler that polled while
+    /// waiting for send credits); its outermost delivery loop hands them over, in order.
+    deferred: Vec<Arrival>,
+    /// Receive slots the upper layer is done with, not yet re-posted, with the entries
+    /// they landed in.
+    released: SmallVec<[(u32, u32); RELEASE_BATCH]>,
+}
+
+/// What processing a run of completions leaves for after the locks: frames to hand up, and
+/// the [`Upcalls`].
+#[must_use]
+pub(crate) struct Processed {
+    arrivals: SmallVec<[Arrival; 4]>,
+    /// Where the frames go (none once closed).
+    inbound: Option<Arc<dyn Inbound>>,
+    upcalls: Upcalls,
+}
 
 impl Conn {
     /// Polls this connection's completion queue once (shared with other connections, whose
@@ -47,50 +92,75 @@ impl Conn {
     /// Processes a run of this connection's completions, in CQ order: feeds them to the
     /// protocol and executes its actions. Returns the frames to hand up (after the caller
     /// dropped the CQ's poll lock, with [`Conn::hand_up`]).
-    pub(crate) fn process(&self, completions: &[WorkCompletion]) -> Arrivals {
-        // Most batches hold a frame or two: no allocation for them.
-        let mut received: Arrivals = SmallVec::new();
-        if completions.is_empty() {
-            return received;
-        }
+    pub(crate) fn process(&self, completions: &[WorkCompletion]) -> Processed {
         let mut state = self.state.lock();
-        self.keepalive.active();
+        state.keepalive.active();
+        // Most batches hold a frame or two: no allocation for them.
+        let mut arrivals = SmallVec::new();
         for wc in completions {
-            self.on_completion(&mut state, wc, &mut received);
+            self.on_completion(&mut state, wc, &mut arrivals);
         }
         self.run_actions(&mut state);
-        received.extend(
+        arrivals.extend(
             state
                 .large
                 .take_arrived()
                 .into_iter()
                 .map(|(header, buffer)| Arrival::Placed(header, buffer)),
         );
-        if !received.is_empty() {
-            // Handed up by `hand_up`, which counts it back.
-            self.handing_up.fetch_add(1, Ordering::SeqCst);
+        let inbound = if arrivals.is_empty() {
+            None
+        } else {
+            // Counted back by `hand_up`.
+            state.hand_ups.batches += 1;
+            state.inbound.clone()
+        };
+        let upcalls = self.upcalls(&mut state);
+        Processed {
+            arrivals,
+            inbound,
+            upcalls,
         }
-        received
     }
 
-    /// Hands frames [`Conn::process`] produced to the upper layer, and does what the
-    /// protocol left for outside its lock.
-    /// Frames go up before a close the same batch brought (a flushed receive after them,
-    /// say) runs: they arrived before it.
-    pub(crate) fn hand_up(self: &Arc<Self>, received: &mut Arrivals) {
-        self.wake_async_writers();
-        let _counted = (!received.is_empty()).then(|| HandingUp(self));
-        if DELIVERING.get() == self.serial() {
-            // A handler on this thread is waiting for send credits: hand these frames to
-            // the delivery loop it runs in rather than nesting handlers.
-            self.deferred.lock().extend(received.drain(..));
-        } else if !received.is_empty() {
-            self.deliver(received);
+    /// Hands what [`Conn::process`] took to the upper layer, and runs its upcalls. Frames go
+    /// up before a close the same batch brought (a flushed receive after them, say) is
+    /// reported: they arrived before it.
+    pub(crate) fn hand_up(self: &Arc<Self>, processed: Processed) {
+        let Processed {
+            arrivals,
+            inbound,
+            mut upcalls,
+        } = processed;
+        self.wake_writers(&mut upcalls);
+        if !arrivals.is_empty() {
+            let counted = Counted {
+                conn: self,
+                done: false,
+            };
+            match inbound {
+                // A handler on this thread is waiting for send credits: hand these frames
+                // to the delivery loop it runs in rather than nesting handlers.
+                _ if DELIVERING.get() == self.serial => {
+                    let mut state = self.state.lock();
+                    state.hand_ups.deferred.extend(arrivals);
+                    counted.finish(state);
+                }
+                Some(inbound) => self.deliver(&*inbound, arrivals, counted),
+                None => counted.finish(self.state.lock()),
+            }
         }
-        self.after_state();
+        if upcalls.report {
+            self.report_soon();
+        }
     }
 
-    fn on_completion(&self, state: &mut State, wc: &WorkCompletion, received: &mut Arrivals) {
+    fn on_completion(
+        &self,
+        state: &mut State,
+        wc: &WorkCompletion,
+        received: &mut SmallVec<[Arrival; 4]>,
+    ) {
         let Some((_, work)) = WorkId::from_wr_id(wc.wr_id()) else {
             tracing::error!(wr_id = wc.wr_id(), "completion for an unknown work request");
             state.proto.close();
@@ -123,7 +193,7 @@ impl Conn {
             WorkId::Bind(grant) => state.proto.on_bind_complete(grant),
             WorkId::Invalidate(grant) => state.proto.on_invalidated(grant),
             WorkId::Probe => {
-                self.keepalive.answered();
+                state.keepalive.answered();
                 state.proto.on_probe_complete();
                 Ok(())
             }
@@ -177,26 +247,31 @@ impl Conn {
         commitment.shared.give_back(granted - grown);
     }
 
-    /// Hands `received` to the upper layer. Borrowed, and drained in place: a batch is a
-    /// few hundred bytes, and every move of it is a copy. A frame the upper layer says ends
-    /// the connection closes it once the batch is handed up.
-    fn deliver(self: &Arc<Self>, received: &mut Arrivals) {
-        let Some(inbound) = self.inbound() else {
-            return;
-        };
-        let outer = DELIVERING.replace(self.serial());
+    /// Hands `arrivals` to the upper layer, then what other polls of this connection's CQ
+    /// on this thread deferred meanwhile. A frame the upper layer says ends the connection
+    /// closes it once everything is handed up.
+    fn deliver(
+        self: &Arc<Self>,
+        inbound: &dyn Inbound,
+        arrivals: SmallVec<[Arrival; 4]>,
+        counted: Counted<'_>,
+    ) {
+        let outer = DELIVERING.replace(self.serial);
         // A stream's reader wakes once to all of its messages in the batch.
         let mut wakes = Wakes::new();
         let mut ended = None;
-        self.deliver_batch(&*inbound, received.drain(..), &mut wakes, &mut ended);
-        loop {
-            let deferred = std::mem::take(&mut *self.deferred.lock());
-            if deferred.is_empty() {
-                break;
+        self.deliver_batch(inbound, arrivals, &mut wakes, &mut ended);
+        let state = loop {
+            let mut state = self.state.lock();
+            if state.hand_ups.deferred.is_empty() {
+                break state;
             }
-            self.deliver_batch(&*inbound, deferred, &mut wakes, &mut ended);
-        }
+            let deferred = std::mem::take(&mut state.hand_ups.deferred);
+            drop(state);
+            self.deliver_batch(inbound, deferred, &mut wakes, &mut ended);
+        };
         DELIVERING.set(outer);
+        counted.finish(state);
         wakes.wake_all();
         if let Some(status) = ended {
             self.close(status);
@@ -272,57 +347,34 @@ impl Conn {
     /// quiet spell releases them too. Other threads (async handlers, frames kept by the
     /// application) release at once: nothing says they will come back.
     fn release_recv(&self, slot: u32, entry: u32) {
-        let serial = self.serial();
-        if DELIVERING.get() != serial && DRIVER.get() != serial {
-            let outer = UPPER_LAYER_LOCKED.replace(true);
-            {
-                let mut state = self.state.lock();
-                self.release_one(&mut state, slot, entry);
-                self.run_actions(&mut state);
-            }
-            // Buffers are dropped wherever the upper layer drops them, possibly under its
-            // locks: no callbacks from here.
-            self.after_state();
-            UPPER_LAYER_LOCKED.set(outer);
-            return;
-        }
-        let due = {
-            let mut released = self.released.lock();
+        // Buffers are dropped wherever the upper layer drops them, possibly under its locks:
+        // no callbacks from here.
+        let outer = UPPER_LAYER_LOCKED.replace(true);
+        let mut state = self.state.lock();
+        if DELIVERING.get() != self.serial && DRIVER.get() != self.serial {
+            self.release_one(&mut state, slot, entry);
+            self.run_actions(&mut state);
+        } else {
+            let released = &mut state.hand_ups.released;
             released.push((slot, entry));
-            released.len() >= RELEASE_BATCH
-        };
-        if !self.has_released.swap(true, Ordering::AcqRel) {
-            // The next empty poll of the engine releases them, if nothing else did before.
-            self.res.attachment.engine.call_attention(&self.me);
+            if released.len() == 1 {
+                // The next empty poll of the engine releases them, if nothing else did.
+                self.res.attachment.engine.call_attention(&self.me);
+            }
+            if released.len() >= RELEASE_BATCH {
+                self.release_deferred(&mut state);
+            }
         }
-        if due {
-            // Buffers are dropped wherever the upper layer drops them, possibly under its
-            // locks: no callbacks from here.
-            let outer = UPPER_LAYER_LOCKED.replace(true);
-            self.release_deferred_now();
-            UPPER_LAYER_LOCKED.set(outer);
-        }
+        self.unlock(state);
+        UPPER_LAYER_LOCKED.set(outer);
     }
 
     /// Re-posts the slots whose release waited.
-    pub(super) fn release_deferred_now(&self) {
-        {
-            let mut state = self.state.lock();
-            self.release_deferred(&mut state);
-        }
-        self.after_state();
-    }
-
-    /// Re-posts the slots whose release waited, under the state lock (taken before the
-    /// list's, never the other way round).
     pub(super) fn release_deferred(&self, state: &mut State) {
-        if !(self.has_released.load(Ordering::Acquire)
-            && self.has_released.swap(false, Ordering::AcqRel))
-        {
+        if state.hand_ups.released.is_empty() {
             return;
         }
-        let slots: SmallVec<[(u32, u32); RELEASE_BATCH]> = self.released.lock().drain(..).collect();
-        for (slot, entry) in slots {
+        for (slot, entry) in std::mem::take(&mut state.hand_ups.released) {
             self.release_one(state, slot, entry);
         }
         self.run_actions(state);
@@ -355,7 +407,7 @@ impl Conn {
     /// One look at the CQ for an async call waiting for its response (see the engine's
     /// drive lease).
     pub(crate) fn drive(&self, cx: &mut Context<'_>, driving: &mut bool) -> Drive {
-        DRIVER.set(self.serial());
+        DRIVER.set(self.serial);
         let attachment = &self.res.attachment;
         attachment.engine.drive(&attachment.cq, cx, driving)
     }
@@ -367,7 +419,7 @@ impl Conn {
     }
 
     pub(crate) fn spin_progress(&self, budget: Option<Duration>) -> bool {
-        DRIVER.set(self.serial());
+        DRIVER.set(self.serial);
         let attachment = &self.res.attachment;
         attachment
             .engine
@@ -375,16 +427,36 @@ impl Conn {
     }
 }
 
-/// A batch [`Conn::process`] counted as being handed up; the last one runs a close that
-/// waited for it (even if a handler panics on the way).
-struct HandingUp<'a>(&'a Arc<Conn>);
+/// A batch [`Conn::process`] counted as being handed up: counted back once handed up (even
+/// if a handler panics on the way); the last one lets a close that waited for it run.
+struct Counted<'a> {
+    conn: &'a Conn,
+    done: bool,
+}
 
-impl Drop for HandingUp<'_> {
+impl Counted<'_> {
+    fn finish(mut self, state: MutexGuard<'_, State>) {
+        self.done = true;
+        self.conn.handed_up(state);
+    }
+}
+
+impl Drop for Counted<'_> {
     fn drop(&mut self) {
-        let last = self.0.handing_up.fetch_sub(1, Ordering::SeqCst) == 1;
-        if last && self.0.close_deferred.swap(false, Ordering::SeqCst) {
-            self.0.report_dropped_and_close();
+        if !self.done {
+            self.conn.handed_up(self.conn.state.lock());
         }
+    }
+}
+
+impl Conn {
+    fn handed_up(&self, mut state: MutexGuard<'_, State>) {
+        state.hand_ups.batches -= 1;
+        if state.hand_ups.batches == 0 && state.closing == Closing::AfterHandUps {
+            // Reported by `unlock`, now that nothing that came before is on its way.
+            state.closing = Closing::Open;
+        }
+        self.unlock(state);
     }
 }
 

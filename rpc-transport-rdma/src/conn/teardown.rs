@@ -13,17 +13,38 @@
 //!   the close are handed up before it (`hand_up` delivers first). A drain whose marker
 //!   never comes back is given up after the keepalive timeout.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rpc_core::server::ServedLink;
 use rpc_core::Status;
 
 use super::Conn;
 
+/// How far a connection is closed, part of its `State`. Moves forward only, except that a
+/// close waiting for hand-ups becomes due again (`Open`) when the last one is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Closing {
+    /// Open, or closed by the protocol with the close not yet run (the next `unlock`
+    /// reports it).
+    Open,
+    /// The protocol closed while other threads still hand up frames taken before: the last
+    /// of them runs the close (see `HandUps`).
+    AfterHandUps,
+    /// Closed: the upper layer was told, waiting senders woken, the peer disconnected.
+    Closed,
+}
+
 /// The peer disconnected: what the close will say, and since when completions drain.
 pub(super) struct Disconnected {
     pub(super) status: Status,
     since: Instant,
+}
+
+impl Disconnected {
+    /// The close's status once the drain has lasted `limit` (the marker never came back).
+    pub(super) fn expired(&self, limit: Duration) -> Option<Status> {
+        (self.since.elapsed() >= limit).then(|| self.status.clone())
+    }
 }
 
 impl Conn {
@@ -34,22 +55,19 @@ impl Conn {
         if self.is_closed() {
             return true;
         }
-        if !self.queued_controls.lock().is_empty() {
+        let mut state = self.state.lock();
+        if !state.writers.controls.is_empty() {
             return false;
         }
-        {
-            let mut state = self.state.lock();
-            if state.proto.is_drained() {
-                return true;
-            }
-            if !state.proto.start_drain() {
-                return false;
-            }
+        if state.proto.is_drained() {
+            return true;
+        }
+        if state.proto.start_drain() {
             tracing::trace!(peer = %self.peer, "fence probe before disconnecting");
             self.post_probe(&mut state);
             self.run_actions(&mut state);
         }
-        self.after_state();
+        self.unlock(state);
         false
     }
 
@@ -62,36 +80,17 @@ impl Conn {
         // The queue pair goes to the error state (the cm may have done it already), so
         // everything posted comes back, flushed if it had not completed.
         let _ = self.id.disconnect();
-        {
-            let mut state = self.state.lock();
-            if state.disconnected.is_some() || state.proto.is_closed() {
-                return;
-            }
-            state.disconnected = Some(Disconnected {
-                status,
-                since: Instant::now(),
-            });
-            state.proto.on_peer_disconnected();
-            self.run_actions(&mut state);
+        let mut state = self.state.lock();
+        if state.disconnected.is_some() || state.proto.is_closed() {
+            return;
         }
-        self.after_state();
-    }
-
-    /// Closes a connection whose drain after the peer's disconnect has lasted the
-    /// keepalive timeout (the probe never came back). True if it is draining.
-    pub(super) fn expire_disconnect(&self) -> bool {
-        let expired = {
-            let state = self.state.lock();
-            match &state.disconnected {
-                None => return false,
-                Some(d) if d.since.elapsed() >= self.keepalive.timeout() => Some(d.status.clone()),
-                Some(_) => None,
-            }
-        };
-        if let Some(status) = expired {
-            self.close(status);
-        }
-        true
+        state.disconnected = Some(Disconnected {
+            status,
+            since: Instant::now(),
+        });
+        state.proto.on_peer_disconnected();
+        self.run_actions(&mut state);
+        self.unlock(state);
     }
 }
 

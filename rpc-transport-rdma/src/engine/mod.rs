@@ -37,7 +37,7 @@ use rpc_core::Status;
 use smallvec::SmallVec;
 
 use crate::config::{PollMode, RdmaConfig};
-use crate::conn::{Arrivals, Conn};
+use crate::conn::{Conn, Processed};
 use crate::kick::Kick;
 use crate::protocol::WorkId;
 use crate::resources::verbs_status;
@@ -379,7 +379,7 @@ impl Engine {
         }
         self.completions_seen.fetch_add(1, Ordering::AcqRel);
         // Runs of completions of one connection, processed in CQ order under its lock.
-        let mut runs: SmallVec<[(Arc<Conn>, Arrivals); 2]> = SmallVec::new();
+        let mut runs: SmallVec<[(Arc<Conn>, Processed); 2]> = SmallVec::new();
         let tags: SmallVec<[u32; POLL_BATCH]> =
             polled.iter().map(|wc| self.route_tag(wc)).collect();
         let mut start = 0;
@@ -393,8 +393,8 @@ impl Engine {
             start = end;
             match self.registry.route(tag, run) {
                 Route::Conn(conn) => {
-                    let received = conn.process(run);
-                    runs.push((conn, received));
+                    let processed = conn.process(run);
+                    runs.push((conn, processed));
                 }
                 Route::Held => {}
                 Route::Srq(srq) => srq.reclaim(run),
@@ -404,8 +404,8 @@ impl Engine {
             }
         }
         drop(buffer);
-        for (conn, mut received) in runs {
-            conn.hand_up(&mut received);
+        for (conn, processed) in runs {
+            conn.hand_up(processed);
         }
         Polled::Some
     }
@@ -430,14 +430,14 @@ impl Engine {
         // completions are processed before anything polled later.
         let lock = attachment.cq.completions.lock();
         let early = attachment.engine.registry.register(attachment.tag, conn);
-        let mut received = early.as_deref().map(|early| conn.process(early));
+        let processed = early.as_deref().map(|early| conn.process(early));
         drop(lock);
-        let Some(received) = received.as_mut() else {
+        let Some(processed) = processed else {
             return Err(Status::unavailable(format!(
                 "more than {MAX_EARLY} completions arrived before the connection was set up"
             )));
         };
-        conn.hand_up(received);
+        conn.hand_up(processed);
         Ok(())
     }
 
