@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use rpc_core::{CallTable, ClientTransport, Connection, Connector, Status};
+use rpc_core::{CallTable, Connection, Connector, Status};
 
-use crate::{ClientBuilder, Endpoint, Error, TransportKind};
+use crate::{ClientBuilder, Endpoint, Error};
 
 /// Connects to one URL with a builder's settings, as often as its channel needs.
 #[derive(Debug)]
@@ -27,41 +27,10 @@ impl UrlConnector {
 
 impl Connector for UrlConnector {
     fn connect(&self) -> Result<Connection, Status> {
-        let settings = &self.settings;
         let calls = Arc::new(CallTable::new());
-        let transport: Arc<dyn ClientTransport> = match self.endpoint.kind() {
-            TransportKind::Tcp => {
-                let mut config = rpc_transport_tcp::TcpConfig {
-                    max_message_size: settings.channel.max_message_size,
-                    limits: settings.tcp.clone(),
-                    credentials: settings.credentials.clone(),
-                    ..Default::default()
-                };
-                if let Some(t) = settings.connect_timeout {
-                    config.connect_timeout = t;
-                }
-                rpc_transport_tcp::TcpClient::connect(
-                    &self.endpoint.authority(),
-                    calls.clone(),
-                    &config,
-                )?
-            }
-            TransportKind::Rdma => {
-                let mut config = settings.rdma.clone();
-                if settings.credentials.is_some() {
-                    config.credentials = settings.credentials.clone();
-                }
-                config.limit_bodies(settings.channel.max_message_size);
-                if let Some(t) = settings.connect_timeout {
-                    config.connect_timeout = t;
-                }
-                rpc_transport_rdma::RdmaClient::connect(
-                    &self.endpoint.authority(),
-                    calls.clone(),
-                    &config,
-                )?
-            }
-        };
+        let scheme = self.endpoint.kind().scheme();
+        let transport =
+            scheme.connect(&self.endpoint.authority(), calls.clone(), &self.settings)?;
         Ok(Connection::new(calls, transport))
     }
 

@@ -4,8 +4,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::Error;
+use crate::schemes;
 
-/// The transport a URL selects.
+/// The transport a URL selects (its position in the facade's table of schemes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TransportKind {
     /// `tcp://`: the frames over a TCP stream; works on any machine.
@@ -58,11 +59,7 @@ impl Endpoint {
 
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let scheme = match self.kind {
-            TransportKind::Tcp => "tcp",
-            TransportKind::Rdma => "rdma",
-        };
-        write!(f, "{scheme}://{}", self.authority())
+        write!(f, "{}://{}", self.kind.scheme().name(), self.authority())
     }
 }
 
@@ -75,15 +72,14 @@ impl FromStr for Endpoint {
             reason,
         };
         let url = url::Url::parse(input).map_err(|e| invalid(e.to_string()))?;
-        let kind = match url.scheme() {
-            "tcp" => TransportKind::Tcp,
-            "rdma" => TransportKind::Rdma,
-            other => {
-                return Err(invalid(format!(
-                    "unsupported scheme '{other}': use tcp://host:port or rdma://host:port"
-                )))
-            }
+        let Some(scheme) = schemes::named(url.scheme()) else {
+            return Err(invalid(format!(
+                "unsupported scheme '{}': use {}",
+                url.scheme(),
+                schemes::supported()
+            )));
         };
+        let kind = scheme.kind();
         let host = match url.host() {
             Some(url::Host::Ipv6(addr)) => addr.to_string(),
             Some(host) => host.to_string(),

@@ -18,6 +18,7 @@ mod balance;
 mod connector;
 mod endpoint;
 mod error;
+mod schemes;
 mod serve;
 
 use std::sync::Arc;

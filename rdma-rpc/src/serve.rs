@@ -3,11 +3,11 @@
 use std::future::Future;
 use std::time::Duration;
 
-use rpc_core::ServerBuilder;
-use rpc_transport_rdma::{RdmaConfig, RdmaServer};
-use rpc_transport_tcp::{TcpServer, TcpServerConfig};
+use rpc_core::{Listener, ServerBuilder};
+use rpc_transport_rdma::RdmaConfig;
+use rpc_transport_tcp::TcpServerConfig;
 
-use crate::endpoint::{Endpoint, TransportKind};
+use crate::endpoint::Endpoint;
 use crate::error::Error;
 
 /// Grace period handlers get when a server shuts down without an explicit one.
@@ -67,24 +67,13 @@ impl ServeExt for ServerBuilder {
     fn start_with(self, url: &str, options: ServeOptions) -> Result<ServerHandle, Error> {
         let endpoint: Endpoint = url.parse()?;
         let dispatcher = self.build()?;
-        match endpoint.kind() {
-            TransportKind::Tcp => {
-                let server = TcpServer::bind(&endpoint.authority(), dispatcher, options.tcp)?;
-                let local_url = format!("tcp://{}", server.local_addr());
-                Ok(ServerHandle {
-                    local_url,
-                    inner: Inner::Tcp(server),
-                })
-            }
-            TransportKind::Rdma => {
-                let server = RdmaServer::bind(&endpoint.authority(), dispatcher, options.rdma)?;
-                let local_url = format!("rdma://{}", server.local_addr());
-                Ok(ServerHandle {
-                    local_url,
-                    inner: Inner::Rdma(server),
-                })
-            }
-        }
+        let scheme = endpoint.kind().scheme();
+        let listener = scheme.listen(&endpoint.authority(), dispatcher, options)?;
+        let local_url = format!("{}://{}", scheme.name(), listener.local_addr());
+        Ok(ServerHandle {
+            local_url,
+            listener,
+        })
     }
 
     async fn serve_with_shutdown<F>(self, url: &str, signal: F) -> Result<(), Error>
@@ -99,17 +88,11 @@ impl ServeExt for ServerBuilder {
     }
 }
 
-#[derive(Debug)]
-enum Inner {
-    Tcp(TcpServer),
-    Rdma(RdmaServer),
-}
-
 /// A running server. Dropping it shuts it down gracefully.
 #[derive(Debug)]
 pub struct ServerHandle {
     local_url: String,
-    inner: Inner,
+    listener: Box<dyn Listener>,
 }
 
 impl ServerHandle {
@@ -156,10 +139,7 @@ impl ServerHandle {
 
     /// The blocking form of [`ServerHandle::shutdown`], for synchronous code: the calling
     /// thread waits for the handlers and the close.
-    pub fn shutdown_blocking(self, grace: Duration) {
-        match self.inner {
-            Inner::Tcp(mut server) => server.shutdown(grace),
-            Inner::Rdma(mut server) => server.shutdown(grace),
-        }
+    pub fn shutdown_blocking(mut self, grace: Duration) {
+        self.listener.shutdown(grace);
     }
 }

@@ -48,7 +48,7 @@ pub use server::{Server, ServerBuilder};
 pub use stream::Streaming;
 /// The tower version rpc-core's services and balancer are built on.
 pub use tower;
-pub use transport::Inbound;
+pub use transport::{Inbound, Listener};
 
 /// Re-exports used by generated code; not part of the public API.
 #[doc(hidden)]

@@ -122,6 +122,17 @@ impl RdmaServer {
     }
 }
 
+/// How the facade holds a server, whatever its transport.
+impl rpc_core::Listener for RdmaServer {
+    fn local_addr(&self) -> SocketAddr {
+        RdmaServer::local_addr(self)
+    }
+
+    fn shutdown(&mut self, grace: Duration) {
+        RdmaServer::shutdown(self, grace);
+    }
+}
+
 impl Drop for RdmaServer {
     fn drop(&mut self) {
         self.shutdown(Duration::from_secs(5));

@@ -135,6 +135,17 @@ impl TcpServer {
     }
 }
 
+/// How the facade holds a server, whatever its transport.
+impl rpc_core::Listener for TcpServer {
+    fn local_addr(&self) -> SocketAddr {
+        TcpServer::local_addr(self)
+    }
+
+    fn shutdown(&mut self, grace: Duration) {
+        TcpServer::shutdown(self, grace);
+    }
+}
+
 impl Drop for TcpServer {
     fn drop(&mut self) {
         self.shutdown(Duration::from_secs(5));

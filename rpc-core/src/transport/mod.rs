@@ -7,7 +7,8 @@
 //!   ([`crate::client::Responses`], [`crate::server::Requests`]).
 //! * Optional: [`Progress`], for a transport whose completions a waiting caller may poll
 //!   on its own thread.
-//! * Shutting down: [`crate::server::ServedLink`], for a server's graceful shutdown.
+//! * Serving: [`Listener`], a transport's server side as its user holds it; and
+//!   [`crate::server::ServedLink`], each served connection in a graceful shutdown.
 //!
 //! `docs/ARCHITECTURE.md` shows where a new transport plugs in.
 
@@ -21,6 +22,7 @@ pub use progress::{Drive, Progress};
 pub(crate) use wake::Waiter;
 pub use wake::Wakes;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::frame::OutgoingFrame;
@@ -59,4 +61,16 @@ pub trait ClientTransport: FrameSender {
 
     /// Closes the connection; pending calls fail with `Unavailable`.
     fn close(&self);
+}
+
+/// A transport's server side, serving a dispatcher's services until it is shut down.
+/// Dropping it shuts it down too.
+pub trait Listener: Send + std::fmt::Debug {
+    /// The bound address (with the real port when bound to port 0).
+    fn local_addr(&self) -> SocketAddr;
+
+    /// Stops accepting, refuses new requests with `UNAVAILABLE`, lets running handlers
+    /// answer for up to `grace`, then closes every connection once its answers left
+    /// ([`crate::server::shut_down`]). Blocks until done; does nothing a second time.
+    fn shutdown(&mut self, grace: Duration);
 }
