@@ -30,7 +30,7 @@ impl Connector for UrlConnector {
         let calls = Arc::new(CallTable::new());
         let scheme = self.endpoint.kind().scheme();
         let transport =
-            scheme.connect(&self.endpoint.authority(), calls.clone(), &self.settings)?;
+            (scheme.connect)(&self.endpoint.authority(), calls.clone(), &self.settings)?;
         Ok(Connection::new(calls, transport))
     }
 

@@ -59,7 +59,7 @@ impl Endpoint {
 
 impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}://{}", self.kind.scheme().name(), self.authority())
+        write!(f, "{}://{}", self.kind.scheme().name, self.authority())
     }
 }
 
@@ -79,7 +79,7 @@ impl FromStr for Endpoint {
                 schemes::supported()
             )));
         };
-        let kind = scheme.kind();
+        let kind = scheme.kind;
         let host = match url.host() {
             Some(url::Host::Ipv6(addr)) => addr.to_string(),
             Some(host) => host.to_string(),

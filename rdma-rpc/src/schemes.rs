@@ -1,7 +1,7 @@
 //! The transports a URL can name. Each maps its scheme to a connector (a client's side of
 //! one connection) and a listener (a server); channels and servers reach a transport only
 //! through this table, so a new transport is a crate implementing core's transport
-//! interface and one more entry in [`SCHEMES`].
+//! interface, one more entry in [`SCHEMES`] and one more [`TransportKind`].
 
 use std::sync::Arc;
 
@@ -12,140 +12,102 @@ use rpc_transport_tcp::{TcpClient, TcpConfig, TcpServer};
 
 use crate::{ClientBuilder, Error, ServeOptions, TransportKind};
 
+/// Opens one connection to an authority (`host:port`) with a builder's settings; what
+/// arrives goes to the call table.
+type Connect = fn(&str, Arc<CallTable>, &ClientBuilder) -> Result<Arc<dyn ClientTransport>, Status>;
+
+/// Serves a dispatcher on an authority.
+type Listen = fn(&str, Arc<Dispatcher>, ServeOptions) -> Result<Box<dyn Listener>, Error>;
+
 /// One transport, as URLs name it.
-pub(crate) trait Scheme: Sync {
+pub(crate) struct Scheme {
     /// Which transport (also its index in [`SCHEMES`]).
-    fn kind(&self) -> TransportKind;
-
+    pub(crate) kind: TransportKind,
     /// The URL scheme, `tcp` in `tcp://host:port`.
-    fn name(&self) -> &'static str;
-
-    /// Opens one connection to `authority` with a builder's settings; what arrives goes to
-    /// `calls`.
-    fn connect(
-        &self,
-        authority: &str,
-        calls: Arc<CallTable>,
-        settings: &ClientBuilder,
-    ) -> Result<Arc<dyn ClientTransport>, Status>;
-
-    /// Serves `dispatcher` on `authority`.
-    fn listen(
-        &self,
-        authority: &str,
-        dispatcher: Arc<Dispatcher>,
-        options: ServeOptions,
-    ) -> Result<Box<dyn Listener>, Error>;
+    pub(crate) name: &'static str,
+    pub(crate) connect: Connect,
+    pub(crate) listen: Listen,
 }
 
 /// Every transport, in the order of [`TransportKind`].
-pub(crate) static SCHEMES: [&dyn Scheme; 2] = [&Tcp, &Rdma];
+pub(crate) static SCHEMES: [Scheme; 2] = [
+    Scheme {
+        kind: TransportKind::Tcp,
+        name: "tcp",
+        connect: connect_tcp,
+        listen: |authority, dispatcher, options| {
+            Ok(Box::new(TcpServer::bind(
+                authority,
+                dispatcher,
+                options.tcp,
+            )?))
+        },
+    },
+    Scheme {
+        kind: TransportKind::Rdma,
+        name: "rdma",
+        connect: connect_rdma,
+        listen: |authority, dispatcher, options| {
+            Ok(Box::new(RdmaServer::bind(
+                authority,
+                dispatcher,
+                options.rdma,
+            )?))
+        },
+    },
+];
 
 /// The transport named `name`, if any.
-pub(crate) fn named(name: &str) -> Option<&'static dyn Scheme> {
-    SCHEMES.iter().copied().find(|scheme| scheme.name() == name)
+pub(crate) fn named(name: &str) -> Option<&'static Scheme> {
+    SCHEMES.iter().find(|scheme| scheme.name == name)
 }
 
 /// The schemes a URL may use, for messages: `tcp://host:port or rdma://host:port`.
 pub(crate) fn supported() -> String {
     let urls: Vec<String> = SCHEMES
         .iter()
-        .map(|scheme| format!("{}://host:port", scheme.name()))
+        .map(|scheme| format!("{}://host:port", scheme.name))
         .collect();
     urls.join(" or ")
 }
 
 impl TransportKind {
-    pub(crate) fn scheme(self) -> &'static dyn Scheme {
-        SCHEMES[self as usize]
+    pub(crate) fn scheme(self) -> &'static Scheme {
+        &SCHEMES[self as usize]
     }
 }
 
-/// `tcp://`.
-struct Tcp;
-
-impl Scheme for Tcp {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Tcp
+fn connect_tcp(
+    authority: &str,
+    calls: Arc<CallTable>,
+    settings: &ClientBuilder,
+) -> Result<Arc<dyn ClientTransport>, Status> {
+    let mut config = TcpConfig {
+        max_message_size: settings.channel.max_message_size,
+        limits: settings.tcp.clone(),
+        credentials: settings.credentials.clone(),
+        ..Default::default()
+    };
+    if let Some(t) = settings.connect_timeout {
+        config.connect_timeout = t;
     }
-
-    fn name(&self) -> &'static str {
-        "tcp"
-    }
-
-    fn connect(
-        &self,
-        authority: &str,
-        calls: Arc<CallTable>,
-        settings: &ClientBuilder,
-    ) -> Result<Arc<dyn ClientTransport>, Status> {
-        let mut config = TcpConfig {
-            max_message_size: settings.channel.max_message_size,
-            limits: settings.tcp.clone(),
-            credentials: settings.credentials.clone(),
-            ..Default::default()
-        };
-        if let Some(t) = settings.connect_timeout {
-            config.connect_timeout = t;
-        }
-        Ok(TcpClient::connect(authority, calls, &config)?)
-    }
-
-    fn listen(
-        &self,
-        authority: &str,
-        dispatcher: Arc<Dispatcher>,
-        options: ServeOptions,
-    ) -> Result<Box<dyn Listener>, Error> {
-        Ok(Box::new(TcpServer::bind(
-            authority,
-            dispatcher,
-            options.tcp,
-        )?))
-    }
+    Ok(TcpClient::connect(authority, calls, &config)?)
 }
 
-/// `rdma://`.
-struct Rdma;
-
-impl Scheme for Rdma {
-    fn kind(&self) -> TransportKind {
-        TransportKind::Rdma
+fn connect_rdma(
+    authority: &str,
+    calls: Arc<CallTable>,
+    settings: &ClientBuilder,
+) -> Result<Arc<dyn ClientTransport>, Status> {
+    let mut config = settings.rdma.clone();
+    if settings.credentials.is_some() {
+        config.credentials = settings.credentials.clone();
     }
-
-    fn name(&self) -> &'static str {
-        "rdma"
+    config.limit_bodies(settings.channel.max_message_size);
+    if let Some(t) = settings.connect_timeout {
+        config.connect_timeout = t;
     }
-
-    fn connect(
-        &self,
-        authority: &str,
-        calls: Arc<CallTable>,
-        settings: &ClientBuilder,
-    ) -> Result<Arc<dyn ClientTransport>, Status> {
-        let mut config = settings.rdma.clone();
-        if settings.credentials.is_some() {
-            config.credentials = settings.credentials.clone();
-        }
-        config.limit_bodies(settings.channel.max_message_size);
-        if let Some(t) = settings.connect_timeout {
-            config.connect_timeout = t;
-        }
-        Ok(RdmaClient::connect(authority, calls, &config)?)
-    }
-
-    fn listen(
-        &self,
-        authority: &str,
-        dispatcher: Arc<Dispatcher>,
-        options: ServeOptions,
-    ) -> Result<Box<dyn Listener>, Error> {
-        Ok(Box::new(RdmaServer::bind(
-            authority,
-            dispatcher,
-            options.rdma,
-        )?))
-    }
+    Ok(RdmaClient::connect(authority, calls, &config)?)
 }
 
 #[cfg(test)]
@@ -155,10 +117,10 @@ mod tests {
     #[test]
     fn every_kind_is_its_index_in_the_table_and_every_name_is_unique() {
         for (index, scheme) in SCHEMES.iter().enumerate() {
-            assert_eq!(scheme.kind() as usize, index, "{}", scheme.name());
-            assert_eq!(scheme.kind().scheme().name(), scheme.name());
-            let same_name = SCHEMES.iter().filter(|s| s.name() == scheme.name());
-            assert_eq!(same_name.count(), 1, "{}", scheme.name());
+            assert_eq!(scheme.kind as usize, index, "{}", scheme.name);
+            assert_eq!(scheme.kind.scheme().name, scheme.name);
+            let same_name = SCHEMES.iter().filter(|s| s.name == scheme.name);
+            assert_eq!(same_name.count(), 1, "{}", scheme.name);
         }
         assert_eq!(supported(), "tcp://host:port or rdma://host:port");
     }

@@ -68,8 +68,8 @@ impl ServeExt for ServerBuilder {
         let endpoint: Endpoint = url.parse()?;
         let dispatcher = self.build()?;
         let scheme = endpoint.kind().scheme();
-        let listener = scheme.listen(&endpoint.authority(), dispatcher, options)?;
-        let local_url = format!("{}://{}", scheme.name(), listener.local_addr());
+        let listener = (scheme.listen)(&endpoint.authority(), dispatcher, options)?;
+        let local_url = format!("{}://{}", scheme.name, listener.local_addr());
         Ok(ServerHandle {
             local_url,
             listener,

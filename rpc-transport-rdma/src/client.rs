@@ -18,7 +18,7 @@ use crate::engine::Role;
 use crate::events::expect_event;
 use crate::protocol::{ConnectParams, Stats};
 use crate::resources::{verbs_status, Resources};
-use crate::response_sizes::ResponseSizes;
+use crate::response_sizes::{ResponseSizes, SizedResponses};
 use crate::verbs::{CmEventKind, CmId, ConnParam, EventChannel};
 
 /// Longest a blocking call spins in one go with [`PollMode::Busy`] before it re-checks its
@@ -114,13 +114,11 @@ impl RdmaClient {
             check_server_proof(credentials, hello, established.private_data(), &what)?;
         }
         let conn = Conn::new(res, id, established.private_data(), peer.clone(), config)?;
-        let sizes = response_sizes.clone();
         let limit = usize::try_from(config.large_max_message).unwrap_or(usize::MAX);
-        conn.set_inbound(Arc::new(
-            Responses::new(calls, peer.clone(), limit).observing(Box::new(move |header, len| {
-                sizes.observe(header.method_id, len as u64)
-            })),
-        ));
+        conn.set_inbound(Arc::new(SizedResponses {
+            responses: Responses::new(calls, peer.clone(), limit),
+            sizes: response_sizes.clone(),
+        }));
         if let Err(status) = conn.start(true) {
             conn.close(status.clone());
             return Err(status);

@@ -3,8 +3,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
+use rpc_core::client::Responses;
+use rpc_core::frame::InboundFrame;
+use rpc_core::stream::Wakes;
+use rpc_core::{FrameKind, Header, Inbound, Status};
 
 /// Methods remembered at most; a peer echoing endless method ids cannot grow the table.
 const MAX_METHODS: usize = 1024;
@@ -58,6 +63,49 @@ impl ResponseSizes {
             return None;
         }
         self.sizes.lock().get(&method_id).copied()
+    }
+}
+
+/// A client connection's inbound side: core's [`Responses`] complete the calls, and each
+/// response's size is learnt on its way to them.
+pub(crate) struct SizedResponses {
+    pub(crate) responses: Responses,
+    pub(crate) sizes: Arc<ResponseSizes>,
+}
+
+impl Inbound for SizedResponses {
+    fn on_frame(&self, frame: InboundFrame, wakes: &mut Wakes) -> Result<(), Status> {
+        let header = &frame.header;
+        // Call id 0 is the connection's, not a method's.
+        if header.kind == FrameKind::Response && header.call_id != 0 {
+            let len = frame.metadata.len() + frame.payload.len();
+            self.sizes.observe(header.method_id, len as u64);
+        }
+        self.responses.on_frame(frame, wakes)
+    }
+
+    fn on_messages(&self, call_id: u64, run: &mut Vec<InboundFrame>, wakes: &mut Wakes) {
+        self.responses.on_messages(call_id, run, wakes);
+    }
+
+    fn on_oversized(&self, header: &Header, declared: u64) {
+        self.responses.on_oversized(header, declared);
+    }
+
+    fn on_dropped(&self, call_id: u64, kind: FrameKind) {
+        self.responses.on_dropped(call_id, kind);
+    }
+
+    fn on_transfer_failed(&self, call_id: u64, kind: FrameKind, status: Status) {
+        self.responses.on_transfer_failed(call_id, kind, status);
+    }
+
+    fn idle(&self) -> bool {
+        self.responses.idle()
+    }
+
+    fn on_closed(&self, status: Status) {
+        self.responses.on_closed(status);
     }
 }
 

@@ -28,6 +28,36 @@ impl<M: prost::Message> EncodeBody for M {
     }
 }
 
+/// A body of any type, shared: cheap to clone (a retry sends the same message again), and
+/// still encoded straight into the transport's memory.
+#[derive(Clone)]
+pub struct SharedBody(std::sync::Arc<dyn EncodeBody>);
+
+impl SharedBody {
+    /// Shares `body`.
+    pub fn new(body: impl EncodeBody + 'static) -> SharedBody {
+        SharedBody(std::sync::Arc::new(body))
+    }
+}
+
+impl std::fmt::Debug for SharedBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedBody")
+            .field("len", &self.0.encoded_len())
+            .finish()
+    }
+}
+
+impl EncodeBody for SharedBody {
+    fn encoded_len(&self) -> usize {
+        self.0.encoded_len()
+    }
+
+    fn encode_into(&self, dst: &mut [u8]) {
+        self.0.encode_into(dst);
+    }
+}
+
 /// Raw bytes used as a body (status messages, pre-encoded payloads).
 #[derive(Debug, Clone, Copy)]
 pub struct RawBody<'a>(pub &'a [u8]);

@@ -33,7 +33,7 @@ pub(crate) use call::PendingCall;
 pub use connection::Connection;
 use reconnect::{ConnectWait, Healing};
 pub use reconnect::{Connectivity, Connector, ReconnectConfig};
-pub use responses::{ResponseObserver, Responses};
+pub use responses::Responses;
 pub use service::{CallService, UnaryCall};
 
 use crate::body::EncodeBody;

@@ -9,16 +9,12 @@ use crate::stream::{is_message_frame, is_stream_frame, Wakes};
 use crate::transport::Inbound;
 use crate::{Code, Status};
 
-/// Watches the size of each response (a transport that sizes buffers for them).
-pub type ResponseObserver = Box<dyn Fn(&Header, usize) + Send + Sync>;
-
 /// Completes a client connection's calls from what it receives.
 pub struct Responses {
     calls: Arc<CallTable>,
     peer: String,
     /// Largest response accepted, for refusals of larger ones.
     limit: usize,
-    observer: Option<ResponseObserver>,
 }
 
 impl std::fmt::Debug for Responses {
@@ -37,14 +33,7 @@ impl Responses {
             calls,
             peer: peer.into(),
             limit,
-            observer: None,
         }
-    }
-
-    /// Shows `observer` each response's header and body size before it completes its call.
-    pub fn observing(mut self, observer: ResponseObserver) -> Responses {
-        self.observer = Some(observer);
-        self
     }
 
     /// Fails `call_id` if `kind` is a frame of the client's (the request, or a message of
@@ -79,9 +68,6 @@ impl Inbound for Responses {
                 return Err(status);
             }
             FrameKind::Response => {
-                if let Some(observe) = &self.observer {
-                    observe(&frame.header, frame.metadata.len() + frame.payload.len());
-                }
                 self.calls.complete(frame.header.call_id, Ok(frame));
             }
             kind if is_stream_frame(kind) => self.calls.on_stream_frame(frame, wakes),

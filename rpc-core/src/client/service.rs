@@ -19,7 +19,6 @@
 
 use std::any::Any;
 use std::future::Future;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -28,7 +27,7 @@ use prost::Message;
 use tower::{BoxError, Service, ServiceExt};
 
 use super::{decode_message, Channel};
-use crate::body::EncodeBody;
+use crate::body::{EncodeBody, SharedBody};
 use crate::message::{Request, Response};
 use crate::observe::{Method, MethodRef};
 use crate::Status;
@@ -39,7 +38,7 @@ use crate::Status;
 #[derive(Clone)]
 pub struct UnaryCall {
     method: MethodRef,
-    request: Request<ErasedMessage>,
+    request: Request<SharedBody>,
 }
 
 impl std::fmt::Debug for UnaryCall {
@@ -60,7 +59,7 @@ impl UnaryCall {
     ) -> Self {
         UnaryCall {
             method: method.into(),
-            request: request.map(|message| ErasedMessage(Arc::new(message))),
+            request: request.map(SharedBody::new),
         }
     }
 
@@ -77,20 +76,6 @@ impl UnaryCall {
     /// The request, to add metadata or change its budget.
     pub fn request_mut(&mut self) -> &mut Request<impl EncodeBody> {
         &mut self.request
-    }
-}
-
-/// A request message of any type.
-#[derive(Clone)]
-struct ErasedMessage(Arc<dyn EncodeBody>);
-
-impl EncodeBody for ErasedMessage {
-    fn encoded_len(&self) -> usize {
-        self.0.encoded_len()
-    }
-
-    fn encode_into(&self, dst: &mut [u8]) {
-        self.0.encode_into(dst);
     }
 }
 
