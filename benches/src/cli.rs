@@ -214,6 +214,10 @@ pub struct RdmaArgs {
     /// the whole ring, or 4 on a shared receive queue).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(3..=65536))]
     pub recv_window: Option<u32>,
+    /// Longest an RDMA connection may take to set up, ms (default: the library's; raise it
+    /// to run under valgrind).
+    #[arg(long, value_name = "MS")]
+    pub connect_timeout_ms: Option<u64>,
 }
 
 /// Where RDMA receives land (`--recv`).
@@ -248,6 +252,9 @@ impl RdmaArgs {
         }
         if let Some(window) = self.recv_window {
             config.recv_window = Some(window);
+        }
+        if let Some(ms) = self.connect_timeout_ms {
+            config.connect_timeout = Duration::from_millis(ms);
         }
         match self.recv {
             Some(RecvArg::Ring) => config.recv = Receives::Ring,

@@ -250,6 +250,9 @@ impl Channel {
             picked = balanced.pick(deadline).await?;
             channel = &picked;
         }
+        if let Some(conn) = channel.ready_connection() {
+            return Ok(conn);
+        }
         let mut wait = ConnectWait::new(deadline, true);
         poll_fn(|cx| channel.poll_connection(cx, &mut wait)).await
     }
@@ -266,9 +269,10 @@ impl Channel {
             picked = futures::executor::block_on(balanced.pick(deadline))?;
             channel = &picked;
         }
-        // A fixed connection needs no waker (the common case: no allocation per call).
-        if let Source::Fixed(conn) = &channel.inner.source {
-            return Ok(conn.clone());
+        // A connection there already needs no waker (the common case: no allocation per
+        // call).
+        if let Some(conn) = channel.ready_connection() {
+            return Ok(conn);
         }
         let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
         let mut cx = Context::from_waker(&waker);
@@ -281,6 +285,16 @@ impl Channel {
                 Some(at) => std::thread::park_timeout(at.saturating_duration_since(Instant::now())),
                 None => std::thread::park(),
             }
+        }
+    }
+
+    /// The connection a call of a channel that is not balanced takes at once, if there is
+    /// one: a fixed channel's, a healing channel's live one.
+    fn ready_connection(&self) -> Option<Arc<Connection>> {
+        match &self.inner.source {
+            Source::Fixed(conn) => Some(conn.clone()),
+            Source::Healing(healing) => healing.live(),
+            Source::Balanced(_) => None,
         }
     }
 

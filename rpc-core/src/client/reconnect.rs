@@ -220,6 +220,14 @@ impl Healing {
         }
     }
 
+    /// The live connection, if it is open: what a call takes without waiting.
+    pub(crate) fn live(&self) -> Option<Arc<Connection>> {
+        match &self.state.lock().phase {
+            Phase::Ready { conn, .. } if !conn.is_closed() => Some(conn.clone()),
+            _ => None,
+        }
+    }
+
     /// The live connection for a call, or starts getting one and registers `wait`'s task.
     pub(crate) fn poll_connection(
         self: &Arc<Self>,
