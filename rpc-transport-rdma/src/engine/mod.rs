@@ -500,7 +500,9 @@ impl Engine {
         {
             return;
         }
-        let conns = std::mem::take(&mut *self.attention.lock());
+        // Drained, not taken: the list keeps its capacity, so asking for attention (every
+        // deferred slot release does) allocates nothing.
+        let conns: SmallVec<[Weak<Conn>; 4]> = self.attention.lock().drain(..).collect();
         for conn in conns.iter().filter_map(Weak::upgrade) {
             conn.attend();
         }
