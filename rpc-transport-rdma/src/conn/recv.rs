@@ -54,14 +54,70 @@ pub(super) struct HandUps {
     released: SmallVec<[(u32, u32); RELEASE_BATCH]>,
 }
 
-/// What processing a run of completions leaves for after the locks: frames to hand up, and
-/// the [`Upcalls`].
+/// What processing a run of one connection's completions leaves for after the locks:
+/// frames to hand up, and the [`Upcalls`]. [`Processed::hand_up`] runs it; one dropped
+/// instead (a panic in an earlier hand-up of the same poll unwinds past it) gives back
+/// what it holds: its slots, its place among the batches being handed up, its wake-ups.
 #[must_use]
 pub(crate) struct Processed {
+    conn: Arc<Conn>,
     arrivals: SmallVec<[Arrival; 4]>,
     /// Where the frames go (none once closed).
     inbound: Option<Arc<dyn Inbound>>,
     upcalls: Upcalls,
+    /// Counted in `HandUps::batches`, until handed up.
+    counted: bool,
+}
+
+impl Processed {
+    /// Hands the frames to the upper layer, and runs the upcalls. Frames go up before a
+    /// close the same batch brought (a flushed receive after them, say) is reported: they
+    /// arrived before it.
+    pub(crate) fn hand_up(mut self) {
+        // Taken out, so that the drop at the end (or during a panic) has nothing to give back.
+        let arrivals = std::mem::take(&mut self.arrivals);
+        let inbound = self.inbound.take();
+        let mut upcalls = std::mem::take(&mut self.upcalls);
+        let counted = std::mem::take(&mut self.counted);
+        let conn = &self.conn;
+        conn.wake_writers(&mut upcalls);
+        if counted {
+            let counted = Counted { conn, done: false };
+            match inbound {
+                // A handler on this thread is waiting for send credits: hand these frames
+                // to the delivery loop it runs in rather than nesting handlers.
+                _ if DELIVERING.get() == conn.serial => {
+                    let mut state = conn.state.lock();
+                    state.hand_ups.deferred.extend(arrivals);
+                    counted.finish(state);
+                }
+                Some(inbound) => conn.deliver(&*inbound, arrivals, counted),
+                None => conn.give_back(arrivals, counted),
+            }
+        }
+        if upcalls.report {
+            conn.report_soon();
+        }
+    }
+}
+
+impl Drop for Processed {
+    fn drop(&mut self) {
+        if !self.counted && !self.upcalls.writable {
+            return;
+        }
+        let outer = UPPER_LAYER_LOCKED.replace(true);
+        self.conn.wake_writers(&mut self.upcalls);
+        if std::mem::take(&mut self.counted) {
+            let counted = Counted {
+                conn: &self.conn,
+                done: false,
+            };
+            self.conn
+                .give_back(std::mem::take(&mut self.arrivals), counted);
+        }
+        UPPER_LAYER_LOCKED.set(outer);
+    }
 }
 
 impl Conn {
@@ -91,8 +147,8 @@ impl Conn {
 
     /// Processes a run of this connection's completions, in CQ order: feeds them to the
     /// protocol and executes its actions. Returns the frames to hand up (after the caller
-    /// dropped the CQ's poll lock, with [`Conn::hand_up`]).
-    pub(crate) fn process(&self, completions: &[WorkCompletion]) -> Processed {
+    /// dropped the CQ's poll lock, with [`Processed::hand_up`]).
+    pub(crate) fn process(self: Arc<Self>, completions: &[WorkCompletion]) -> Processed {
         let mut state = self.state.lock();
         state.keepalive.active();
         // Most batches hold a frame or two: no allocation for them.
@@ -108,51 +164,36 @@ impl Conn {
                 .into_iter()
                 .map(|(header, buffer)| Arrival::Placed(header, buffer)),
         );
-        let inbound = if arrivals.is_empty() {
-            None
-        } else {
-            // Counted back by `hand_up`.
+        let counted = !arrivals.is_empty();
+        let inbound = if counted {
+            // Counted back once handed up.
             state.hand_ups.batches += 1;
             state.inbound.clone()
+        } else {
+            None
         };
         let upcalls = self.upcalls(&mut state);
+        drop(state);
         Processed {
+            conn: self,
             arrivals,
             inbound,
             upcalls,
+            counted,
         }
     }
 
-    /// Hands what [`Conn::process`] took to the upper layer, and runs its upcalls. Frames go
-    /// up before a close the same batch brought (a flushed receive after them, say) is
-    /// reported: they arrived before it.
-    pub(crate) fn hand_up(self: &Arc<Self>, processed: Processed) {
-        let Processed {
-            arrivals,
-            inbound,
-            mut upcalls,
-        } = processed;
-        self.wake_writers(&mut upcalls);
-        if !arrivals.is_empty() {
-            let counted = Counted {
-                conn: self,
-                done: false,
-            };
-            match inbound {
-                // A handler on this thread is waiting for send credits: hand these frames
-                // to the delivery loop it runs in rather than nesting handlers.
-                _ if DELIVERING.get() == self.serial => {
-                    let mut state = self.state.lock();
-                    state.hand_ups.deferred.extend(arrivals);
-                    counted.finish(state);
-                }
-                Some(inbound) => self.deliver(&*inbound, arrivals, counted),
-                None => counted.finish(self.state.lock()),
+    /// Frames that will not be handed up (the connection closed, or a panic unwinds past
+    /// them): their receive slots go back, their batch is counted back.
+    fn give_back(&self, arrivals: SmallVec<[Arrival; 4]>, counted: Counted<'_>) {
+        let mut state = self.state.lock();
+        for arrival in arrivals {
+            if let Arrival::Slot(rx, entry) = arrival {
+                self.release_one(&mut state, rx.slot, entry);
             }
         }
-        if upcalls.report {
-            self.report_soon();
-        }
+        self.run_actions(&mut state);
+        counted.finish(state);
     }
 
     fn on_completion(
@@ -256,7 +297,7 @@ impl Conn {
         arrivals: SmallVec<[Arrival; 4]>,
         counted: Counted<'_>,
     ) {
-        let outer = DELIVERING.replace(self.serial);
+        let delivering = Delivering::start(self.serial);
         // A stream's reader wakes once to all of its messages in the batch.
         let mut wakes = Wakes::new();
         let mut ended = None;
@@ -270,7 +311,7 @@ impl Conn {
             drop(state);
             self.deliver_batch(inbound, deferred, &mut wakes, &mut ended);
         };
-        DELIVERING.set(outer);
+        drop(delivering);
         counted.finish(state);
         wakes.wake_all();
         if let Some(status) = ended {
@@ -286,6 +327,10 @@ impl Conn {
         ended: &mut Option<Status>,
     ) {
         let mut hand_up = |frame: InboundFrame, wakes: &mut Wakes| {
+            // Closed from another thread meanwhile: the upper layer heard its last.
+            if self.is_closed() {
+                return;
+            }
             if let Err(status) = inbound.on_frame(frame, wakes) {
                 ended.get_or_insert(status);
             }
@@ -424,6 +469,22 @@ impl Conn {
         attachment
             .engine
             .spin(&attachment.cq, budget, || self.is_closed())
+    }
+}
+
+/// This thread delivers a connection's frames (see `DELIVERING`) until dropped, even if a
+/// handler panics.
+struct Delivering(u64);
+
+impl Delivering {
+    fn start(serial: u64) -> Delivering {
+        Delivering(DELIVERING.replace(serial))
+    }
+}
+
+impl Drop for Delivering {
+    fn drop(&mut self) {
+        DELIVERING.set(self.0);
     }
 }
 

@@ -379,7 +379,7 @@ impl Engine {
         }
         self.completions_seen.fetch_add(1, Ordering::AcqRel);
         // Runs of completions of one connection, processed in CQ order under its lock.
-        let mut runs: SmallVec<[(Arc<Conn>, Processed); 2]> = SmallVec::new();
+        let mut runs: SmallVec<[Processed; 2]> = SmallVec::new();
         let tags: SmallVec<[u32; POLL_BATCH]> =
             polled.iter().map(|wc| self.route_tag(wc)).collect();
         let mut start = 0;
@@ -392,10 +392,7 @@ impl Engine {
             let run = &polled[start..end];
             start = end;
             match self.registry.route(tag, run) {
-                Route::Conn(conn) => {
-                    let processed = conn.process(run);
-                    runs.push((conn, processed));
-                }
+                Route::Conn(conn) => runs.push(conn.process(run)),
                 Route::Held => {}
                 Route::Srq(srq) => srq.reclaim(run),
                 Route::Gone => {
@@ -404,8 +401,9 @@ impl Engine {
             }
         }
         drop(buffer);
-        for (conn, processed) in runs {
-            conn.hand_up(processed);
+        // One hand-up panicking drops the rest, which give back what they hold.
+        for processed in runs {
+            processed.hand_up();
         }
         Polled::Some
     }
@@ -430,14 +428,16 @@ impl Engine {
         // completions are processed before anything polled later.
         let lock = attachment.cq.completions.lock();
         let early = attachment.engine.registry.register(attachment.tag, conn);
-        let processed = early.as_deref().map(|early| conn.process(early));
+        let processed = early
+            .as_deref()
+            .map(|early| Arc::clone(conn).process(early));
         drop(lock);
         let Some(processed) = processed else {
             return Err(Status::unavailable(format!(
                 "more than {MAX_EARLY} completions arrived before the connection was set up"
             )));
         };
-        conn.hand_up(processed);
+        processed.hand_up();
         Ok(())
     }
 
