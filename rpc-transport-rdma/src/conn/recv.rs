@@ -61,12 +61,11 @@ pub(super) struct HandUps {
 #[must_use]
 pub(crate) struct Processed {
     conn: Arc<Conn>,
+    /// Not empty: the batch is counted in `HandUps::batches` until they are handed up.
     arrivals: SmallVec<[Arrival; 4]>,
     /// Where the frames go (none once closed).
     inbound: Option<Arc<dyn Inbound>>,
     upcalls: Upcalls,
-    /// Counted in `HandUps::batches`, until handed up.
-    counted: bool,
 }
 
 impl Processed {
@@ -78,10 +77,9 @@ impl Processed {
         let arrivals = std::mem::take(&mut self.arrivals);
         let inbound = self.inbound.take();
         let mut upcalls = std::mem::take(&mut self.upcalls);
-        let counted = std::mem::take(&mut self.counted);
         let conn = &self.conn;
         conn.wake_writers(&mut upcalls);
-        if counted {
+        if !arrivals.is_empty() {
             let counted = Counted { conn, done: false };
             match inbound {
                 // A handler on this thread is waiting for send credits: hand these frames
@@ -103,12 +101,12 @@ impl Processed {
 
 impl Drop for Processed {
     fn drop(&mut self) {
-        if !self.counted && !self.upcalls.writable {
+        if self.arrivals.is_empty() && !self.upcalls.writable {
             return;
         }
         let outer = UPPER_LAYER_LOCKED.replace(true);
         self.conn.wake_writers(&mut self.upcalls);
-        if std::mem::take(&mut self.counted) {
+        if !self.arrivals.is_empty() {
             let counted = Counted {
                 conn: &self.conn,
                 done: false,
@@ -164,13 +162,12 @@ impl Conn {
                 .into_iter()
                 .map(|(header, buffer)| Arrival::Placed(header, buffer)),
         );
-        let counted = !arrivals.is_empty();
-        let inbound = if counted {
+        let inbound = if arrivals.is_empty() {
+            None
+        } else {
             // Counted back once handed up.
             state.hand_ups.batches += 1;
             state.inbound.clone()
-        } else {
-            None
         };
         let upcalls = self.upcalls(&mut state);
         drop(state);
@@ -179,7 +176,6 @@ impl Conn {
             arrivals,
             inbound,
             upcalls,
-            counted,
         }
     }
 
