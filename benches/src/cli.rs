@@ -236,7 +236,7 @@ impl RdmaArgs {
     pub fn config(&self) -> RdmaConfig {
         let mut config = RdmaConfig::default();
         if let Some(poll) = self.poll {
-            config.poll_mode = match poll {
+            config.polling.mode = match poll {
                 PollArg::Busy => PollMode::Busy,
                 PollArg::Event => PollMode::Event,
                 PollArg::Adaptive => PollMode::Adaptive {
@@ -245,20 +245,22 @@ impl RdmaArgs {
             };
         }
         if let Some(slots) = self.slots {
-            config.slots = slots;
+            config.rings.slots = slots;
         }
         if let Some(slot_size) = self.slot_size {
-            config.slot_size = slot_size;
+            config.rings.slot_size = slot_size;
         }
         if let Some(window) = self.recv_window {
-            config.recv_window = Some(window);
+            config.rings.recv_window = Some(window);
         }
         if let Some(ms) = self.connect_timeout_ms {
-            config.connect_timeout = Duration::from_millis(ms);
+            config.liveness.connect_timeout = Duration::from_millis(ms);
         }
         match self.recv {
-            Some(RecvArg::Ring) => config.recv = Receives::Ring,
-            Some(RecvArg::Shared) => config.recv = Receives::Shared(SharedRecvConfig::default()),
+            Some(RecvArg::Ring) => config.rings.recv = Receives::Ring,
+            Some(RecvArg::Shared) => {
+                config.rings.recv = Receives::Shared(SharedRecvConfig::default())
+            }
             Some(RecvArg::Auto) | None => {}
         }
         config
@@ -269,7 +271,7 @@ impl RdmaArgs {
         if endpoint.kind() != TransportKind::Rdma {
             return None;
         }
-        Some(match self.config().poll_mode {
+        Some(match self.config().polling.mode {
             PollMode::Busy => "busy".to_owned(),
             PollMode::Event => "event".to_owned(),
             PollMode::Adaptive { spin } => format!("adaptive({}us)", spin.as_micros()),
@@ -325,7 +327,10 @@ mod tests {
             (64, 5, 1)
         );
         let config = args.rdma.config();
-        assert_eq!((config.poll_mode, config.slots), (PollMode::Busy, 16));
+        assert_eq!(
+            (config.polling.mode, config.rings.slots),
+            (PollMode::Busy, 16)
+        );
         assert_eq!(args.rdma.poll_name(&args.url).as_deref(), Some("busy"));
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use rdma_rpc::prelude::*;
-use rdma_rpc::{PollMode, RdmaConfig, ServeOptions, ServerHandle};
+use rdma_rpc::{PollMode, Polling, RdmaConfig, ServeOptions, ServerHandle};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -42,10 +42,7 @@ fn start() -> ServerHandle {
 
 fn connect(server: &ServerHandle, poll_mode: PollMode) -> Channel {
     rdma_rpc::client()
-        .rdma_config(RdmaConfig {
-            poll_mode,
-            ..RdmaConfig::default()
-        })
+        .rdma_config(RdmaConfig::default().polling(Polling::default().mode(poll_mode)))
         .connect_blocking(server.local_url())
         .expect("rdma client connects")
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use rdma_rpc::prelude::*;
-use rdma_rpc::{RdmaConfig, Receives, ServerHandle, SharedRecvConfig};
+use rdma_rpc::{RdmaConfig, Receives, Rings, ServerHandle, SharedRecvConfig};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -149,10 +149,7 @@ async fn slow_server_exhausts_credits_without_rnr_or_loss() {
     }
     // Four slots: 64 concurrent slow calls need far more credits than the rings hold, so
     // callers wait for credits (back-pressure) instead of overrunning the server.
-    let small = RdmaConfig {
-        slots: 4,
-        ..RdmaConfig::default()
-    };
+    let small = RdmaConfig::default().rings(Rings::default().slots(4));
     let tester = Tester::default();
     let server = start(&tester, small.clone());
     let client = TesterClient::new(connect(&server, small));
@@ -179,10 +176,7 @@ async fn cancels_racing_back_pressure_never_hang() {
     if !device() {
         return;
     }
-    let small = RdmaConfig {
-        slots: 4,
-        ..RdmaConfig::default()
-    };
+    let small = RdmaConfig::default().rings(Rings::default().slots(4));
     let server = start(&Tester::default(), small.clone());
     let client = TesterClient::new(connect(&server, small));
     let run = stream::iter(0..3_000u64)
@@ -219,10 +213,7 @@ fn messages_at_slot_size_and_one_byte_either_side() {
     if !device() {
         return;
     }
-    let config = RdmaConfig {
-        slot_size: 4096,
-        ..RdmaConfig::default()
-    };
+    let config = RdmaConfig::default().rings(Rings::default().slot_size(4096));
     let server = start(&Tester::default(), config.clone());
     let client = EchoClient::new(connect(&server, config));
     // Frame = header (compact: no deadline) + EchoRequest{payload: n} encoded as
@@ -308,10 +299,7 @@ fn thirty_two_concurrent_connections() {
     if !device() {
         return;
     }
-    let config = RdmaConfig {
-        slots: 8,
-        ..RdmaConfig::default()
-    };
+    let config = RdmaConfig::default().rings(Rings::default().slots(8));
     let server = start(&Tester::default(), config.clone());
     let clients: Vec<EchoClient> = (0..32)
         .map(|_| EchoClient::new(connect(&server, config.clone())))
@@ -446,7 +434,7 @@ async fn kept_replies_never_stall_a_receive_ring() {
     if !device() {
         return;
     }
-    keep_every_reply(RdmaConfig::default(), RdmaConfig::default().slots / 4).await;
+    keep_every_reply(RdmaConfig::default(), RdmaConfig::default().rings.slots / 4).await;
 }
 
 /// The same with both sides on shared receive queues: a kept reply keeps its SRQ buffer
@@ -458,10 +446,8 @@ async fn kept_replies_never_drain_a_shared_receive_queue() {
     if !device() {
         return;
     }
-    let rdma = RdmaConfig {
-        recv: Receives::Shared(SharedRecvConfig::default()),
-        ..RdmaConfig::default()
-    };
+    let rdma = RdmaConfig::default()
+        .rings(Rings::default().recv(Receives::Shared(SharedRecvConfig::default())));
     keep_every_reply(rdma, rdma_rpc::DEFAULT_SHARED_WINDOW / 4).await;
 }
 
@@ -537,10 +523,7 @@ async fn smallest_windows_grow_under_sixteen_calls_in_flight() {
     if !device() {
         return;
     }
-    let rdma = RdmaConfig {
-        recv_window: Some(3),
-        ..RdmaConfig::default()
-    };
+    let rdma = RdmaConfig::default().rings(Rings::default().recv_window(Some(3)));
     let server = start(&Tester::default(), rdma.clone());
     let calls = Arc::new(rdma_rpc::CallTable::new());
     let addr = server.local_url().trim_start_matches("rdma://");
@@ -582,7 +565,7 @@ async fn smallest_windows_grow_under_sixteen_calls_in_flight() {
         stats.send_credits + stats.pending_credit_return > 3 && stats.recv_window > 3,
         "neither window grew: {stats:?}"
     );
-    assert!(stats.recv_window <= RdmaConfig::default().slots);
+    assert!(stats.recv_window <= RdmaConfig::default().rings.slots);
     assert!(
         stats.send_slots > rpc_transport_rdma::DEFAULT_SEND_WINDOW,
         "sixteen in flight never grew the send ring: {stats:?}"

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_rpc::prelude::*;
-use rdma_rpc::{CallTable, ChannelConfig, RdmaConfig, ServeOptions, ServerHandle};
+use rdma_rpc::{CallTable, ChannelConfig, LargeBodies, RdmaConfig, ServeOptions, ServerHandle};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -287,10 +287,8 @@ fn sizes_beyond_the_limits_are_refused_with_both_sizes() {
         return;
     }
     // The server's transport accepts bodies up to 2 MiB; its dispatcher anything.
-    let server = start(RdmaConfig {
-        large_max_message: 2 * MIB as u64,
-        ..RdmaConfig::default()
-    });
+    let server =
+        start(RdmaConfig::default().large(LargeBodies::default().max_message(2 * MIB as u64)));
     let client = TesterClient::new(connect(&server));
     let err = client
         .bulk_blocking(BulkRequest {
@@ -340,10 +338,9 @@ fn sizes_beyond_the_limits_are_refused_with_both_sizes() {
     let client = TesterClient::new(
         rdma_rpc::client()
             .max_message_size(LIMIT)
-            .rdma_config(RdmaConfig {
-                large_max_message: MIB as u64,
-                ..RdmaConfig::default()
-            })
+            .rdma_config(
+                RdmaConfig::default().large(LargeBodies::default().max_message(MIB as u64)),
+            )
             .connect_blocking(server.local_url())
             .expect("connect"),
     );

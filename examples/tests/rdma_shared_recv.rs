@@ -1,4 +1,4 @@
-//! Connections receiving from a shared receive queue (`RdmaConfig::recv`), over real
+//! Connections receiving from a shared receive queue (`Rings::recv`), over real
 //! verbs (run in the soft-RoCE VM by `cargo xtask test`). Queue pairs use `rnr_retry = 0`,
 //! so a receive-not-ready anywhere fails the call that hit it: the credits the server
 //! grants out of the queue's buffers must always be backed.
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use rdma_rpc::prelude::*;
-use rdma_rpc::{RdmaConfig, Receives, ServerHandle, SharedRecvConfig};
+use rdma_rpc::{RdmaConfig, Receives, Rings, ServerHandle, SharedRecvConfig};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -19,10 +19,7 @@ use rpc_examples::EchoService;
 use rpc_transport_rdma::verbs::test_support::require_device;
 
 fn shared(bounds: SharedRecvConfig) -> RdmaConfig {
-    RdmaConfig {
-        recv: Receives::Shared(bounds),
-        ..RdmaConfig::default()
-    }
+    RdmaConfig::default().rings(Rings::default().recv(Receives::Shared(bounds)))
 }
 
 fn start(rdma: RdmaConfig) -> ServerHandle {
@@ -92,11 +89,10 @@ fn a_full_shared_receive_queue_refuses_connections_until_one_leaves() {
     if require_device().is_none() {
         return;
     }
-    let bounds = SharedRecvConfig {
-        chunk: 8,
-        max_buffers: 16,
-        slack: 2,
-    };
+    let bounds = SharedRecvConfig::default()
+        .chunk(8)
+        .max_buffers(16)
+        .slack(2);
     let server = start(shared(bounds));
     let client_config = RdmaConfig::default();
     let mut clients: Vec<EchoClient> = (0..3)

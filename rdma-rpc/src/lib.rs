@@ -31,7 +31,8 @@ pub use endpoint::{Endpoint, TransportKind};
 pub use error::Error;
 pub use rpc_core::*;
 pub use rpc_transport_rdma::{
-    PollMode, RdmaConfig, Receives, SharedRecvConfig, DEFAULT_KEEPALIVE, DEFAULT_SHARED_WINDOW,
+    LargeBodies, Liveness, PollMode, Polling, RdmaConfig, Receives, Rings, SharedRecvConfig,
+    DEFAULT_KEEPALIVE, DEFAULT_SHARED_WINDOW,
 };
 pub use rpc_transport_tcp::{ConnectionLimits, TcpServerConfig};
 pub use serve::{ServeExt, ServeOptions, ServerHandle};

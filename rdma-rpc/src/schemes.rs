@@ -105,7 +105,7 @@ fn connect_rdma(
     }
     config.limit_bodies(settings.channel.max_message_size);
     if let Some(t) = settings.connect_timeout {
-        config.connect_timeout = t;
+        config.liveness.connect_timeout = t;
     }
     Ok(RdmaClient::connect(authority, calls, &config)?)
 }

@@ -1,7 +1,7 @@
 //! What all RDMA connections of the process may hold together, whatever each connection's
 //! own bounds allow: connections, and the registered memory of large bodies.
 //!
-//! Per-connection bounds ([`RdmaConfig::large_budget`], ring sizes) stop one peer; these
+//! Per-connection bounds ([`LargeBodies::budget`](crate::LargeBodies::budget), ring sizes) stop one peer; these
 //! stop many. A connection past [`ProcessLimits::connections`] is refused
 //! (`RESOURCE_EXHAUSTED`, before any verbs object is made for it); a large body that would
 //! take the registered memory past [`ProcessLimits::registered_bytes`] is refused like one

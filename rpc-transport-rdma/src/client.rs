@@ -80,16 +80,16 @@ impl RdmaClient {
         let what = format!("cannot connect to {peer}");
         let dst = resolve(addr)?;
         let slot = ConnectionSlot::take(&peer)?;
-        let deadline = Instant::now() + config.connect_timeout;
+        let deadline = Instant::now() + config.liveness.connect_timeout;
         let channel = EventChannel::new().map_err(|e| verbs_status(&what, e))?;
         channel
             .set_nonblocking(true)
             .map_err(|e| verbs_status(&what, e))?;
         let id = CmId::new(&channel).map_err(|e| verbs_status(&what, e))?;
-        id.resolve_addr(None, dst, config.connect_timeout)
+        id.resolve_addr(None, dst, config.liveness.connect_timeout)
             .map_err(|e| verbs_status(&what, e))?;
         expect_event(&channel, CmEventKind::AddrResolved, deadline, &what)?;
-        id.resolve_route(config.connect_timeout)
+        id.resolve_route(config.liveness.connect_timeout)
             .map_err(|e| verbs_status(&what, e))?;
         expect_event(&channel, CmEventKind::RouteResolved, deadline, &what)?;
 
@@ -104,8 +104,8 @@ impl RdmaClient {
         };
         id.connect(&ConnParam {
             private_data: &params,
-            retry_count: config.retry_count,
-            rnr_retry_count: config.rnr_retry,
+            retry_count: config.liveness.retry_count,
+            rnr_retry_count: config.liveness.rnr_retry,
             ..ConnParam::default()
         })
         .map_err(|e| verbs_status(&what, e))?;
@@ -114,7 +114,7 @@ impl RdmaClient {
             check_server_proof(credentials, hello, established.private_data(), &what)?;
         }
         let conn = Conn::new(res, id, established.private_data(), peer.clone(), config)?;
-        let limit = usize::try_from(config.large_max_message).unwrap_or(usize::MAX);
+        let limit = usize::try_from(config.large.max_message).unwrap_or(usize::MAX);
         conn.set_inbound(Arc::new(SizedResponses {
             responses: Responses::new(calls, peer.clone(), limit),
             sizes: response_sizes.clone(),
@@ -125,7 +125,7 @@ impl RdmaClient {
         }
         Ok(Arc::new(RdmaClient {
             conn,
-            spin: match config.poll_mode {
+            spin: match config.polling.mode {
                 PollMode::Busy => Some(BUSY_SLICE),
                 mode => mode.spin(),
             },

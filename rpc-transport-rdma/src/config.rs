@@ -42,22 +42,22 @@ impl Default for PollMode {
     }
 }
 
-/// The send slots a connection registers at first, unless [`RdmaConfig::send_window`] says
+/// The send slots a connection registers at first, unless [`Rings::send_window`] says
 /// otherwise: enough for calls one at a time; concurrency doubles the ring as needed.
 pub const DEFAULT_SEND_WINDOW: u32 = 2;
 
-/// How long a connection may be idle before it is probed, unless [`RdmaConfig::keepalive`]
+/// How long a connection may be idle before it is probed, unless [`Liveness::keepalive`]
 /// says otherwise (the same for every transport). A thousand idle connections cost about 70
 /// probes a second.
 pub use rpc_core::transport::DEFAULT_KEEPALIVE;
 use rpc_core::transport::{DEFAULT_KEEPALIVE_TIMEOUT, DEFAULT_STALL_LIMIT};
 
 /// The initial receive window of a connection on a shared receive queue, unless
-/// [`RdmaConfig::recv_window`] says otherwise: what every connection commits however idle
+/// [`Rings::recv_window`] says otherwise: what every connection commits however idle
 /// (a busy one has it doubled while the queue has buffers to spare).
 pub const DEFAULT_SHARED_WINDOW: u32 = 4;
 
-/// Where a connection's receives land ([`RdmaConfig::recv`]).
+/// Where a connection's receives land ([`Rings::recv`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Receives {
     /// Server connections receive from a shared receive queue with the default bounds,
@@ -77,6 +77,7 @@ pub enum Receives {
 /// is refused (`RESOURCE_EXHAUSTED` naming the numbers), and grown windows give back
 /// released slots until the queue has room again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SharedRecvConfig {
     /// Buffers registered and posted at a time, as connections need them.
     pub chunk: u32,
@@ -98,91 +99,77 @@ impl Default for SharedRecvConfig {
     }
 }
 
-/// Ring geometry and behaviour of RDMA connections.
+/// Generates, for each listed field of a settings struct, a builder method of the same name
+/// that sets it and returns the struct, so settings chain from `default()`.
+macro_rules! setters {
+    ($ty:ident { $($field:ident: $value:ty),* $(,)? }) => {
+        impl $ty {
+            $(
+                #[doc = concat!("Sets [`", stringify!($ty), "::", stringify!($field), "`].")]
+                #[must_use]
+                pub fn $field(mut self, $field: $value) -> Self {
+                    self.$field = $field;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+setters!(SharedRecvConfig {
+    chunk: u32,
+    max_buffers: u32,
+    slack: u32,
+});
+
+/// Settings of RDMA connections, in four groups: [`Rings`], [`LargeBodies`], [`Liveness`]
+/// and [`Polling`]. Every field has a default; set what differs with the builder methods
+/// (or assign the public fields of a `default()`).
 ///
 /// ```
-/// use rpc_transport_rdma::{PollMode, RdmaConfig};
-/// let config = RdmaConfig {
-///     slots: 32,
-///     slot_size: 16 * 1024,
-///     poll_mode: PollMode::Busy,
-///     ..RdmaConfig::default()
-/// };
+/// use rpc_transport_rdma::{PollMode, Polling, RdmaConfig, Rings};
+/// let config = RdmaConfig::default()
+///     .rings(Rings::default().slots(32).slot_size(16 * 1024))
+///     .polling(Polling::default().mode(PollMode::Busy));
+/// assert_eq!(config.rings.slots, 32);
 /// assert!(config.max_inline_payload() < 16 * 1024);
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct RdmaConfig {
-    /// Slots in each of the send and receive rings (one credit per receive slot).
-    pub slots: u32,
-    /// Bytes per ring slot: the largest frame (64-byte header, metadata, message) sent by
-    /// SEND. The peer's receive slot size caps what we send.
-    pub slot_size: u32,
-    /// Completion processing.
-    pub poll_mode: PollMode,
-    /// `rnr_retry_count` of the queue pairs. The credit protocol never lets an RNR happen, so
-    /// the default is 0: an RNR would be a bug and fails loudly instead of stalling.
-    pub rnr_retry: u8,
-    /// Transport retries before a silent peer is declared dead (`retry_count`, 0–7), asked
-    /// for by clients; a server's queue pairs take what each client asked for. Not 7:
-    /// soft-RoCE retries forever at 7 (hardware 7 times), which [`RdmaConfig::keepalive_timeout`]
-    /// then has to catch.
-    pub retry_count: u8,
-    /// Local ACK timeout of the queue pairs, as the verbs exponent: 4.096 µs × 2^n (0–31)
-    /// before an unacknowledged packet is sent again; a silent peer is declared dead after
-    /// about `retry_count + 1` of them. `None`: what rdma_cm derives from the route (on
-    /// RoCE, seconds per retry).
-    pub ack_timeout: Option<u8>,
-    /// How long address and route resolution and the connection handshake may take.
-    pub connect_timeout: Duration,
+    /// The send and receive rings: slots, their size, windows and where receives land.
+    pub rings: Rings,
+    /// Bodies larger than a slot, moved by RDMA WRITE into granted buffers.
+    pub large: LargeBodies,
+    /// Noticing a dead, stuck or hostile peer, and how long connecting may take.
+    pub liveness: Liveness,
+    /// How completions are processed.
+    pub polling: Polling,
     /// Clients: what to authenticate with ([`rpc_core::auth`]); the server must prove it
     /// holds the same secret. `None`: connect without credentials.
     pub credentials: Option<Credentials>,
+}
+
+setters!(RdmaConfig {
+    rings: Rings,
+    large: LargeBodies,
+    liveness: Liveness,
+    polling: Polling,
+    credentials: Option<Credentials>,
+});
+
+/// The send and receive rings of a connection ([`RdmaConfig::rings`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Rings {
+    /// Slots in each of the send and receive rings (one credit per receive slot). Default 64.
+    pub slots: u32,
+    /// Bytes per ring slot: the largest frame (64-byte header, metadata, message) sent by
+    /// SEND. The peer's receive slot size caps what we send. Default 8 KiB.
+    pub slot_size: u32,
     /// Inline data the queue pairs are asked to support; the device may grant less.
+    /// Default 256.
     pub max_inline: u32,
-    /// Longest a sender waits for a free slot or credit. A peer that holds every receive
-    /// slot that long is stuck (or hostile): the connection is closed rather than letting
-    /// it pin the sending threads.
-    pub stall_limit: Duration,
-    /// Bodies larger than a slot go by RDMA WRITE in chunks of this many bytes, so that
-    /// small frames of other calls pass between them.
-    pub large_chunk: u32,
-    /// RDMA WRITE chunks outstanding at once per connection.
-    pub large_write_window: u32,
-    /// Largest body (metadata plus message) a peer may send us by RDMA WRITE; larger ones
-    /// are refused before any byte moves, with `RESOURCE_EXHAUSTED` naming both sizes.
-    /// Servers and channels lower it to their message size limit plus the metadata limit
-    /// ([`RdmaConfig::limit_bodies`]), so a peer can never make us register more than one
-    /// acceptable message per grant.
-    pub large_max_message: u64,
-    /// Registered memory a connection may lend to large bodies at once (both directions).
-    /// Registered lazily: a connection that never moves a large body registers nothing.
-    pub large_budget: u64,
-    /// Registered large-body memory a connection keeps for reuse once idle.
-    pub large_cache: u64,
-    /// Buffers the peer may be writing into at once; further requests wait their turn.
-    pub large_max_grants: u32,
-    /// Buffer requests that may wait for a grant beyond `large_max_grants`; past it they are
-    /// refused at once (`RESOURCE_EXHAUSTED`), so a peer cannot grow the queue without bound.
-    pub large_max_queued: u32,
-    /// Longest a peer may hold a buffer we granted at its request without announcing the
-    /// body written into it, beyond the time the body takes to write at
-    /// `large_grant_min_rate`. A peer past it is hoarding registered memory: the connection
-    /// is closed with `RESOURCE_EXHAUSTED` naming the grant, and everything it held is
-    /// freed. (Response buffers we advertise are not timed: a handler may take its time.)
-    pub large_grant_timeout: Duration,
-    /// Slowest a peer is expected to write a granted body, in bytes per second: a grant of
-    /// `len` bytes may be held `large_grant_timeout` plus `len / large_grant_min_rate`
-    /// (a 1 GiB body at the default 4 MiB/s: 256 s more; soft-RoCE in an emulated VM
-    /// writes at 10-60 MB/s). A receiver does not see RDMA
-    /// WRITEs land, only the notice after the last one, so this is what tells a slow
-    /// writer from a hoarder. 0 counts as 1.
-    pub large_grant_min_rate: u64,
-    /// Receive slots the application may hold at once as zero-copy views of received
-    /// messages (`0..=window - 3`); `None`: a quarter of the initial window (`recv_window`).
-    /// Past it, received messages are handed up as copies and their slots go straight back
-    /// to the ring, so keeping received `Bytes` never starves a connection of receives or
-    /// its peer of credits.
-    pub lend_limit: Option<u32>,
     /// Send slots registered at first (`1..=slots`); `None`: [`DEFAULT_SEND_WINDOW`]. A
     /// connection whose senders find the ring full gets it doubled, up to `slots`, so the
     /// memory follows the frames in flight, not the configured ring.
@@ -193,87 +180,232 @@ pub struct RdmaConfig {
     /// docs/PROTOCOL.md, "Receive windows"). The lend limit and the credit threshold follow
     /// this initial window.
     pub recv_window: Option<u32>,
+    /// Receive slots the application may hold at once as zero-copy views of received
+    /// messages (`0..=window - 3`); `None`: a quarter of the initial window (`recv_window`).
+    /// Past it, received messages are handed up as copies and their slots go straight back
+    /// to the ring, so keeping received `Bytes` never starves a connection of receives or
+    /// its peer of credits.
+    pub lend_limit: Option<u32>,
     /// Where receives land: a ring of receive slots per connection, or one shared receive
     /// queue per device and slot size (see docs/PROTOCOL.md, "Shared receive queue"). The
     /// default, [`Receives::Auto`], shares a queue among a server's connections and gives
     /// each client connection its own ring. A queue pair in error flushes no receive of a
     /// shared queue: such a connection is closed by the device's asynchronous event, or,
     /// with devices that raise none (soft-RoCE), by its next keepalive probe
-    /// ([`RdmaConfig::keepalive`]).
+    /// ([`Liveness::keepalive`]).
     pub recv: Receives,
-    /// Entries of each completion queue the connections of one device share (the device's
-    /// limit permitting). A connection reserves room for its whole send and receive queues
-    /// on a CQ; once no CQ has room, another is created.
-    pub cq_entries: u32,
+}
+
+impl Default for Rings {
+    fn default() -> Self {
+        Rings {
+            slots: 64,
+            slot_size: 8192,
+            max_inline: 256,
+            send_window: None,
+            recv_window: None,
+            lend_limit: None,
+            recv: Receives::Auto,
+        }
+    }
+}
+
+setters!(Rings {
+    slots: u32,
+    slot_size: u32,
+    max_inline: u32,
+    send_window: Option<u32>,
+    recv_window: Option<u32>,
+    lend_limit: Option<u32>,
+    recv: Receives,
+});
+
+/// Bodies larger than a slot ([`RdmaConfig::large`]): the receiver grants a registered
+/// buffer, the sender writes the body into it by RDMA WRITE (docs/PROTOCOL.md, "Large
+/// messages").
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct LargeBodies {
+    /// Bodies go by RDMA WRITE in chunks of this many bytes, so that small frames of other
+    /// calls pass between them. Default 256 KiB.
+    pub chunk: u32,
+    /// RDMA WRITE chunks outstanding at once per connection. Default 2.
+    pub write_window: u32,
+    /// Largest body (metadata plus message) a peer may send us by RDMA WRITE; larger ones
+    /// are refused before any byte moves, with `RESOURCE_EXHAUSTED` naming both sizes.
+    /// Servers and channels lower it to their message size limit plus the metadata limit
+    /// ([`RdmaConfig::limit_bodies`]), so a peer can never make us register more than one
+    /// acceptable message per grant. Default 2 GiB.
+    pub max_message: u64,
+    /// Registered memory a connection may lend to large bodies at once (both directions).
+    /// Registered lazily: a connection that never moves a large body registers nothing.
+    /// Default 4 GiB.
+    pub budget: u64,
+    /// Registered large-body memory a connection keeps for reuse once idle. Default 64 MiB.
+    pub cache: u64,
+    /// Buffers the peer may be writing into at once; further requests wait their turn.
+    /// Default 16.
+    pub max_grants: u32,
+    /// Buffer requests that may wait for a grant beyond `max_grants`; past it they are
+    /// refused at once (`RESOURCE_EXHAUSTED`), so a peer cannot grow the queue without bound.
+    /// Default 256.
+    pub max_queued: u32,
+    /// Longest a peer may hold a buffer we granted at its request without announcing the
+    /// body written into it, beyond the time the body takes to write at `grant_min_rate`.
+    /// A peer past it is hoarding registered memory: the connection is closed with
+    /// `RESOURCE_EXHAUSTED` naming the grant, and everything it held is freed. (Response
+    /// buffers we advertise are not timed: a handler may take its time.) Default 30 s.
+    pub grant_timeout: Duration,
+    /// Slowest a peer is expected to write a granted body, in bytes per second: a grant of
+    /// `len` bytes may be held `grant_timeout` plus `len / grant_min_rate` (a 1 GiB body at
+    /// the default 4 MiB/s: 256 s more; soft-RoCE in an emulated VM writes at 10-60 MB/s).
+    /// A receiver does not see RDMA WRITEs land, only the notice after the last one, so
+    /// this is what tells a slow writer from a hoarder. 0 counts as 1.
+    pub grant_min_rate: u64,
+}
+
+impl Default for LargeBodies {
+    fn default() -> Self {
+        LargeBodies {
+            chunk: 256 * 1024,
+            write_window: 2,
+            max_message: 1 << 31,
+            budget: 4 << 30,
+            cache: 64 << 20,
+            max_grants: 16,
+            max_queued: 256,
+            grant_timeout: Duration::from_secs(30),
+            grant_min_rate: 4 << 20,
+        }
+    }
+}
+
+setters!(LargeBodies {
+    chunk: u32,
+    write_window: u32,
+    max_message: u64,
+    budget: u64,
+    cache: u64,
+    max_grants: u32,
+    max_queued: u32,
+    grant_timeout: Duration,
+    grant_min_rate: u64,
+});
+
+/// Noticing a dead, stuck or hostile peer ([`RdmaConfig::liveness`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Liveness {
+    /// How long address and route resolution and the connection handshake may take.
+    /// Default 5 s.
+    pub connect_timeout: Duration,
     /// Idle time after which a connection is probed (a zero-length RDMA WRITE its peer's
     /// queue pair must acknowledge); `None`: never. A connection whose probe fails is
     /// closed, its calls failing with `UNAVAILABLE`: its peer died or stopped answering
     /// (noticed after this interval plus the transport's retries, `retry_count` times
     /// `ack_timeout`), or its queue pair went to the error state without a completion to say
     /// so (a forged rkey on a shared receive queue, with a device that raises no
-    /// asynchronous event for it). Busy connections are never probed.
+    /// asynchronous event for it). Busy connections are never probed. Default
+    /// [`DEFAULT_KEEPALIVE`].
     pub keepalive: Option<Duration>,
     /// Longest a probe may go unacknowledged, with nothing else completing meanwhile, before
     /// the peer is declared dead and the connection closed (`UNAVAILABLE`), whatever the
     /// transport's own retries would take.
     pub keepalive_timeout: Duration,
+    /// Longest a sender waits for a free slot or credit. A peer that holds every receive
+    /// slot that long is stuck (or hostile): the connection is closed rather than letting
+    /// it pin the sending threads.
+    pub stall_limit: Duration,
     /// Header-only frames (the `Cancel` of a dropped call) that may wait for credits on one
     /// connection. Dropping a call never blocks: its Cancel is sent at once or queued;
     /// past this bound it is dropped, and the server's late answer to the call is ignored.
+    /// Default 1024.
     pub control_queue: u32,
+    /// Transport retries before a silent peer is declared dead (`retry_count`, 0–7), asked
+    /// for by clients; a server's queue pairs take what each client asked for. Not 7:
+    /// soft-RoCE retries forever at 7 (hardware 7 times), which
+    /// [`Liveness::keepalive_timeout`] then has to catch. Default 6.
+    pub retry_count: u8,
+    /// Local ACK timeout of the queue pairs, as the verbs exponent: 4.096 µs × 2^n (0–31)
+    /// before an unacknowledged packet is sent again; a silent peer is declared dead after
+    /// about `retry_count + 1` of them. `None`: what rdma_cm derives from the route (on
+    /// RoCE, seconds per retry).
+    pub ack_timeout: Option<u8>,
+    /// `rnr_retry_count` of the queue pairs. The credit protocol never lets an RNR happen, so
+    /// the default is 0: an RNR would be a bug and fails loudly instead of stalling.
+    pub rnr_retry: u8,
 }
 
-impl Default for RdmaConfig {
+impl Default for Liveness {
     fn default() -> Self {
-        RdmaConfig {
-            slots: 64,
-            slot_size: 8192,
-            poll_mode: PollMode::default(),
-            rnr_retry: 0,
-            retry_count: 6,
-            ack_timeout: None,
+        Liveness {
             connect_timeout: Duration::from_secs(5),
-            credentials: None,
-            max_inline: 256,
-            stall_limit: DEFAULT_STALL_LIMIT,
-            large_chunk: 256 * 1024,
-            large_write_window: 2,
-            large_max_message: 1 << 31,
-            large_budget: 4 << 30,
-            large_cache: 64 << 20,
-            large_max_grants: 16,
-            large_max_queued: 256,
-            large_grant_timeout: Duration::from_secs(30),
-            large_grant_min_rate: 4 << 20,
-            lend_limit: None,
-            send_window: None,
-            recv_window: None,
-            recv: Receives::Auto,
-            cq_entries: 16 * 1024,
-            control_queue: 1024,
             keepalive: Some(DEFAULT_KEEPALIVE),
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+            stall_limit: DEFAULT_STALL_LIMIT,
+            control_queue: 1024,
+            retry_count: 6,
+            ack_timeout: None,
+            rnr_retry: 0,
         }
     }
 }
 
+setters!(Liveness {
+    connect_timeout: Duration,
+    keepalive: Option<Duration>,
+    keepalive_timeout: Duration,
+    stall_limit: Duration,
+    control_queue: u32,
+    retry_count: u8,
+    ack_timeout: Option<u8>,
+    rnr_retry: u8,
+});
+
+/// How completions are processed ([`RdmaConfig::polling`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Polling {
+    /// Spinning, sleeping on the completion channel, or spinning a while then sleeping.
+    /// Default [`PollMode::Adaptive`] with 1 ms of spinning.
+    pub mode: PollMode,
+    /// Entries of each completion queue the connections of one device share (the device's
+    /// limit permitting). A connection reserves room for its whole send and receive queues
+    /// on a CQ; once no CQ has room, another is created. Default 16 Ki.
+    pub cq_entries: u32,
+}
+
+impl Default for Polling {
+    fn default() -> Self {
+        Polling {
+            mode: PollMode::default(),
+            cq_entries: 16 * 1024,
+        }
+    }
+}
+
+setters!(Polling {
+    mode: PollMode,
+    cq_entries: u32,
+});
+
 impl RdmaConfig {
     /// Largest metadata plus message that fits one slot.
     pub fn max_inline_payload(&self) -> usize {
-        (self.slot_size as usize).saturating_sub(rpc_core::HEADER_LEN)
+        (self.rings.slot_size as usize).saturating_sub(rpc_core::HEADER_LEN)
     }
 
-    /// Lowers [`RdmaConfig::large_max_message`] to what a message of `max_message_size`
+    /// Lowers [`LargeBodies::max_message`] to what a message of `max_message_size`
     /// bytes and its metadata can take: the RPC layer refuses anything larger after it
     /// arrived, so lending a buffer for it would only let a peer pin memory.
     pub fn limit_bodies(&mut self, max_message_size: usize) {
         let most = (max_message_size as u64).saturating_add(rpc_core::MAX_METADATA_LEN as u64);
-        self.large_max_message = self.large_max_message.min(most);
+        self.large.max_message = self.large.max_message.min(most);
     }
 
     /// The shared receive queue bounds a connection of `role` receives with, if any.
     pub(crate) fn shared_recv(&self, role: Role) -> Option<SharedRecvConfig> {
-        match self.recv {
+        match self.rings.recv {
             Receives::Auto if role == Role::Server => Some(SharedRecvConfig::default()),
             Receives::Auto | Receives::Ring => None,
             Receives::Shared(bounds) => Some(bounds),
@@ -284,32 +416,34 @@ impl RdmaConfig {
     /// data, receiving from a shared receive queue or not.
     pub(crate) fn protocol(&self, max_inline: u32, shared: bool) -> crate::protocol::Config {
         crate::protocol::Config {
-            send_slots: self.slots,
-            send_slot_size: self.slot_size,
-            recv_slots: self.slots,
-            recv_slot_size: self.slot_size,
+            send_slots: self.rings.slots,
+            send_slot_size: self.rings.slot_size,
+            recv_slots: self.rings.slots,
+            recv_slot_size: self.rings.slot_size,
             max_inline,
-            lend_limit: self.lend_limit,
+            lend_limit: self.rings.lend_limit,
             send_window: Some(
-                self.send_window
+                self.rings
+                    .send_window
                     .unwrap_or(DEFAULT_SEND_WINDOW)
-                    .min(self.slots),
+                    .min(self.rings.slots),
             ),
             recv_window: if shared {
                 Some(
-                    self.recv_window
-                        .unwrap_or(DEFAULT_SHARED_WINDOW.min(self.slots)),
+                    self.rings
+                        .recv_window
+                        .unwrap_or(DEFAULT_SHARED_WINDOW.min(self.rings.slots)),
                 )
             } else {
-                self.recv_window
+                self.rings.recv_window
             },
             shared_recv: shared,
             large: crate::protocol::LargeConfig {
-                chunk_size: self.large_chunk,
-                write_window: self.large_write_window,
-                max_grants: self.large_max_grants,
-                max_queued: self.large_max_queued,
-                max_message: self.large_max_message,
+                chunk_size: self.large.chunk,
+                write_window: self.large.write_window,
+                max_grants: self.large.max_grants,
+                max_queued: self.large.max_queued,
+                max_message: self.large.max_message,
             },
             ..crate::protocol::Config::default()
         }

@@ -37,7 +37,7 @@ pub use budget::{
 };
 pub use client::RdmaClient;
 pub use config::{
-    PollMode, RdmaConfig, Receives, SharedRecvConfig, DEFAULT_KEEPALIVE, DEFAULT_SEND_WINDOW,
-    DEFAULT_SHARED_WINDOW,
+    LargeBodies, Liveness, PollMode, Polling, RdmaConfig, Receives, Rings, SharedRecvConfig,
+    DEFAULT_KEEPALIVE, DEFAULT_SEND_WINDOW, DEFAULT_SHARED_WINDOW,
 };
 pub use server::RdmaServer;

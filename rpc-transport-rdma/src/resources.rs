@@ -87,14 +87,18 @@ impl Resources {
         // Sized from the configuration before the QP exists; the inline limit the device
         // grants does not change the queue depths.
         let bounds = config.shared_recv(role);
-        let sizing = config.protocol(config.max_inline, bounds.is_some());
+        let sizing = config.protocol(config.rings.max_inline, bounds.is_some());
         let attachment = Engine::attach(&ctx, config, role, sizing.cq_depth())?;
         let pd = attachment.engine.pd.clone();
         let cq = attachment.cq.cq.clone();
         let shared = bounds
-            .map(|bounds| attachment.engine.shared_recv(config.slot_size, &bounds))
+            .map(|bounds| {
+                attachment
+                    .engine
+                    .shared_recv(config.rings.slot_size, &bounds)
+            })
             .transpose()?;
-        let qp = create_qp(config.max_inline, |max_inline_data| {
+        let qp = create_qp(config.rings.max_inline, |max_inline_data| {
             QueuePair::new(
                 id,
                 &pd,
@@ -114,7 +118,7 @@ impl Resources {
             )
         })
         .map_err(|e| verbs_status("rdma_create_qp", e))?;
-        if let Some(exponent) = config.ack_timeout {
+        if let Some(exponent) = config.liveness.ack_timeout {
             // Before connect or accept, which move the QP to RTS with it.
             id.set_ack_timeout(exponent)
                 .map_err(|e| verbs_status("setting the ACK timeout", e))?;
@@ -149,7 +153,7 @@ impl Resources {
                 RecvMemory::Ring(mr)
             }
         };
-        let large = LargePool::new(pd, config.large_budget, config.large_cache);
+        let large = LargePool::new(pd, config.large.budget, config.large.cache);
         let resources = Resources {
             qp,
             send,

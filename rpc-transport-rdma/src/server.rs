@@ -214,7 +214,7 @@ fn admit(private_data: &[u8], peer: &str, shared: &Shared) -> Result<Admitted, S
         Status::invalid_argument(format!("{peer} sent unusable connection parameters: {e}"))
     })?;
     let ours = config.protocol(
-        config.max_inline,
+        config.rings.max_inline,
         config.shared_recv(Role::Server).is_some(),
     );
     Geometry::negotiate(&ours, &params).map_err(|e| {
@@ -259,8 +259,8 @@ fn accept(id: CmId, private_data: &[u8], peer: String, shared: &Shared) -> Resul
         .id()
         .accept(&ConnParam {
             private_data: &params,
-            retry_count: config.retry_count,
-            rnr_retry_count: config.rnr_retry,
+            retry_count: config.liveness.retry_count,
+            rnr_retry_count: config.liveness.rnr_retry,
             ..ConnParam::default()
         })
         .map_err(|e| verbs_status("rdma_accept", e))

@@ -13,7 +13,7 @@ use rpc_core::{method_id, CallTable, Channel, ChannelConfig, Code, Request, Serv
 use rpc_transport_rdma::verbs::test_support;
 use rpc_transport_rdma::{
     process_limits, process_usage, set_process_limits, ProcessLimits, RdmaClient, RdmaConfig,
-    RdmaServer,
+    RdmaServer, Rings,
 };
 
 /// The tests change process-wide limits: one at a time.
@@ -141,10 +141,7 @@ fn a_device_offering_less_inline_data_than_asked_still_connects() {
         return;
     }
     let server = server();
-    let config = RdmaConfig {
-        max_inline: 64 * 1024,
-        ..RdmaConfig::default()
-    };
+    let config = RdmaConfig::default().rings(Rings::default().max_inline(64 * 1024));
     let channel = connect(&server, &config).expect("connects with less inline data");
     for len in [10, 1000, 100_000] {
         assert_eq!(call(&channel, len).code(), Code::Unimplemented);

@@ -16,7 +16,7 @@ use rpc_transport_rdma::verbs::{
     test_support, AccessFlags, CmEventKind, CmId, CompletionQueue, ConnParam, EventChannel,
     MemoryRegion, ProtectionDomain, QpCapabilities, QpInitAttr, QueuePair, RecvRequest,
 };
-use rpc_transport_rdma::{RdmaClient, RdmaConfig};
+use rpc_transport_rdma::{Liveness, RdmaClient, RdmaConfig, Rings};
 
 const LIMIT: Duration = Duration::from_secs(15);
 const SLOTS: u32 = 8;
@@ -126,11 +126,9 @@ fn async_calls_wait_for_credits_without_blocking_their_executor() {
     }
     let (events, listener, addr) = SilentServer::listen();
     let accepting = std::thread::spawn(move || SilentServer::accept(&events, listener));
-    let config = RdmaConfig {
-        slots: 4,
-        stall_limit: Duration::from_secs(3),
-        ..RdmaConfig::default()
-    };
+    let config = RdmaConfig::default()
+        .rings(Rings::default().slots(4))
+        .liveness(Liveness::default().stall_limit(Duration::from_secs(3)));
     let calls = Arc::new(CallTable::new());
     let client = RdmaClient::connect(&addr.to_string(), calls.clone(), &config).expect("connects");
     let _server = accepting.join().expect("accepts");

@@ -21,7 +21,9 @@ use rpc_transport_rdma::verbs::{
     MemoryRegion, ProtectionDomain, QpCapabilities, QpInitAttr, QueuePair, RecvRequest, RemoteAddr,
     SendFlags, SendOp, SendRequest, WcOpcode, WorkCompletion,
 };
-use rpc_transport_rdma::{RdmaClient, RdmaConfig, RdmaServer, Receives, SharedRecvConfig};
+use rpc_transport_rdma::{
+    LargeBodies, Liveness, RdmaClient, RdmaConfig, RdmaServer, Receives, Rings, SharedRecvConfig,
+};
 
 const LIMIT: Duration = Duration::from_secs(15);
 
@@ -225,10 +227,7 @@ fn call_succeeds_as_unimplemented(channel: &Channel) {
 #[test]
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn protocol_violations_disconnect_only_the_offender() {
-    offenders_are_disconnected(RdmaConfig {
-        recv: Receives::Ring,
-        ..RdmaConfig::default()
-    });
+    offenders_are_disconnected(RdmaConfig::default().rings(Rings::default().recv(Receives::Ring)));
 }
 
 /// A queue pair on a shared receive queue has no receives to flush when it goes to the
@@ -237,11 +236,11 @@ fn protocol_violations_disconnect_only_the_offender() {
 #[test]
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn protocol_violations_disconnect_only_the_offender_on_a_shared_receive_queue() {
-    offenders_are_disconnected(RdmaConfig {
-        recv: Receives::Shared(SharedRecvConfig::default()),
-        keepalive: Some(Duration::from_millis(300)),
-        ..RdmaConfig::default()
-    });
+    offenders_are_disconnected(
+        RdmaConfig::default()
+            .rings(Rings::default().recv(Receives::Shared(SharedRecvConfig::default())))
+            .liveness(Liveness::default().keepalive(Some(Duration::from_millis(300)))),
+    );
 }
 
 /// A peer whose queue pair vanished without a disconnect (the peer died) answers no probe:
@@ -262,13 +261,13 @@ fn a_dead_peer_is_noticed_once_the_probe_times_out() {
 }
 
 fn dead_peer_is_disconnected(peer_retry_count: u8, keepalive_timeout: Duration) {
-    let config = RdmaConfig {
-        keepalive: Some(Duration::from_millis(300)),
-        keepalive_timeout,
-        // 4.096 µs × 2^14 = 67 ms per retry.
-        ack_timeout: Some(14),
-        ..RdmaConfig::default()
-    };
+    let config = RdmaConfig::default().liveness(
+        Liveness::default()
+            .keepalive(Some(Duration::from_millis(300)))
+            .keepalive_timeout(keepalive_timeout)
+            // 4.096 µs × 2^14 = 67 ms per retry.
+            .ack_timeout(Some(14)),
+    );
     let Some(server) = serve(config) else {
         return;
     };
@@ -395,10 +394,7 @@ fn a_peer_cannot_make_the_server_register_memory_it_does_not_fill() {
     let limit =
         rpc_core::client::DEFAULT_MAX_MESSAGE_SIZE as u64 + rpc_core::MAX_METADATA_LEN as u64;
     let grant_timeout = Duration::from_secs(1);
-    let config = RdmaConfig {
-        large_grant_timeout: grant_timeout,
-        ..RdmaConfig::default()
-    };
+    let config = RdmaConfig::default().large(LargeBodies::default().grant_timeout(grant_timeout));
     let Some(server) = serve(config) else {
         return;
     };

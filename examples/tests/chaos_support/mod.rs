@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use rdma_rpc::prelude::*;
-use rdma_rpc::{RdmaConfig, ServerHandle};
+use rdma_rpc::{Liveness, RdmaConfig, ServerHandle};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -41,11 +41,11 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(1);
 pub const BOUND: Duration = Duration::from_secs(4);
 
 pub fn rdma() -> RdmaConfig {
-    RdmaConfig {
-        keepalive: Some(KEEPALIVE),
-        keepalive_timeout: KEEPALIVE_TIMEOUT,
-        ..RdmaConfig::default()
-    }
+    RdmaConfig::default().liveness(
+        Liveness::default()
+            .keepalive(Some(KEEPALIVE))
+            .keepalive_timeout(KEEPALIVE_TIMEOUT),
+    )
 }
 
 /// The device's resource counts, as `rdma resource` shows them (`pd`, `cq`, `qp`, `mr`,

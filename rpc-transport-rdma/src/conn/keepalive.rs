@@ -4,9 +4,9 @@
 //! as soft-RoCE), or that its peer died while nothing was in flight.
 //!
 //! The engine's poller ticks every connection now and then ([`Conn::keepalive_tick`]). A
-//! connection that processed no completion for [`RdmaConfig::keepalive`] posts a probe; a
+//! connection that processed no completion for [`Liveness::keepalive`](crate::Liveness::keepalive) posts a probe; a
 //! failed probe closes it like any failed work request, and so does a probe left
-//! unanswered, with nothing else completing, for [`RdmaConfig::keepalive_timeout`] (the
+//! unanswered, with nothing else completing, for [`Liveness::keepalive_timeout`](crate::Liveness::keepalive_timeout) (the
 //! transport's retries may take longer, or forever: soft-RoCE never gives up at a
 //! `retry_count` of 7). Busy connections are never probed; an idle one costs one
 //! zero-length WRITE and its acknowledgement per interval.

@@ -93,7 +93,7 @@ impl LargeState {
 }
 
 /// How long a peer may hold a buffer granted at its request before it counts as hoarding
-/// (`large_grant_timeout`, `large_grant_min_rate`).
+/// (`LargeBodies::grant_timeout`, `LargeBodies::grant_min_rate`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct GrantLimit {
     pub(super) timeout: Duration,

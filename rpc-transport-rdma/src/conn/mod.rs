@@ -153,11 +153,11 @@ impl Conn {
         })?;
         let limits = Limits {
             max_send_frame: geometry.max_send_frame as usize,
-            stall_limit: config.stall_limit,
-            control_queue: config.control_queue as usize,
+            stall_limit: config.liveness.stall_limit,
+            control_queue: config.liveness.control_queue as usize,
             grant: GrantLimit {
-                timeout: config.large_grant_timeout,
-                min_rate: config.large_grant_min_rate,
+                timeout: config.large.grant_timeout,
+                min_rate: config.large.grant_min_rate,
             },
         };
         let shared_bufs = match res.shared_recv() {
@@ -175,7 +175,10 @@ impl Conn {
                 dropped: Vec::new(),
                 writers: Writers::default(),
                 hand_ups: HandUps::default(),
-                keepalive: Keepalive::new(config.keepalive, config.keepalive_timeout),
+                keepalive: Keepalive::new(
+                    config.liveness.keepalive,
+                    config.liveness.keepalive_timeout,
+                ),
                 disconnected: None,
                 closing: Closing::Open,
             })),

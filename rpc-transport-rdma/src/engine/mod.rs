@@ -13,7 +13,7 @@
 //!   one.
 //! * A [`Registry`] that routes each completion to its connection by the tag in its
 //!   `wr_id` (a shared receive queue's receives: by the `qp_num` that received).
-//! * Shared receive queues ([`RdmaConfig::recv`]), one per slot size and bounds,
+//! * Shared receive queues ([`Rings::recv`](crate::Rings::recv)), one per slot size and bounds,
 //!   which its connections receive into ([`SharedRecv`]).
 //! * One poller thread ([`poller`]) that processes every connection's completions when no
 //!   caller does (a blocking caller spinning on its thread, an async caller holding a CQ's
@@ -215,7 +215,7 @@ impl Engine {
             let mut engines = ENGINES.lock();
             let found = engines.iter().find(|e| {
                 e.context.is_same(context)
-                    && e.mode == config.poll_mode
+                    && e.mode == config.polling.mode
                     && e.role == role
                     && !e.retired.load(Ordering::Acquire)
             });
@@ -273,11 +273,11 @@ impl Engine {
         epoll.add(context.async_fd(), TOKEN_ASYNC)?;
         Ok(Arc::new(Engine {
             context: context.clone(),
-            mode: config.poll_mode,
+            mode: config.polling.mode,
             role,
             pd,
             channel,
-            cq_entries: config.cq_entries.min(device.max_cqe).max(1),
+            cq_entries: config.polling.cq_entries.min(device.max_cqe).max(1),
             max_srq_wr: device.max_srq_wr,
             srqs: Mutex::new(Vec::new()),
             has_srq: AtomicBool::new(false),

@@ -39,7 +39,7 @@ impl Engine {
         Ok(srq)
     }
 
-    /// The tag `wc` is routed by (see [`Registry::route_tag`]).
+    /// The tag `wc` is routed by (see [`Registry::route_tag`](super::registry::Registry::route_tag)).
     pub(super) fn route_tag(&self, wc: &WorkCompletion) -> u32 {
         let tag = tag_of(wc);
         if self.has_srq.load(Ordering::Relaxed) {
