@@ -17,6 +17,8 @@ pub const VM_PACKAGES: &[&str] = &[
     "ibverbs-utils",
     "rdmacm-utils",
     "perftest",
+    // Prints the stacks of a test binary that outlived its timeout.
+    "gdb",
 ];
 
 /// Packages needed to build the RDMA crates (`rdma-sys` runs bindgen and pkg-config).

@@ -82,7 +82,8 @@ pub struct Step {
     pub label: String,
     /// What to run.
     pub action: Action,
-    /// Guest-side limit (coreutils `timeout`; exit code 124 when it fires).
+    /// Guest-side limit (the script's `limit`: every thread's stack printed, then the
+    /// command killed; exit code 124 when it fires).
     pub timeout: Option<Duration>,
 }
 
@@ -184,6 +185,7 @@ impl GuestPlan {
         let _ = writeln!(s, "mark() {{ echo \"@@xtask-vm {nonce} $*\"; }}");
         let _ = writeln!(s, "die() {{ mark fail \"$*\"; exit 1; }}");
         let _ = writeln!(s, "RUN_DIR={run_dir}");
+        s.push_str(LIMIT);
         s.push_str(&render_setup());
         let env = self.base_env();
         for (index, step) in self.steps.iter().enumerate() {
@@ -235,10 +237,10 @@ impl GuestPlan {
     ) -> String {
         let cwd = command.cwd.as_deref().unwrap_or(&self.cwd);
         let mut words: Vec<String> = Vec::new();
-        if let Some(limit) = timeout {
-            words.extend(["timeout", "-k", "10"].map(String::from));
-            words.push(limit.as_secs().max(1).to_string());
-        }
+        let run = match timeout {
+            Some(limit) => format!("limit {}", limit.as_secs().max(1)),
+            None => "exec".to_string(),
+        };
         words.extend(["env", "-i"].map(String::from));
         for (key, value) in env.iter().chain(&command.env) {
             words.push(format!("{key}={value}"));
@@ -246,12 +248,52 @@ impl GuestPlan {
         words.extend(command.argv.iter().cloned());
         let line: Vec<String> = words.iter().map(|w| quote(w)).collect();
         format!(
-            "(cd {} || exit 126; exec {})",
+            "(cd {} || exit 126; {run} {})",
             quote(&cwd.to_string_lossy()),
             line.join(" ")
         )
     }
 }
+
+/// `limit SECONDS COMMAND...`, the guest's step timeout: runs COMMAND and returns its status.
+/// One still running after SECONDS has the stack of every thread of it and of its children
+/// printed (gdb, if installed), so a hang can be read from the log, then gets SIGTERM and,
+/// 10 s later, SIGKILL; `limit` then returns 124, as coreutils `timeout` does.
+const LIMIT: &str = r#"
+limit() {
+  limit_secs=$1; shift
+  "$@" &
+  limit_pid=$!
+  limit_flag="$RUN_DIR/timed-out.$limit_pid"
+  (
+    sleep "$limit_secs" </dev/null >/dev/null 2>&1
+    kill -0 "$limit_pid" 2>/dev/null || exit 0
+    touch "$limit_flag"
+    echo "[xtask] pid $limit_pid still running after ${limit_secs}s; its threads' stacks:"
+    if command -v gdb >/dev/null; then
+      for p in $limit_pid $(pgrep -P "$limit_pid"); do
+        timeout 120 gdb -p "$p" -batch -nx -ex 'info threads' -ex 'thread apply all bt' \
+          </dev/null 2>&1 | grep -v '^\[New LWP' | head -n 4000
+      done
+    else
+      echo "[xtask] (no gdb installed)"
+    fi
+    kill -TERM "$limit_pid" 2>/dev/null
+    sleep 10 </dev/null >/dev/null 2>&1
+    kill -KILL "$limit_pid" 2>/dev/null
+  ) &
+  limit_dog=$!
+  wait "$limit_pid"
+  limit_rc=$?
+  pkill -P "$limit_dog" sleep 2>/dev/null
+  wait "$limit_dog" 2>/dev/null
+  if [ -e "$limit_flag" ]; then
+    rm -f "$limit_flag"
+    return 124
+  fi
+  return $limit_rc
+}
+"#;
 
 /// Loads soft-RoCE and creates `rxe0` on veth0 with [`GUEST_ADDR`].
 fn render_setup() -> String {
@@ -307,6 +349,35 @@ pub fn quote(word: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs `script` after the `limit` function in `sh`, with `RUN_DIR` a fresh directory.
+    fn run_with_limit(name: &str, script: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let body = format!(
+            "RUN_DIR={}\n{LIMIT}\n{script}",
+            quote(&dir.to_string_lossy())
+        );
+        let out = std::process::Command::new("sh")
+            .args(["-c", &body])
+            .output()
+            .expect("sh runs");
+        std::fs::remove_dir_all(&dir).unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    #[test]
+    fn limit_returns_the_status_of_a_command_that_ends_in_time() {
+        let out = run_with_limit("in-time", "limit 30 sh -c 'exit 3'; echo \"rc=$?\"");
+        assert_eq!(out.trim(), "rc=3");
+    }
+
+    #[test]
+    fn limit_reports_and_kills_a_command_past_its_time() {
+        let out = run_with_limit("past-time", "limit 1 sleep 60; echo \"rc=$?\"");
+        assert!(out.contains("still running after 1s"), "{out}");
+        assert!(out.trim_end().ends_with("rc=124"), "{out}");
+    }
 
     #[test]
     fn quoting() {
