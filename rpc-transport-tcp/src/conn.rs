@@ -18,10 +18,11 @@ use rpc_core::stream::{is_message_frame, Wakes};
 use rpc_core::{Inbound, Status};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::time::{timeout, Instant};
 
 use crate::codec::{Decoded, FrameDecoder};
 use crate::config::{ConnectionLimits, KEEPALIVE_PROBES};
+use crate::deadline::ReadDeadline;
 use crate::outbox::{Chunk, Outbox};
 
 /// Most bytes one read asks for: frames smaller than this arrive in one read, larger ones
@@ -296,6 +297,7 @@ impl Conn {
         // When the frame being received started to arrive.
         let mut frame_started: Option<Instant> = None;
         let mut last_heard = Instant::now();
+        let mut read_deadline = ReadDeadline::new();
         loop {
             // Frames taken from the buffer, and deliveries (frames, runs) made, this turn.
             let (mut decoded, mut delivered) = (0u32, 0u32);
@@ -359,7 +361,10 @@ impl Conn {
                 None => policy.idle_timeout.map(|idle| last_heard + idle),
             };
             let readable = match deadline {
-                Some(deadline) => timeout_at(deadline, self.stream.readable()).await,
+                Some(deadline) => read_deadline
+                    .wait(deadline, self.stream.readable())
+                    .await
+                    .ok_or(()),
                 None => Ok(self.stream.readable().await),
             };
             match readable {

@@ -17,6 +17,7 @@ mod client;
 pub mod codec;
 mod config;
 mod conn;
+mod deadline;
 pub mod handshake;
 mod metrics;
 mod outbox;
