@@ -79,12 +79,13 @@ pub enum Receives {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SharedRecvConfig {
-    /// Buffers registered and posted at a time, as connections need them.
+    /// Buffers registered and posted at a time, as connections need them. Default 256.
     pub chunk: u32,
-    /// Most buffers the queue holds (the device's `max_srq_wr` permitting).
+    /// Most buffers the queue holds (the device's `max_srq_wr` permitting). Default 16 Ki.
     pub max_buffers: u32,
     /// Posted buffers never committed to a window: they absorb the frames a peer sends
     /// beyond its credits until its connection is closed, so honest peers see no RNR.
+    /// Default 64.
     pub slack: u32,
 }
 
@@ -319,11 +320,11 @@ pub struct Liveness {
     pub keepalive: Option<Duration>,
     /// Longest a probe may go unacknowledged, with nothing else completing meanwhile, before
     /// the peer is declared dead and the connection closed (`UNAVAILABLE`), whatever the
-    /// transport's own retries would take.
+    /// transport's own retries would take. Default 20 s.
     pub keepalive_timeout: Duration,
     /// Longest a sender waits for a free slot or credit. A peer that holds every receive
     /// slot that long is stuck (or hostile): the connection is closed rather than letting
-    /// it pin the sending threads.
+    /// it pin the sending threads. Default 10 s.
     pub stall_limit: Duration,
     /// Header-only frames (the `Cancel` of a dropped call) that may wait for credits on one
     /// connection. Dropping a call never blocks: its Cancel is sent at once or queued;
