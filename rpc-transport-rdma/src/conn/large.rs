@@ -116,8 +116,6 @@ pub(super) enum Arrival {
     /// A frame in a receive slot, and the entry it landed in (the ring slot, or a shared
     /// receive queue's buffer).
     Slot(Received, u32),
-    /// A small frame's metadata and payload, copied out of its slot (already released).
-    Copied { header: Header, body: Bytes },
     /// A body placed by RDMA WRITE, announced by the header.
     Placed(Header, ArrivedBody),
 }

@@ -28,14 +28,12 @@ use crate::reaper;
 use crate::resources::Resources;
 use crate::verbs::{CmEventKind, CmId, SendFlags, SendOp, SendRequest, Sge};
 
-mod copies;
 mod keepalive;
 mod large;
 mod recv;
 mod send;
 mod teardown;
 
-use copies::Copies;
 use keepalive::Keepalive;
 use large::{GrantLimit, LargeState};
 pub(crate) use recv::Processed;
@@ -61,8 +59,6 @@ struct State {
     writers: Writers,
     /// Frames on their way up, and the receive slots coming back.
     hand_ups: HandUps,
-    /// Where small frames are copied to.
-    copies: Copies,
     keepalive: Keepalive,
     /// The peer disconnected; the connection closes once its completions are drained.
     disconnected: Option<Disconnected>,
@@ -79,8 +75,6 @@ struct Limits {
     control_queue: usize,
     /// How long the peer may hold a buffer granted at its request.
     grant: GrantLimit,
-    /// Frames of at most this many bytes are copied out of their slots as they arrive.
-    copy_below: u32,
 }
 
 /// Teardown: `Drop` first revokes open grants (windows are deallocated, so nothing the peer
@@ -165,7 +159,6 @@ impl Conn {
                 timeout: config.large.grant_timeout,
                 min_rate: config.large.grant_min_rate,
             },
-            copy_below: config.rings.copy_below,
         };
         let shared_bufs = match res.shared_recv() {
             Some(_) => vec![0; geometry.recv_slots as usize],
@@ -182,7 +175,6 @@ impl Conn {
                 dropped: Vec::new(),
                 writers: Writers::default(),
                 hand_ups: HandUps::default(),
-                copies: Copies::default(),
                 keepalive: Keepalive::new(
                     config.liveness.keepalive,
                     config.liveness.keepalive_timeout,

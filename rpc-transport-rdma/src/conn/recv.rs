@@ -13,7 +13,6 @@ use rpc_core::stream::Wakes;
 use rpc_core::{Drive, Inbound, Status};
 use smallvec::SmallVec;
 
-use super::copies::copied_frame;
 use super::large::{placed_frame, Arrival};
 use super::teardown::Closing;
 use super::{Conn, State, Upcalls};
@@ -221,11 +220,9 @@ impl Conn {
             WorkId::Send(slot) => state.proto.on_send_complete(SendTarget::Ring(slot)),
             WorkId::Control => state.proto.on_send_complete(SendTarget::Control),
             WorkId::Recv(entry) => {
-                let outcome = self.on_recv(state, entry, wc.byte_len()).map(|frame| {
-                    if let Some(rx) = frame {
-                        received.push(self.arrival(state, rx, entry));
-                    }
-                });
+                let outcome = self
+                    .on_recv(state, entry, wc.byte_len())
+                    .map(|frame| received.extend(frame.map(|rx| Arrival::Slot(rx, entry))));
                 self.grow_window(state);
                 outcome
             }
@@ -341,10 +338,6 @@ impl Conn {
                     hand_up(placed_frame(header, buffer), wakes);
                     continue;
                 }
-                Arrival::Copied { header, body } => {
-                    hand_up(copied_frame(header, body), wakes);
-                    continue;
-                }
             };
             let frame_bytes = self.frame_bytes(&rx, entry);
             // Most frames carry no metadata: an empty view needs no reference to the slot.
@@ -403,27 +396,21 @@ impl Conn {
             self.release_one(&mut state, slot, entry);
             self.run_actions(&mut state);
         } else {
-            self.release_soon(&mut state, slot, entry);
+            let released = &mut state.hand_ups.released;
+            released.push((slot, entry));
+            if released.len() == 1 {
+                // The next empty poll of the engine releases them, if nothing else did.
+                self.res.attachment.engine.call_attention(&self.me);
+            }
+            if released.len() >= RELEASE_BATCH {
+                self.release_deferred(&mut state);
+            }
         }
         self.unlock(state);
         UPPER_LAYER_LOCKED.set(outer);
     }
 
     /// Re-posts the slots whose release waited.
-    /// Releases `slot`, received into `entry`, with the next send or poll (see
-    /// [`Conn::release_recv`]), or now if [`RELEASE_BATCH`] are waiting.
-    pub(super) fn release_soon(&self, state: &mut State, slot: u32, entry: u32) {
-        let released = &mut state.hand_ups.released;
-        released.push((slot, entry));
-        if released.len() == 1 {
-            // The next empty poll of the engine releases them, if nothing else did.
-            self.res.attachment.engine.call_attention(&self.me);
-        }
-        if released.len() >= RELEASE_BATCH {
-            self.release_deferred(state);
-        }
-    }
-
     pub(super) fn release_deferred(&self, state: &mut State) {
         if state.hand_ups.released.is_empty() {
             return;
