@@ -25,7 +25,8 @@ type CallResult = Result<InboundFrame, Status>;
 const INDEX_BITS: u32 = 20;
 
 /// Most calls one connection may have in flight; past it, a new call fails with
-/// `RESOURCE_EXHAUSTED` until one ends (a transport's own bounds are far lower).
+/// `RESOURCE_EXHAUSTED` until one ends (a server runs at most 1,024 per connection unless
+/// configured otherwise: `ServerConfig::max_calls_per_connection`).
 pub const MAX_CALLS_IN_FLIGHT: usize = 1 << INDEX_BITS;
 
 /// Most calls a connection numbers in its life (2^44, over 17 trillion): then its ids are
