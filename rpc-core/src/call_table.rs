@@ -1,10 +1,12 @@
 //! The client's table of calls in flight on one connection.
 //!
-//! Call ids are never reused on a connection, so a late response for a call that was
-//! cancelled or timed out finds no entry and is dropped.
+//! A slab: a call's id carries the index of its slot in its low [`INDEX_BITS`] bits and a
+//! sequence number in the rest, so finding a call is an index and a compare, and no id is
+//! ever reused on a connection (ids only grow): a late response for a call that was
+//! cancelled or timed out finds its slot free, or holding a later call, and is dropped.
 
 use rustc_hash::FxHashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::thread::Thread;
@@ -18,29 +20,90 @@ use crate::Status;
 
 type CallResult = Result<InboundFrame, Status>;
 
+/// Bits of a call id that index its slot: a connection has at most 2^20 (1,048,576) calls
+/// in flight ([`MAX_CALLS_IN_FLIGHT`]).
+const INDEX_BITS: u32 = 20;
+
+/// Most calls one connection may have in flight; past it, a new call fails with
+/// `RESOURCE_EXHAUSTED` until one ends (a server runs at most 1,024 per connection unless
+/// configured otherwise: `ServerConfig::max_calls_per_connection`).
+pub const MAX_CALLS_IN_FLIGHT: usize = 1 << INDEX_BITS;
+
+/// Most calls a connection numbers in its life (2^44, over 17 trillion): then its ids are
+/// spent, and the table closes (`UNAVAILABLE`), so that the channel opens a new connection.
+const MAX_SEQUENCE: u64 = (1 << (64 - INDEX_BITS)) - 1;
+
 enum Waiter {
     None,
     Task(Waker),
     Thread(Thread),
 }
 
+/// A slot of the slab: free while `id` is 0 (no call has id 0).
 struct Slot {
+    id: u64,
     result: Option<CallResult>,
     waiter: Waiter,
 }
 
+impl Slot {
+    const FREE: Slot = Slot {
+        id: 0,
+        result: None,
+        waiter: Waiter::None,
+    };
+}
+
 struct Inner {
-    /// Ids are ours and sequential, so a fast non-keyed hash is safe here.
-    calls: FxHashMap<u64, Slot>,
+    slots: Vec<Slot>,
+    /// Indices of free slots, the most recently freed last (reused first: warm in cache).
+    free: Vec<u32>,
+    /// The sequence number of the next call: ids grow with it.
+    next_seq: u64,
+    /// Slots holding a call.
+    live: usize,
+    /// Most slots in use at once: [`MAX_CALLS_IN_FLIGHT`], lower in tests.
+    capacity: usize,
     /// Streaming calls, from their start until their `Streaming` is done with them; their
     /// frames after the headers go here.
     streams: FxHashMap<u64, Arc<StreamShared>>,
     closed: Option<Status>,
 }
 
+impl Inner {
+    /// The slot of call `id`, if that call is still in the table.
+    fn slot(&mut self, id: u64) -> Option<&mut Slot> {
+        let slot = self
+            .slots
+            .get_mut((id & (MAX_CALLS_IN_FLIGHT as u64 - 1)) as usize)?;
+        (slot.id == id && id != 0).then_some(slot)
+    }
+
+    /// Frees the slot of call `id` (found by [`Inner::slot`]) and gives back its result and
+    /// its waiter, to be dropped after the lock (a response may hold transport memory whose
+    /// release calls back into this table).
+    fn free(&mut self, id: u64) -> (Option<CallResult>, Waiter) {
+        let index = (id & (MAX_CALLS_IN_FLIGHT as u64 - 1)) as u32;
+        self.free.push(index);
+        self.live -= 1;
+        let slot = &mut self.slots[index as usize];
+        slot.id = 0;
+        (
+            slot.result.take(),
+            std::mem::replace(&mut slot.waiter, Waiter::None),
+        )
+    }
+
+    /// Takes call `id`'s result if it has one, freeing its slot (whose waiter went with the
+    /// result: [`CallTable::complete`]).
+    fn take(&mut self, id: u64) -> Option<CallResult> {
+        self.slot(id)?.result.as_ref()?;
+        self.free(id).0
+    }
+}
+
 /// Calls in flight on one client connection, completed by the transport's receive path.
 pub struct CallTable {
-    next_id: AtomicU64,
     /// Set once by [`CallTable::close`]: a lock-free look for channels choosing a connection.
     closed: AtomicBool,
     inner: Mutex<Inner>,
@@ -63,31 +126,58 @@ impl Default for CallTable {
 impl CallTable {
     /// An empty, open table.
     pub fn new() -> Self {
+        CallTable::with_capacity_limit(MAX_CALLS_IN_FLIGHT)
+    }
+
+    /// An empty table for at most `capacity` calls at once.
+    fn with_capacity_limit(capacity: usize) -> Self {
         CallTable {
-            next_id: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             inner: Mutex::new(Inner {
-                calls: FxHashMap::default(),
+                slots: Vec::new(),
+                free: Vec::new(),
+                next_seq: 1,
+                live: 0,
+                capacity: capacity.min(MAX_CALLS_IN_FLIGHT),
                 streams: FxHashMap::default(),
                 closed: None,
             }),
         }
     }
 
-    /// Registers a new call and returns its id, or the status that closed the connection.
+    /// Registers a new call and returns its id, or the status that closed the connection
+    /// (or `RESOURCE_EXHAUSTED`: [`MAX_CALLS_IN_FLIGHT`] calls are in flight).
     pub fn register(&self) -> Result<u64, Status> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut inner = self.inner.lock();
         if let Some(status) = &inner.closed {
             return Err(status.clone());
         }
-        inner.calls.insert(
-            id,
-            Slot {
-                result: None,
-                waiter: Waiter::None,
-            },
-        );
+        if inner.next_seq > MAX_SEQUENCE {
+            drop(inner);
+            let status = Status::unavailable(format!(
+                "this connection numbered {MAX_SEQUENCE} calls, all the ids it has; \
+                 a new connection takes the next calls"
+            ));
+            self.close(status.clone());
+            return Err(status);
+        }
+        let index = match inner.free.pop() {
+            Some(index) => index,
+            None if inner.slots.len() < inner.capacity => {
+                inner.slots.push(Slot::FREE);
+                (inner.slots.len() - 1) as u32
+            }
+            None => {
+                return Err(Status::resource_exhausted(format!(
+                    "this connection has {} calls in flight, the most one connection numbers",
+                    inner.live
+                )))
+            }
+        };
+        let id = (inner.next_seq << INDEX_BITS) | u64::from(index);
+        inner.next_seq += 1;
+        inner.live += 1;
+        inner.slots[index as usize].id = id;
         Ok(id)
     }
 
@@ -113,11 +203,11 @@ impl CallTable {
             return self.on_stream_messages(id, [frame], wakes);
         }
         let (stream, awaiting_headers) = {
-            let inner = self.inner.lock();
-            let Some(stream) = inner.streams.get(&id) else {
+            let mut inner = self.inner.lock();
+            let Some(stream) = inner.streams.get(&id).cloned() else {
                 return tracing::debug!(call_id = id, kind = ?frame.header.kind, "stream frame for no open stream");
             };
-            (stream.clone(), inner.calls.contains_key(&id))
+            (stream, inner.slot(id).is_some())
         };
         let header = frame.header;
         if header.kind == FrameKind::HalfClose {
@@ -181,7 +271,7 @@ impl CallTable {
                 }
                 _ => {}
             }
-            let Some(slot) = inner.calls.get_mut(&id) else {
+            let Some(slot) = inner.slot(id) else {
                 return false;
             };
             if slot.result.is_some() {
@@ -197,15 +287,14 @@ impl CallTable {
     /// Polls call `id` from an async task.
     pub fn poll_call(&self, id: u64, cx: &mut Context<'_>) -> Poll<CallResult> {
         let mut inner = self.inner.lock();
-        let Some(slot) = inner.calls.get_mut(&id) else {
+        if let Some(result) = inner.take(id) {
+            return Poll::Ready(result);
+        }
+        let Some(slot) = inner.slot(id) else {
             return Poll::Ready(Err(Status::internal(format!(
                 "call {id} is not registered"
             ))));
         };
-        if let Some(result) = slot.result.take() {
-            inner.calls.remove(&id);
-            return Poll::Ready(result);
-        }
         match &slot.waiter {
             Waiter::Task(w) if w.will_wake(cx.waker()) => {}
             _ => slot.waiter = Waiter::Task(cx.waker().clone()),
@@ -215,22 +304,17 @@ impl CallTable {
 
     /// Takes the result of call `id` if it is complete (the call is then forgotten).
     pub fn take(&self, id: u64) -> Option<CallResult> {
-        let mut inner = self.inner.lock();
-        let slot = inner.calls.get_mut(&id)?;
-        let result = slot.result.take()?;
-        inner.calls.remove(&id);
-        Some(result)
+        self.inner.lock().take(id)
     }
 
     /// Takes the result of call `id` if it is complete; otherwise records `thread` to be
     /// unparked on completion.
     pub fn take_or_park_on(&self, id: u64, thread: &Thread) -> Option<CallResult> {
         let mut inner = self.inner.lock();
-        let slot = inner.calls.get_mut(&id)?;
-        if let Some(result) = slot.result.take() {
-            inner.calls.remove(&id);
+        if let Some(result) = inner.take(id) {
             return Some(result);
         }
+        let slot = inner.slot(id)?;
         if !matches!(slot.waiter, Waiter::Thread(_)) {
             slot.waiter = Waiter::Thread(thread.clone());
         }
@@ -242,15 +326,25 @@ impl CallTable {
     pub fn remove(&self, id: u64) -> bool {
         // The slot may hold a response whose buffers belong to the transport; it is dropped
         // after the lock is released, since releasing them may call back into this table.
-        let slot = self.inner.lock().calls.remove(&id);
-        slot.is_some_and(|slot| slot.result.is_none())
+        let (result, _waiter) = {
+            let mut inner = self.inner.lock();
+            if inner.slot(id).is_none() {
+                return false;
+            }
+            inner.free(id)
+        };
+        result.is_none()
     }
 
     /// Ends call `id` at its deadline: its result if one arrived in time, else `None` (and
     /// the call is forgotten, so a late answer is dropped).
     pub fn expire(&self, id: u64) -> Option<CallResult> {
-        let slot = self.inner.lock().calls.remove(&id);
-        slot.and_then(|slot| slot.result)
+        let (result, _waiter) = {
+            let mut inner = self.inner.lock();
+            inner.slot(id)?;
+            inner.free(id)
+        };
+        result
     }
 
     /// Fails every pending call with `status` and refuses new ones: the connection is gone.
@@ -262,9 +356,9 @@ impl CallTable {
                 self.closed.store(true, Ordering::Release);
             }
             let waiters = inner
-                .calls
-                .values_mut()
-                .filter(|slot| slot.result.is_none())
+                .slots
+                .iter_mut()
+                .filter(|slot| slot.id != 0 && slot.result.is_none())
                 .map(|slot| {
                     slot.result = Some(Err(status.clone()));
                     std::mem::replace(&mut slot.waiter, Waiter::None)
@@ -290,7 +384,7 @@ impl CallTable {
 
     /// Number of calls registered and not yet collected.
     pub fn in_flight(&self) -> usize {
-        self.inner.lock().calls.len()
+        self.inner.lock().live
     }
 }
 
@@ -337,6 +431,61 @@ mod tests {
         assert!(table.remove(a), "a was pending");
         assert!(!table.complete(a, Ok(frame(a))), "late response dropped");
         assert_eq!(table.in_flight(), 0);
+    }
+
+    #[test]
+    fn ids_only_grow_and_an_answer_for_a_call_gone_never_reaches_the_call_in_its_slot() {
+        let table = CallTable::new();
+        let first = table.register().unwrap();
+        assert!(table.remove(first), "first was pending");
+        let second = table.register().unwrap();
+        assert!(second > first, "ids grow");
+        assert_eq!(
+            first & (MAX_CALLS_IN_FLIGHT as u64 - 1),
+            second & (MAX_CALLS_IN_FLIGHT as u64 - 1),
+            "the freed slot is reused"
+        );
+        assert!(
+            !table.complete(first, Ok(frame(first))),
+            "late answer dropped"
+        );
+        assert!(table.take(second).is_none(), "the new call is not complete");
+        assert!(table.complete(second, Ok(frame(second))));
+        assert_eq!(table.take(second).unwrap().unwrap().header.call_id, second);
+        assert!(!table.complete(0, Ok(frame(0))), "id 0 is no call's");
+        assert_eq!(table.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_full_table_refuses_calls_until_one_ends() {
+        let table = CallTable::with_capacity_limit(3);
+        let ids: Vec<u64> = (0..3).map(|_| table.register().unwrap()).collect();
+        let err = table.register().unwrap_err();
+        assert_eq!(err.code(), crate::Code::ResourceExhausted);
+        assert!(
+            err.message().contains("3 calls in flight"),
+            "{}",
+            err.message()
+        );
+        assert!(!table.is_closed(), "the connection stays usable");
+        assert!(table.complete(ids[1], Ok(frame(ids[1]))));
+        assert!(table.take(ids[1]).is_some());
+        let again = table.register().expect("a slot is free again");
+        assert!(again > ids[2]);
+        assert_eq!(table.in_flight(), 3);
+    }
+
+    #[test]
+    fn a_connection_whose_ids_are_spent_closes() {
+        let table = CallTable::new();
+        table.inner.lock().next_seq = MAX_SEQUENCE;
+        let last = table.register().expect("the last id");
+        assert_eq!(last >> INDEX_BITS, MAX_SEQUENCE);
+        let err = table.register().unwrap_err();
+        assert_eq!(err.code(), crate::Code::Unavailable);
+        assert!(table.is_closed());
+        let pending = table.take(last).expect("failed by the close").unwrap_err();
+        assert_eq!(pending.code(), crate::Code::Unavailable);
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub mod transport;
 
 pub use rpc_wire::{body, header};
 
-pub use call_table::CallTable;
+pub use call_table::{CallTable, MAX_CALLS_IN_FLIGHT};
 pub use client::{
     CallService, Channel, ChannelConfig, ClientTransport, Connection, Connectivity, Connector,
     Drive, ReconnectConfig, UnaryCall,
