@@ -60,8 +60,6 @@ struct Inner {
     free: Vec<u32>,
     /// The sequence number of the next call: ids grow with it.
     next_seq: u64,
-    /// Slots holding a call.
-    live: usize,
     /// Most slots in use at once: [`MAX_CALLS_IN_FLIGHT`], lower in tests.
     capacity: usize,
     /// Streaming calls, from their start until their `Streaming` is done with them; their
@@ -70,12 +68,20 @@ struct Inner {
     closed: Option<Status>,
 }
 
+/// The index of call `id`'s slot.
+fn index_of(id: u64) -> usize {
+    (id & (MAX_CALLS_IN_FLIGHT as u64 - 1)) as usize
+}
+
 impl Inner {
+    /// Slots holding a call.
+    fn live(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
     /// The slot of call `id`, if that call is still in the table.
     fn slot(&mut self, id: u64) -> Option<&mut Slot> {
-        let slot = self
-            .slots
-            .get_mut((id & (MAX_CALLS_IN_FLIGHT as u64 - 1)) as usize)?;
+        let slot = self.slots.get_mut(index_of(id))?;
         (slot.id == id && id != 0).then_some(slot)
     }
 
@@ -83,10 +89,9 @@ impl Inner {
     /// its waiter, to be dropped after the lock (a response may hold transport memory whose
     /// release calls back into this table).
     fn free(&mut self, id: u64) -> (Option<CallResult>, Waiter) {
-        let index = (id & (MAX_CALLS_IN_FLIGHT as u64 - 1)) as u32;
-        self.free.push(index);
-        self.live -= 1;
-        let slot = &mut self.slots[index as usize];
+        let index = index_of(id);
+        self.free.push(index as u32);
+        let slot = &mut self.slots[index];
         slot.id = 0;
         (
             slot.result.take(),
@@ -137,7 +142,6 @@ impl CallTable {
                 slots: Vec::new(),
                 free: Vec::new(),
                 next_seq: 1,
-                live: 0,
                 capacity: capacity.min(MAX_CALLS_IN_FLIGHT),
                 streams: FxHashMap::default(),
                 closed: None,
@@ -170,13 +174,12 @@ impl CallTable {
             None => {
                 return Err(Status::resource_exhausted(format!(
                     "this connection has {} calls in flight, the most one connection numbers",
-                    inner.live
+                    inner.live()
                 )))
             }
         };
         let id = (inner.next_seq << INDEX_BITS) | u64::from(index);
         inner.next_seq += 1;
-        inner.live += 1;
         inner.slots[index as usize].id = id;
         Ok(id)
     }
@@ -384,7 +387,7 @@ impl CallTable {
 
     /// Number of calls registered and not yet collected.
     pub fn in_flight(&self) -> usize {
-        self.inner.lock().live
+        self.inner.lock().live()
     }
 }
 
