@@ -67,9 +67,15 @@ pub(crate) fn expect_event(
                     format!("{what}: the server rejected the connection: {reason}"),
                 ))
             }
-            None => "connection refused (no rdma-rpc server listening there, or it rejected \
-                     the connection)"
+            // The InfiniBand CM's reason: 8 is "invalid service ID", no listener.
+            None if event.status() == 8 => "connection refused: nothing listens on that port \
+                                            (rdma_cm reject reason 8)"
                 .to_owned(),
+            None => format!(
+                "connection refused (not an rdma-rpc server there, or it rejected the \
+                 connection; rdma_cm reject reason {})",
+                event.status()
+            ),
         },
         CmEventKind::AddrError => "no RDMA device reaches that address".to_owned(),
         CmEventKind::RouteError => "no route to the address over RDMA".to_owned(),

@@ -377,13 +377,15 @@ impl ConnectionDispatch {
         }
         let trace = record.trace();
 
+        // The fast path: poll the handler once right here. One that finishes without
+        // waiting answers at once, with no task, no wrapper future, no abort handle. It
+        // counts as in flight from its first poll, so a shutdown waits for its answer; one
+        // that waits stays counted until its task's own count has begun.
+        let mut polled_inline = None;
         if dispatcher.config.inline_handlers {
-            // The fast path: poll the handler once right here. One that finishes without
-            // waiting answers at once, with no task, no wrapper future, no abort handle. It
-            // counts as in flight while it runs, so a shutdown waits for its answer.
             let _runtime = dispatcher.runtime.handle().enter();
             let mut cx = Context::from_waker(futures::task::noop_waker_ref());
-            let _running = dispatcher.in_flight.running();
+            polled_inline = Some(dispatcher.in_flight.running());
             // A panicking handler answers INTERNAL instead of taking the connection down
             // with the thread it ran on (the transport's receive thread).
             let polled = record.span().in_scope(|| {
@@ -407,6 +409,7 @@ impl ConnectionDispatch {
             .catch_unwind()
             .map(move |outcome| outcome.unwrap_or_else(|_| panicked()));
         let guard = self.enter();
+        drop(polled_inline);
         let conn = self.clone();
         let span = record.span().clone();
         let run = async move {

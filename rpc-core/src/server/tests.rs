@@ -17,7 +17,7 @@ use crate::{Code, Status};
 
 static HANG: [MethodDescriptor; 1] = [MethodDescriptor::new("/test.Hang/Hang")];
 
-/// A method that never answers, counting its runs.
+/// A method that never answers, counting its runs as each begins (its first poll).
 #[derive(Default)]
 struct Hang {
     runs: Arc<AtomicUsize>,
@@ -33,8 +33,11 @@ impl Service for Hang {
     }
 
     fn call(&self, _: u32, _: ServerCall) -> BoxFuture<'static, Result<ServerReply, Status>> {
-        self.runs.fetch_add(1, Ordering::SeqCst);
-        Box::pin(futures::future::pending())
+        let runs = self.runs.clone();
+        Box::pin(async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            futures::future::pending().await
+        })
     }
 }
 
@@ -392,4 +395,41 @@ fn shutdown_flushes_every_connection_at_once() {
         "closed after flushing"
     );
     assert!(started.elapsed() < Duration::from_millis(300));
+}
+
+/// A handler that waits counts as in flight from its first poll until it answers, with no
+/// gap between its inline poll and its task: a shutdown that saw it start and then found
+/// nothing in flight closed its connection with the call still running.
+#[test]
+fn a_waiting_handler_counts_as_in_flight_throughout() {
+    const CALLS: u64 = 20_000;
+    let (dispatcher, runs) = server(usize::MAX, usize::MAX);
+    let (conn, answers) = connection(&dispatcher);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Every handler waits forever: none that began may be missing from the count.
+    let watcher = {
+        let (dispatcher, runs, done) = (dispatcher.clone(), runs.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut gaps = 0u64;
+            while !done.load(Ordering::SeqCst) {
+                let began = runs.load(Ordering::SeqCst);
+                if dispatcher.in_flight() < began {
+                    gaps += 1;
+                }
+            }
+            gaps
+        })
+    };
+    for call_id in 1..=CALLS {
+        request(&conn, call_id);
+    }
+    done.store(true, Ordering::SeqCst);
+    let gaps = watcher.join().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), CALLS as usize);
+    assert!(answers.0.lock().is_empty());
+    assert_eq!(
+        gaps, 0,
+        "times a started handler was not counted as in flight"
+    );
+    conn.close();
 }
