@@ -50,8 +50,12 @@ impl TraceContext {
         CURRENT.try_with(|c| *c).ok().flatten()
     }
 
-    /// Runs `f` with `context` as [`TraceContext::current`].
+    /// Runs `f` with `context` as [`TraceContext::current`]. Untraced, outside any traced
+    /// handler (the usual case), it is one lookup, not a scope entered and left.
     pub(crate) fn scope_sync<R>(context: Option<TraceContext>, f: impl FnOnce() -> R) -> R {
+        if context.is_none() && TraceContext::current().is_none() {
+            return f();
+        }
         CURRENT.sync_scope(context, f)
     }
 

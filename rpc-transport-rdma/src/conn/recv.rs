@@ -49,6 +49,10 @@ pub(super) struct HandUps {
     /// Frames received by a thread that was already delivering (a handler that polled while
     /// waiting for send credits); its outermost delivery loop hands them over, in order.
     deferred: Vec<Arrival>,
+    /// The list the last batch was handed up in, emptied: the next batch is gathered in it,
+    /// so a steady stream of batches allocates nothing. Its capacity is the largest batch
+    /// handed up yet (a CQ poll's completions and the bodies they finished).
+    spare: Vec<Arrival>,
     /// Receive slots the upper layer is done with, not yet re-posted, with the entries
     /// they landed in.
     released: SmallVec<[(u32, u32); RELEASE_BATCH]>,
@@ -62,7 +66,7 @@ pub(super) struct HandUps {
 pub(crate) struct Processed {
     conn: Arc<Conn>,
     /// Not empty: the batch is counted in `HandUps::batches` until they are handed up.
-    arrivals: SmallVec<[Arrival; 4]>,
+    arrivals: Vec<Arrival>,
     /// Where the frames go (none once closed).
     inbound: Option<Arc<dyn Inbound>>,
     upcalls: Upcalls,
@@ -85,9 +89,10 @@ impl Processed {
                 // A handler on this thread is waiting for send credits: hand these frames
                 // to the delivery loop it runs in rather than nesting handlers.
                 _ if DELIVERING.get() == conn.serial => {
+                    let mut arrivals = arrivals;
                     let mut state = conn.state.lock();
-                    state.hand_ups.deferred.extend(arrivals);
-                    counted.finish(state);
+                    state.hand_ups.deferred.append(&mut arrivals);
+                    counted.finish(state, arrivals);
                 }
                 Some(inbound) => conn.deliver(&*inbound, arrivals, counted),
                 None => conn.give_back(arrivals, counted),
@@ -149,8 +154,7 @@ impl Conn {
     pub(crate) fn process(self: Arc<Self>, completions: &[WorkCompletion]) -> Processed {
         let mut state = self.state.lock();
         state.keepalive.active();
-        // Most batches hold a frame or two: no allocation for them.
-        let mut arrivals = SmallVec::new();
+        let mut arrivals = std::mem::take(&mut state.hand_ups.spare);
         for wc in completions {
             self.on_completion(&mut state, wc, &mut arrivals);
         }
@@ -163,6 +167,8 @@ impl Conn {
                 .map(|(header, buffer)| Arrival::Placed(header, buffer)),
         );
         let inbound = if arrivals.is_empty() {
+            // Kept for the next batch that brings frames.
+            state.hand_ups.spare = std::mem::take(&mut arrivals);
             None
         } else {
             // Counted back once handed up.
@@ -181,23 +187,18 @@ impl Conn {
 
     /// Frames that will not be handed up (the connection closed, or a panic unwinds past
     /// them): their receive slots go back, their batch is counted back.
-    fn give_back(&self, arrivals: SmallVec<[Arrival; 4]>, counted: Counted<'_>) {
+    fn give_back(&self, mut arrivals: Vec<Arrival>, counted: Counted<'_>) {
         let mut state = self.state.lock();
-        for arrival in arrivals {
+        for arrival in arrivals.drain(..) {
             if let Arrival::Slot(rx, entry) = arrival {
                 self.release_one(&mut state, rx.slot, entry);
             }
         }
         self.run_actions(&mut state);
-        counted.finish(state);
+        counted.finish(state, arrivals);
     }
 
-    fn on_completion(
-        &self,
-        state: &mut State,
-        wc: &WorkCompletion,
-        received: &mut SmallVec<[Arrival; 4]>,
-    ) {
+    fn on_completion(&self, state: &mut State, wc: &WorkCompletion, received: &mut Vec<Arrival>) {
         let Some((_, work)) = WorkId::from_wr_id(wc.wr_id()) else {
             tracing::error!(wr_id = wc.wr_id(), "completion for an unknown work request");
             state.proto.close();
@@ -290,14 +291,14 @@ impl Conn {
     fn deliver(
         self: &Arc<Self>,
         inbound: &dyn Inbound,
-        arrivals: SmallVec<[Arrival; 4]>,
+        mut arrivals: Vec<Arrival>,
         counted: Counted<'_>,
     ) {
         let delivering = Delivering::start(self.serial);
         // A stream's reader wakes once to all of its messages in the batch.
         let mut wakes = Wakes::new();
         let mut ended = None;
-        self.deliver_batch(inbound, arrivals, &mut wakes, &mut ended);
+        self.deliver_batch(inbound, arrivals.drain(..), &mut wakes, &mut ended);
         let state = loop {
             let mut state = self.state.lock();
             if state.hand_ups.deferred.is_empty() {
@@ -308,7 +309,7 @@ impl Conn {
             self.deliver_batch(inbound, deferred, &mut wakes, &mut ended);
         };
         drop(delivering);
-        counted.finish(state);
+        counted.finish(state, arrivals);
         wakes.wake_all();
         if let Some(status) = ended {
             self.close(status);
@@ -492,7 +493,12 @@ struct Counted<'a> {
 }
 
 impl Counted<'_> {
-    fn finish(mut self, state: MutexGuard<'_, State>) {
+    /// Counts the batch back; `list`, emptied, is kept for the next batch.
+    fn finish(mut self, mut state: MutexGuard<'_, State>, list: Vec<Arrival>) {
+        debug_assert!(list.is_empty());
+        if list.capacity() > state.hand_ups.spare.capacity() {
+            state.hand_ups.spare = list;
+        }
         self.done = true;
         self.conn.handed_up(state);
     }
