@@ -28,7 +28,7 @@ struct Cli {
 enum Command {
     /// The main job: echo demo, perftest and rpc-bench over real verbs (soft-RoCE VM when
     /// the host has no RDMA device), tonic comparison over TCP; prints the table and writes
-    /// target/bench/results.json and target/bench/latency.svg.
+    /// target/bench/results.json and target/bench/figures.svg.
     Demo {
         /// Overall limit in seconds for the VM part.
         #[arg(long, default_value_t = 1800)]

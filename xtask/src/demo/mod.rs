@@ -248,8 +248,8 @@ pub fn run(opts: &VmOptions, out_dir: &Path) -> Result<bool, VmError> {
     let json_path = out_dir.join("results.json");
     let text = serde_json::to_string_pretty(&report).map_err(|e| VmError::Parse(e.to_string()))?;
     std::fs::write(&json_path, text + "\n").map_err(|e| VmError::io("writing results.json", e))?;
-    let svg_path = out_dir.join("latency.svg");
-    if let Err(e) = plot::latency_svg(&report, &svg_path) {
+    let svg_path = out_dir.join("figures.svg");
+    if let Err(e) = plot::figures_svg(&report, &svg_path) {
         eprintln!("warning: could not draw the plot: {e}");
     }
     println!("wrote {} and {}", json_path.display(), svg_path.display());
