@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use rdma_rpc::prelude::*;
-use rdma_rpc::{RdmaConfig, Receives, Rings, ServerHandle, SharedRecvConfig};
+use rdma_rpc::{RdmaConfig, Rings, ServerHandle};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -422,95 +422,6 @@ fn connecting_where_nobody_listens_fails_fast_and_clearly() {
     assert_eq!(status.code(), Code::Unavailable, "{status}");
     assert!(status.message().contains(&url), "{status}");
     assert!(started.elapsed() < Duration::from_secs(10));
-}
-
-/// An application that keeps every reply it receives (zero-copy views of receive slots)
-/// while keeping 16 calls in flight: past the lend limit replies arrive as copies, so the
-/// ring never runs out of receives. Before the lend limit the 64th reply stalled the
-/// connection for good (held slots were never re-posted, so no credit came back).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
-async fn kept_replies_never_stall_a_receive_ring() {
-    if !device() {
-        return;
-    }
-    keep_every_reply(RdmaConfig::default(), RdmaConfig::default().rings.slots / 4).await;
-}
-
-/// The same with both sides on shared receive queues: a kept reply keeps its SRQ buffer
-/// only within the lend limit (a quarter of the initial window); the others are copied and
-/// their buffers re-posted, so the queue never runs dry.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
-async fn kept_replies_never_drain_a_shared_receive_queue() {
-    if !device() {
-        return;
-    }
-    let rdma = RdmaConfig::default()
-        .rings(Rings::default().recv(Receives::Shared(SharedRecvConfig::default())));
-    keep_every_reply(rdma, rdma_rpc::DEFAULT_SHARED_WINDOW / 4).await;
-}
-
-/// 4,000 calls at 16 in flight whose replies the application keeps; at most `limit` of
-/// them may hold a receive slot.
-async fn keep_every_reply(rdma: RdmaConfig, limit: u32) {
-    let server = start(&Tester::default(), rdma.clone());
-    let calls = Arc::new(rdma_rpc::CallTable::new());
-    let addr = server.local_url().trim_start_matches("rdma://");
-    let transport = rpc_transport_rdma::RdmaClient::connect(addr, calls.clone(), &rdma)
-        .expect("rdma client connects");
-    let channel = Channel::new(calls, transport.clone(), rdma_rpc::ChannelConfig::default());
-    let client = EchoClient::new(channel);
-    let started = Instant::now();
-    let kept: Vec<_> = stream::iter(0..4_000u64)
-        .map(|seq| {
-            let client = client.clone();
-            async move {
-                let mut request = Request::new(EchoRequest {
-                    payload: pattern(64 + (seq as usize * 13) % 2000, seq).into(),
-                    seq,
-                });
-                request.set_timeout(Duration::from_secs(20));
-                client
-                    .echo(request)
-                    .await
-                    .expect("a call while replies are kept")
-            }
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await;
-    eprintln!("4000 calls, every reply kept: {:?}", started.elapsed());
-    // Slots of copied replies are released in batches by the thread that delivered them
-    // (at the latest on the engine's next empty poll), so a few may still count as held for
-    // a moment; the kept ones never are released.
-    let until = Instant::now() + Duration::from_secs(2);
-    let stats = loop {
-        let stats = transport.stats();
-        if stats.recv_held <= limit || Instant::now() > until {
-            break stats;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    assert!(stats.recv_held <= limit, "{stats:?}");
-    // Every kept reply is intact: lent slots were not re-posted under it, copies are whole.
-    for reply in &kept {
-        let reply = reply.get_ref();
-        let len = 64 + (reply.seq as usize * 13) % 2000;
-        assert_eq!(
-            reply.payload,
-            pattern(len, reply.seq),
-            "reply {}",
-            reply.seq
-        );
-    }
-    drop(kept);
-    // Letting go gives every slot back.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while transport.stats().recv_held > 0 {
-        assert!(Instant::now() < deadline, "{:?}", transport.stats());
-        client.echo(EchoRequest::default()).await.unwrap();
-    }
 }
 
 /// Both sides start with the smallest window (three receives posted, two data credits); 16

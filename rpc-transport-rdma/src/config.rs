@@ -181,6 +181,13 @@ pub struct Rings {
     /// docs/PROTOCOL.md, "Receive windows"). The lend limit and the credit threshold follow
     /// this initial window.
     pub recv_window: Option<u32>,
+    /// Frames of at most this many bytes (header, metadata and payload) are handed up as
+    /// copies, cut from a chunk the receiving thread reuses, and their slot goes back as
+    /// soon as they are handed up: for a small message a copy costs less than lending the
+    /// slot, which takes an allocation and holds the slot for as long as the application
+    /// keeps the message. Larger frames are handed up as zero-copy views of their slot
+    /// (within `lend_limit`). 0: every frame is lent. Default 512.
+    pub copy_below: u32,
     /// Receive slots the application may hold at once as zero-copy views of received
     /// messages (`0..=window - 3`); `None`: a quarter of the initial window (`recv_window`).
     /// Past it, received messages are handed up as copies and their slots go straight back
@@ -205,6 +212,7 @@ impl Default for Rings {
             max_inline: 256,
             send_window: None,
             recv_window: None,
+            copy_below: 512,
             lend_limit: None,
             recv: Receives::Auto,
         }
@@ -217,6 +225,7 @@ setters!(Rings {
     max_inline: u32,
     send_window: Option<u32>,
     recv_window: Option<u32>,
+    copy_below: u32,
     lend_limit: Option<u32>,
     recv: Receives,
 });

@@ -28,6 +28,7 @@ use crate::reaper;
 use crate::resources::Resources;
 use crate::verbs::{CmEventKind, CmId, SendFlags, SendOp, SendRequest, Sge};
 
+mod copies;
 mod keepalive;
 mod large;
 mod recv;
@@ -75,6 +76,10 @@ struct Limits {
     control_queue: usize,
     /// How long the peer may hold a buffer granted at its request.
     grant: GrantLimit,
+    /// Frames of at most this many bytes are handed up as copies ([`Rings::copy_below`]).
+    ///
+    /// [`Rings::copy_below`]: crate::Rings::copy_below
+    copy_below: u32,
 }
 
 /// Teardown: `Drop` first revokes open grants (windows are deallocated, so nothing the peer
@@ -159,6 +164,7 @@ impl Conn {
                 timeout: config.large.grant_timeout,
                 min_rate: config.large.grant_min_rate,
             },
+            copy_below: config.rings.copy_below,
         };
         let shared_bufs = match res.shared_recv() {
             Some(_) => vec![0; geometry.recv_slots as usize],

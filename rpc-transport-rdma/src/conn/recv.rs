@@ -13,6 +13,7 @@ use rpc_core::stream::Wakes;
 use rpc_core::{Drive, Inbound, Status};
 use smallvec::SmallVec;
 
+use super::copies;
 use super::large::{placed_frame, Arrival};
 use super::teardown::Closing;
 use super::{Conn, State, Upcalls};
@@ -340,7 +341,7 @@ impl Conn {
                     continue;
                 }
             };
-            let frame_bytes = self.frame_bytes(&rx, entry);
+            let (frame_bytes, slot) = self.frame_bytes(&rx, entry);
             // Most frames carry no metadata: an empty view needs no reference to the slot.
             let metadata = if rx.header.metadata_len == 0 {
                 Bytes::new()
@@ -355,25 +356,31 @@ impl Conn {
             hand_up(frame, wakes);
             // Held until the upper layer is done with the frame: a server whose handler ran
             // inline has sent its response by now, so the slot's release (re-post, credit
-            // bookkeeping) happens after the response left, not before.
+            // bookkeeping) happens after the response left, not before. A copy's slot goes
+            // back here too, whatever the application keeps.
             drop(frame_bytes);
+            drop(slot);
         }
     }
 
-    /// The bytes of a received frame for the upper layer: a zero-copy view that keeps the
-    /// slot while the protocol lends it, else a copy, and the slot goes back at once.
-    fn frame_bytes(self: &Arc<Self>, rx: &Received, entry: u32) -> Bytes {
+    /// The bytes of a received frame for the upper layer, and the slot to release once it
+    /// is handed up: a small frame (`copy_below`) is copied and its slot released after the
+    /// hand-up, a larger one is a zero-copy view that keeps the slot while the protocol lends
+    /// it, and past the lend limit a copy whose slot goes back at once.
+    fn frame_bytes(self: &Arc<Self>, rx: &Received, entry: u32) -> (Bytes, Option<RecvSlot>) {
         let owner = RecvSlot {
             conn: Arc::clone(self),
             slot: rx.slot,
             entry,
             len: rx.len as usize,
         };
-        if rx.lend {
-            Bytes::from_owner(owner)
+        if rx.len <= self.limits.copy_below {
+            (copies::copy(owner.as_ref()), Some(owner))
+        } else if rx.lend {
+            (Bytes::from_owner(owner), None)
         } else {
             // Dropping the owner releases the slot, after the copy.
-            Bytes::copy_from_slice(owner.as_ref())
+            (copies::copy(owner.as_ref()), None)
         }
     }
 
