@@ -237,32 +237,6 @@ fn messages_at_slot_size_and_one_byte_either_side() {
 
 #[test]
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
-fn parked_blocking_callers_are_answered_without_a_stall() {
-    if !device() {
-        return;
-    }
-    // A handler slower than the adaptive spin makes each blocking caller park and hand the
-    // CQ to the poller, which must then watch it (a poller that kept waiting for callers to
-    // drive used to sleep 50 ms per call).
-    let server = start(&Tester::default(), RdmaConfig::default());
-    let client = TesterClient::new(connect(&server, RdmaConfig::default()));
-    let handler = Duration::from_millis(2);
-    let calls = 40u32;
-    let started = Instant::now();
-    for _ in 0..calls {
-        client
-            .sleep_blocking(sleep_for(handler))
-            .expect("sleep call");
-    }
-    let per_call = started.elapsed() / calls;
-    assert!(
-        per_call < Duration::from_millis(25),
-        "{per_call:?} per call for a {handler:?} handler: parked callers wait for the poller"
-    );
-}
-
-#[test]
-#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn eight_threads_share_one_client() {
     if !device() {
         return;

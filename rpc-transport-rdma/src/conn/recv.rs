@@ -364,9 +364,9 @@ impl Conn {
     }
 
     /// The bytes of a received frame for the upper layer, and the slot to release once it
-    /// is handed up: a small frame (`copy_below`) is copied and its slot released after the
-    /// hand-up, a larger one is a zero-copy view that keeps the slot while the protocol lends
-    /// it, and past the lend limit a copy whose slot goes back at once.
+    /// is handed up. Past the lend limit: a copy, and the slot goes back at once. Within it,
+    /// a small frame (`copy_below`) is copied and its slot released after the hand-up; a
+    /// larger one is a zero-copy view that keeps the slot while the application keeps it.
     fn frame_bytes(self: &Arc<Self>, rx: &Received, entry: u32) -> (Bytes, Option<RecvSlot>) {
         let owner = RecvSlot {
             conn: Arc::clone(self),
@@ -374,13 +374,13 @@ impl Conn {
             entry,
             len: rx.len as usize,
         };
-        if rx.len <= self.limits.copy_below {
-            (copies::copy(owner.as_ref()), Some(owner))
-        } else if rx.lend {
-            (Bytes::from_owner(owner), None)
-        } else {
+        if !rx.lend {
             // Dropping the owner releases the slot, after the copy.
             (copies::copy(owner.as_ref()), None)
+        } else if rx.len <= self.limits.copy_below {
+            (copies::copy(owner.as_ref()), Some(owner))
+        } else {
+            (Bytes::from_owner(owner), None)
         }
     }
 

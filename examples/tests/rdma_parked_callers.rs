@@ -1,0 +1,70 @@
+//! Blocking callers that park while their handler runs, over real verbs (run in the
+//! soft-RoCE VM by `cargo xtask test`). A binary of its own: the figure it checks is a
+//! time, which tests running beside it on the VM's two CPUs stretch.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use rdma_rpc::prelude::*;
+use rdma_rpc::{RdmaConfig, ServerHandle};
+use rpc_examples::testing::tester_client::TesterClient;
+use rpc_examples::testing::tester_server::TesterServer;
+use rpc_examples::testing::SleepRequest;
+use rpc_examples::Tester;
+use rpc_transport_rdma::verbs::test_support::require_device;
+
+fn device() -> bool {
+    require_device().is_some()
+}
+
+fn start(tester: &Tester, rdma: RdmaConfig) -> ServerHandle {
+    common::start_rdma(
+        Server::builder().add_service(TesterServer::new(tester.clone())),
+        rdma,
+    )
+}
+
+fn connect(server: &ServerHandle, rdma: RdmaConfig) -> Channel {
+    rdma_rpc::client()
+        .rdma_config(rdma)
+        .connect_blocking(server.local_url())
+        .expect("rdma client connects")
+}
+
+fn sleep_for(d: Duration) -> SleepRequest {
+    SleepRequest {
+        duration: Some(d.try_into().expect("small duration")),
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+fn parked_blocking_callers_are_answered_without_a_stall() {
+    if !device() {
+        return;
+    }
+    // A handler slower than the adaptive spin makes each blocking caller park and hand the
+    // CQ to the poller, which must then watch it (a poller that kept waiting for callers to
+    // drive slept 50 ms per call). The median call is looked at: the first calls of a
+    // connection, and any that other tests on the two CPUs delay, take longer.
+    let server = start(&Tester::default(), RdmaConfig::default());
+    let client = TesterClient::new(connect(&server, RdmaConfig::default()));
+    let handler = Duration::from_millis(2);
+    let mut each: Vec<Duration> = (0..41)
+        .map(|_| {
+            let started = Instant::now();
+            client
+                .sleep_blocking(sleep_for(handler))
+                .expect("sleep call");
+            started.elapsed()
+        })
+        .collect();
+    each.sort();
+    let median = each[each.len() / 2];
+    assert!(
+        median < Duration::from_millis(25),
+        "median call {median:?} for a {handler:?} handler: parked callers wait for the poller \
+         (all: {each:?})"
+    );
+}
