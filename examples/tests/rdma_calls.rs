@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::{connect_rdma as connect, sleep_for};
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,7 +21,6 @@ use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
 use rpc_examples::testing::tester_client::TesterClient;
 use rpc_examples::testing::tester_server::TesterServer;
-use rpc_examples::testing::SleepRequest;
 use rpc_examples::{EchoService, Tester};
 use rpc_transport_rdma::verbs::test_support::{require_device, test_addr};
 
@@ -36,13 +37,6 @@ fn start(tester: &Tester, rdma: RdmaConfig) -> ServerHandle {
     )
 }
 
-fn connect(server: &ServerHandle, rdma: RdmaConfig) -> Channel {
-    rdma_rpc::client()
-        .rdma_config(rdma)
-        .connect_blocking(server.local_url())
-        .expect("rdma client connects")
-}
-
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u64).wrapping_mul(131).wrapping_add(seed) as u8)
@@ -53,12 +47,6 @@ fn checksum(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
     })
-}
-
-fn sleep_for(d: Duration) -> SleepRequest {
-    SleepRequest {
-        duration: Some(d.try_into().expect("small duration")),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,13 +4,14 @@
 
 mod common;
 
+use common::{connect_rdma as connect, sleep_for};
+
 use std::time::{Duration, Instant};
 
 use rdma_rpc::prelude::*;
 use rdma_rpc::{RdmaConfig, ServerHandle};
 use rpc_examples::testing::tester_client::TesterClient;
 use rpc_examples::testing::tester_server::TesterServer;
-use rpc_examples::testing::SleepRequest;
 use rpc_examples::Tester;
 use rpc_transport_rdma::verbs::test_support::require_device;
 
@@ -23,19 +24,6 @@ fn start(tester: &Tester, rdma: RdmaConfig) -> ServerHandle {
         Server::builder().add_service(TesterServer::new(tester.clone())),
         rdma,
     )
-}
-
-fn connect(server: &ServerHandle, rdma: RdmaConfig) -> Channel {
-    rdma_rpc::client()
-        .rdma_config(rdma)
-        .connect_blocking(server.local_url())
-        .expect("rdma client connects")
-}
-
-fn sleep_for(d: Duration) -> SleepRequest {
-    SleepRequest {
-        duration: Some(d.try_into().expect("small duration")),
-    }
 }
 
 #[test]

@@ -4,7 +4,10 @@
 #[allow(dead_code)]
 pub mod load;
 
-use rdma_rpc::{RdmaConfig, ServeExt, ServeOptions, ServerBuilder, ServerHandle};
+use std::time::Duration;
+
+use rdma_rpc::{Channel, RdmaConfig, ServeExt, ServeOptions, ServerBuilder, ServerHandle};
+use rpc_examples::testing::SleepRequest;
 use rpc_transport_rdma::verbs::test_support::test_addr;
 
 /// Serves `builder`'s services over RDMA on the test device's address (an ephemeral port),
@@ -19,6 +22,23 @@ pub fn start_rdma(builder: ServerBuilder, rdma: RdmaConfig) -> ServerHandle {
             },
         )
         .expect("rdma server starts")
+}
+
+/// A channel to `server` over RDMA with `rdma`, connected before it returns.
+#[allow(dead_code)]
+pub fn connect_rdma(server: &ServerHandle, rdma: RdmaConfig) -> Channel {
+    rdma_rpc::client()
+        .rdma_config(rdma)
+        .connect_blocking(server.local_url())
+        .expect("rdma client connects")
+}
+
+/// A request for the test service's handler to sleep for `d`.
+#[allow(dead_code)]
+pub fn sleep_for(d: Duration) -> SleepRequest {
+    SleepRequest {
+        duration: Some(d.try_into().expect("small duration")),
+    }
 }
 
 /// The message of a panic, whether it was formatted or a literal.
