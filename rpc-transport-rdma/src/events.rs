@@ -48,6 +48,9 @@ fn next_event(
     }
 }
 
+/// The InfiniBand CM's reject reason "invalid service ID": nobody listens on the port.
+const REJECT_NO_LISTENER: i32 = 8;
+
 /// Waits for `expected`, turning any other event into a clear error for `what`.
 pub(crate) fn expect_event(
     channel: &Arc<EventChannel>,
@@ -67,10 +70,10 @@ pub(crate) fn expect_event(
                     format!("{what}: the server rejected the connection: {reason}"),
                 ))
             }
-            // The InfiniBand CM's reason: 8 is "invalid service ID", no listener.
-            None if event.status() == 8 => "connection refused: nothing listens on that port \
-                                            (rdma_cm reject reason 8)"
-                .to_owned(),
+            None if event.status() == REJECT_NO_LISTENER => format!(
+                "connection refused: nothing listens on that port (rdma_cm reject reason \
+                 {REJECT_NO_LISTENER})"
+            ),
             None => format!(
                 "connection refused (not an rdma-rpc server there, or it rejected the \
                  connection; rdma_cm reject reason {})",

@@ -79,7 +79,7 @@ impl Processed {
     /// arrived before it.
     pub(crate) fn hand_up(mut self) {
         // Taken out, so that the drop at the end (or during a panic) has nothing to give back.
-        let arrivals = std::mem::take(&mut self.arrivals);
+        let mut arrivals = std::mem::take(&mut self.arrivals);
         let inbound = self.inbound.take();
         let mut upcalls = std::mem::take(&mut self.upcalls);
         let conn = &self.conn;
@@ -90,7 +90,6 @@ impl Processed {
                 // A handler on this thread is waiting for send credits: hand these frames
                 // to the delivery loop it runs in rather than nesting handlers.
                 _ if DELIVERING.get() == conn.serial => {
-                    let mut arrivals = arrivals;
                     let mut state = conn.state.lock();
                     state.hand_ups.deferred.append(&mut arrivals);
                     counted.finish(state, arrivals);
