@@ -8,11 +8,14 @@
 //!   boot and report each command's exit code and output.
 //! * [`perftest`]: the perftest baseline (`ib_send_lat`, `ib_write_bw`, ...) as reusable plan
 //!   steps plus a parser for their figures, so benchmarks can run it in the same boot.
+//! * [`ucx`]: UCX's `ucx_perftest` (active messages) the same way, the peer framework we
+//!   compare with.
 //! * [`test_rdma`]: build the RDMA test binaries on the host and run them all in one boot.
 //! * [`workspace`]: where the workspace and its target directory are.
 
 pub mod demo;
 pub mod perftest;
 pub mod test_rdma;
+pub mod ucx;
 pub mod vm;
 pub mod workspace;

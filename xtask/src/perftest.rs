@@ -81,29 +81,25 @@ impl Perftest {
         format!("{} {} B", self.tool, self.size)
     }
 
+    /// The command line on `device`: the server without an address, the client with `addr`.
+    pub fn command(&self, device: &str, client: Option<&str>) -> GuestCommand {
+        let mut argv = vec![self.tool.clone(), "-d".into(), device.into()];
+        for (flag, value) in [("-s", self.size), ("-n", u64::from(self.iterations))] {
+            argv.push(flag.into());
+            argv.push(value.to_string());
+        }
+        argv.push("-F".into());
+        argv.extend(client.map(str::to_string));
+        GuestCommand::new(argv)
+    }
+
     /// The plan step: server and client both on `rxe0`, the client connecting to the guest
     /// address once the server listens on [`PERFTEST_PORT`].
     pub fn step(&self) -> Step {
-        let args = |client: bool| {
-            let mut argv = vec![
-                self.tool.clone(),
-                "-d".into(),
-                GUEST_DEVICE.into(),
-                "-s".into(),
-                self.size.to_string(),
-                "-n".into(),
-                self.iterations.to_string(),
-                "-F".into(),
-            ];
-            if client {
-                argv.push(GUEST_ADDR.into());
-            }
-            GuestCommand::new(argv)
-        };
         Step::client_server(
             self.label(),
-            args(false),
-            args(true),
+            self.command(GUEST_DEVICE, None),
+            self.command(GUEST_DEVICE, Some(GUEST_ADDR)),
             Ready::TcpPort(PERFTEST_PORT),
         )
         .with_timeout(Duration::from_secs(240))

@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::perftest::{self, Figure, Perftest};
+use crate::ucx::{self, UcxPerftest};
 use crate::vm::{self, GuestCommand, GuestPlan, Step, StepOutcome, VmError, VmOptions};
 
 pub use report::{BenchPoint, DemoReport};
@@ -24,6 +25,8 @@ pub const SIZES: &[u64] = &[32, 512, 4096, 32768, 262_144, 1 << 20, 4 << 20];
 pub const GOODPUT_SIZE: u64 = 1 << 20;
 /// Calls in flight in the concurrency sweep (32 B, async stubs, one call included).
 pub const CONCURRENCY: &[u32] = &[1, 4, 16, 64];
+/// Sizes at which UCX's active-message latency is measured next to ours.
+pub const UCX_LATENCY_SIZES: &[u64] = &[32, 512];
 /// Polling modes of the concurrency sweep.
 pub const POLL_MODES: &[&str] = &["busy", "adaptive", "event"];
 /// Runs of `ib_send_bw -s 32`; the best message rate is the reference of the sweep.
@@ -75,6 +78,17 @@ fn perftest_suite() -> Vec<Perftest> {
     suite.push(Perftest::new("ib_send_bw", 65536, 500));
     suite.extend((0..SEND_BW_RUNS).map(|_| Perftest::new("ib_send_bw", 32, 20000)));
     suite.push(Perftest::new("ib_write_bw", 1 << 20, 100));
+    suite
+}
+
+/// UCX active messages: latency where the sweep starts (small messages by SEND), bandwidth
+/// at the goodput size.
+fn ucx_suite() -> Vec<UcxPerftest> {
+    let mut suite: Vec<UcxPerftest> = UCX_LATENCY_SIZES
+        .iter()
+        .map(|&size| UcxPerftest::new("ucp_am_lat", size, 2000))
+        .collect();
+    suite.push(UcxPerftest::new("ucp_am_bw", GOODPUT_SIZE, 100));
     suite
 }
 
@@ -191,15 +205,19 @@ pub fn run(opts: &VmOptions, out_dir: &Path) -> Result<bool, VmError> {
     let bin_dir = crate::workspace::target_dir()?.join("release");
     let rpc_bench = bin_dir.join("rpc-bench");
 
-    let suite = perftest_suite();
+    let baselines = Baselines {
+        perftest: perftest_suite(),
+        ucx: ucx_suite(),
+    };
     let points = bench_points();
     let outcomes = if host_has_rdma_device() {
         eprintln!("[xtask demo] the host has an RDMA device: running on the host");
-        run_on_host(&suite, &points, &bin_dir)?
+        run_on_host(&baselines, &points, &bin_dir)?
     } else {
         eprintln!("[xtask demo] no RDMA device on the host: running in the soft-RoCE VM");
-        run_in_vm(opts, &suite, &points, &bin_dir, &root)?
+        run_in_vm(opts, &baselines, &points, &bin_dir, &root)?
     };
+    let suite = &baselines.perftest;
     let (echo, rest) = outcomes
         .split_first()
         .ok_or_else(|| VmError::Parse("no steps ran".into()))?;
@@ -208,14 +226,20 @@ pub fn run(opts: &VmOptions, out_dir: &Path) -> Result<bool, VmError> {
         println!("  {line}");
     }
     let (perf_outcomes, rest) = rest.split_at(suite.len());
+    let (ucx_outcomes, rest) = rest.split_at(baselines.ucx.len());
     let (bench_outcomes, fleet_outcome) = rest.split_at(points.len());
-    let figures: Vec<Figure> = match perftest::figures(&suite, perf_outcomes) {
+    let figures: Vec<Figure> = match perftest::figures(suite, perf_outcomes) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("error: {e}");
             return Ok(false);
         }
     };
+    // UCX is a peer we compare with, not part of the job: without it, its columns are empty.
+    let ucx_figures = ucx::figures(&baselines.ucx, ucx_outcomes).unwrap_or_else(|e| {
+        eprintln!("warning: no UCX figures: {e}");
+        Vec::new()
+    });
     let mut ok = echo.success();
     let mut results = Vec::new();
     for (point, outcome) in points.iter().zip(bench_outcomes) {
@@ -242,7 +266,7 @@ pub fn run(opts: &VmOptions, out_dir: &Path) -> Result<bool, VmError> {
                 }
             });
     let tcp = run_tcp_compare(&rpc_bench);
-    let report = DemoReport::new(figures, results, fleet, tcp);
+    let report = DemoReport::new(figures, ucx_figures, results, fleet, tcp);
     print!("{}", report.table());
     std::fs::create_dir_all(out_dir).map_err(|e| VmError::io("creating the output folder", e))?;
     let json_path = out_dir.join("results.json");
@@ -300,9 +324,15 @@ fn echo_demo(bin_dir: &Path, addr: &str) -> Vec<String> {
     vec!["sh".into(), "-c".into(), script]
 }
 
+/// The baselines run in the same boot as our benchmark, in this order.
+struct Baselines {
+    perftest: Vec<Perftest>,
+    ucx: Vec<UcxPerftest>,
+}
+
 fn run_in_vm(
     opts: &VmOptions,
-    suite: &[Perftest],
+    baselines: &Baselines,
     points: &[Point],
     bin_dir: &Path,
     root: &Path,
@@ -313,7 +343,14 @@ fn run_in_vm(
         Step::run("echo demo", GuestCommand::new(echo_demo(bin_dir, addr)))
             .with_timeout(Duration::from_secs(120)),
     );
-    plan.steps.extend(suite.iter().map(Perftest::step));
+    plan.steps
+        .extend(baselines.perftest.iter().map(Perftest::step));
+    plan.steps.extend(
+        baselines
+            .ucx
+            .iter()
+            .map(|test| test.step(vm::GUEST_DEVICE, addr)),
+    );
     for &point in points {
         let argv = bench_args(&bin_dir.join("rpc-bench"), point, addr);
         plan.steps.push(
@@ -346,7 +383,7 @@ fn run_in_vm(
 }
 
 fn run_on_host(
-    suite: &[Perftest],
+    baselines: &Baselines,
     points: &[Point],
     bin_dir: &Path,
 ) -> Result<Vec<StepOutcome>, VmError> {
@@ -356,27 +393,19 @@ fn run_on_host(
     let device = std::env::var("RDMA_RPC_DEVICE").unwrap_or_else(|_| first_device());
     let mut outcomes = Vec::new();
     outcomes.push(host::run("echo demo", &echo_demo(bin_dir, &addr)));
-    for test in suite {
-        let argv = |client: bool| {
-            let mut v = vec![
-                test.tool.clone(),
-                "-d".into(),
-                device.clone(),
-                "-s".into(),
-                test.size.to_string(),
-                "-n".into(),
-                test.iterations.to_string(),
-                "-F".into(),
-            ];
-            if client {
-                v.push(addr.clone());
-            }
-            v
-        };
+    for test in &baselines.perftest {
         outcomes.push(host::client_server(
             &test.label(),
-            &argv(false),
-            &argv(true),
+            &test.command(&device, None),
+            &test.command(&device, Some(&addr)),
+            Duration::from_secs(1),
+        ));
+    }
+    for test in &baselines.ucx {
+        outcomes.push(host::client_server(
+            &test.label(),
+            &test.command(&device, None),
+            &test.command(&device, Some(&addr)),
             Duration::from_secs(1),
         ));
     }
@@ -414,7 +443,7 @@ mod host {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
 
-    use crate::vm::StepOutcome;
+    use crate::vm::{GuestCommand, StepOutcome};
 
     fn outcome(
         label: &str,
@@ -450,15 +479,20 @@ mod host {
         )
     }
 
+    fn command(cmd: &GuestCommand) -> Command {
+        let mut command = Command::new(&cmd.argv[0]);
+        command.args(&cmd.argv[1..]).envs(cmd.env.iter().cloned());
+        command
+    }
+
     pub(super) fn client_server(
         label: &str,
-        server: &[String],
-        client: &[String],
+        server: &GuestCommand,
+        client: &GuestCommand,
         delay: Duration,
     ) -> StepOutcome {
         let started = Instant::now();
-        let mut srv = match Command::new(&server[0])
-            .args(&server[1..])
+        let mut srv = match command(server)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -467,7 +501,7 @@ mod host {
             Err(e) => return outcome(label, started, Err(e)),
         };
         std::thread::sleep(delay);
-        let result = Command::new(&client[0]).args(&client[1..]).output();
+        let result = command(client).output();
         let _ = srv.kill();
         let _ = srv.wait();
         outcome(label, started, result)

@@ -1,5 +1,5 @@
 //! The demo's figures as one SVG, three panels: latency against size (p50 with p99
-//! whiskers, perftest beside it), the ratio to perftest, and calls/s against calls in
+//! whiskers, perftest and UCX beside it), the ratios to both, and calls/s against calls in
 //! flight per polling mode. Human units throughout.
 
 use std::path::Path;
@@ -15,6 +15,8 @@ const WIDTH: u32 = 900;
 const PANEL_HEIGHT: u32 = 420;
 /// Colors of the polling modes, in the demo's order (busy, adaptive, event).
 const MODE_COLORS: [RGBColor; 3] = [BLUE, RGBColor(0, 150, 0), MAGENTA];
+/// Color of UCX's figures.
+const UCX_COLOR: RGBColor = RGBColor(230, 130, 0);
 
 type Panel<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
@@ -31,17 +33,22 @@ pub fn figures_svg(report: &DemoReport, path: &Path) -> Result<(), String> {
     root.present().map_err(|e| e.to_string())
 }
 
-/// p50 round trip against size, p99 as a whisker above it, 2 × `ib_send_lat` beside it.
+/// p50 round trip against size, p99 as a whisker above it, 2 × `ib_send_lat` and
+/// 2 × `ucp_am_lat` beside it.
 fn latency_panel(report: &DemoReport, area: &Panel<'_>) -> Result<(), String> {
     let points = &report.latency;
     let perf: Vec<(f64, f64)> = points
         .iter()
         .filter_map(|p| p.perftest_round_trip_us.map(|v| (p.size as f64, v)))
         .collect();
+    let ucx: Vec<(f64, f64)> = points
+        .iter()
+        .filter_map(|p| p.ucx_round_trip_us.map(|v| (p.size as f64, v)))
+        .collect();
     let ys = points
         .iter()
         .flat_map(|p| [p.ours_p50_us, p.ours_p99_us])
-        .chain(perf.iter().map(|&(_, y)| y));
+        .chain(perf.iter().chain(&ucx).map(|&(_, y)| y));
     let (min_y, max_y) = bounds(ys);
     let mut chart = panel(
         area,
@@ -75,20 +82,36 @@ fn latency_panel(report: &DemoReport, area: &Panel<'_>) -> Result<(), String> {
         RED,
         "2 × ib_send_lat (perftest, same boot)",
     )?;
+    if !ucx.is_empty() {
+        line_with_points(
+            &mut chart,
+            &ucx,
+            UCX_COLOR,
+            "2 × ucp_am_lat (UCX active messages, same boot)",
+        )?;
+    }
     legend(&mut chart)
 }
 
-/// Our p50 over perftest's round trip, with 1× marked.
+/// Our p50 over perftest's round trip and over UCX's, with 1× marked.
 fn ratio_panel(report: &DemoReport, area: &Panel<'_>) -> Result<(), String> {
     let ratios: Vec<(f64, f64)> = report
         .latency
         .iter()
         .filter_map(|p| p.ratio.map(|r| (p.size as f64, r)))
         .collect();
-    let (_, max_y) = bounds(ratios.iter().map(|&(_, r)| r));
-    let mut chart = panel(area, "Round trip over 2 × ib_send_lat (same boot)")
-        .build_cartesian_2d(size_axis(report), 0.0..(max_y * 1.2).max(1.5))
-        .map_err(|e| e.to_string())?;
+    let ucx_ratios: Vec<(f64, f64)> = report
+        .latency
+        .iter()
+        .filter_map(|p| p.ucx_ratio.map(|r| (p.size as f64, r)))
+        .collect();
+    let (_, max_y) = bounds(ratios.iter().chain(&ucx_ratios).map(|&(_, r)| r));
+    let mut chart = panel(
+        area,
+        "Round trip over 2 × ib_send_lat and over UCX's (same boot)",
+    )
+    .build_cartesian_2d(size_axis(report), 0.0..(max_y * 1.2).max(1.5))
+    .map_err(|e| e.to_string())?;
     axes(
         &mut chart,
         ("message size", &|x| human_bytes(*x)),
@@ -104,6 +127,14 @@ fn ratio_panel(report: &DemoReport, area: &Panel<'_>) -> Result<(), String> {
         .label("1× = perftest")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.5)));
     line_with_points(&mut chart, &ratios, BLUE, "rdma-rpc p50 ÷ 2 × ib_send_lat")?;
+    if !ucx_ratios.is_empty() {
+        line_with_points(
+            &mut chart,
+            &ucx_ratios,
+            UCX_COLOR,
+            "rdma-rpc p50 ÷ 2 × ucp_am_lat",
+        )?;
+    }
     legend(&mut chart)
 }
 
@@ -376,7 +407,8 @@ mod tests {
             figure("ib_send_lat", 1 << 20, "t_typical", 17_000.0),
             figure("ib_send_bw", 32, "msg_rate", 60_000.0),
         ];
-        let report = DemoReport::new(perftest, rdma, None, None);
+        let ucx = vec![figure("ucp_am_lat", 32, "t_typical", 11.0)];
+        let report = DemoReport::new(perftest, ucx, rdma, None, None);
         let dir = std::env::temp_dir().join(format!("xtask-plot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("figures.svg");
@@ -386,6 +418,8 @@ mod tests {
         for text in [
             "p50, whisker to p99",
             "Round trip over 2 × ib_send_lat",
+            "2 × ucp_am_lat (UCX",
+            "÷ 2 × ucp_am_lat",
             "calls/s against calls in flight",
             "32 B",
             "1 MiB",

@@ -15,6 +15,10 @@ pub struct BenchPoint {
     pub perftest_round_trip_us: Option<f64>,
     /// ours_p50_us / perftest_round_trip_us.
     pub ratio: Option<f64>,
+    /// 2 × `ucx_perftest -t ucp_am_lat` p50 (one-way, like perftest), where measured.
+    pub ucx_round_trip_us: Option<f64>,
+    /// ours_p50_us / ucx_round_trip_us.
+    pub ucx_ratio: Option<f64>,
 }
 
 /// Large-message goodput next to `ib_write_bw` at the same size.
@@ -28,6 +32,10 @@ pub struct GoodputPoint {
     pub ib_write_bw: Option<f64>,
     /// ours_mib_s / ib_write_bw.
     pub ratio: Option<f64>,
+    /// `ucx_perftest -t ucp_am_bw` overall bandwidth (MB/s, 2^20 bytes), where measured.
+    pub ucp_am_bw: Option<f64>,
+    /// ours_mib_s / ucp_am_bw.
+    pub ucx_ratio: Option<f64>,
 }
 
 /// 32 B calls at some calls in flight and polling mode, next to `ib_send_bw -s 32`.
@@ -47,6 +55,8 @@ pub struct InFlightPoint {
 #[derive(Debug, Clone, Serialize)]
 pub struct DemoReport {
     pub perftest: Vec<Figure>,
+    /// `ucx_perftest` figures (`ucp_am_lat`, `ucp_am_bw`), empty if UCX did not run.
+    pub ucx: Vec<Figure>,
     pub rdma: Vec<BenchJson>,
     pub latency: Vec<BenchPoint>,
     pub goodput: Vec<GoodputPoint>,
@@ -60,16 +70,14 @@ pub struct DemoReport {
 impl DemoReport {
     pub fn new(
         perftest: Vec<Figure>,
+        ucx: Vec<Figure>,
         rdma: Vec<BenchJson>,
         fleet: Option<FleetJson>,
         tcp_compare: Option<serde_json::Value>,
     ) -> DemoReport {
-        let send_lat = |size: u64| {
-            perftest
-                .iter()
-                .find(|f| f.test == "ib_send_lat" && f.size == size && f.figure == "t_typical")
-                .map(|f| 2.0 * f.value)
-        };
+        let send_lat =
+            |size: u64| figure(&perftest, "ib_send_lat", size, "t_typical").map(|v| 2.0 * v);
+        let ucx_lat = |size: u64| figure(&ucx, "ucp_am_lat", size, "t_typical").map(|v| 2.0 * v);
         // The size sweep: one call at a time, its polling mode chosen per size.
         let sweep = |r: &&BenchJson| r.concurrency == 1 && !r.async_stubs;
         let latency = rdma
@@ -77,32 +85,34 @@ impl DemoReport {
             .filter(sweep)
             .map(|r| {
                 let round_trip = send_lat(r.size);
+                let ucx_round_trip = ucx_lat(r.size);
                 BenchPoint {
                     size: r.size,
                     ours_p50_us: r.p50_us,
                     ours_p99_us: r.p99_us,
                     perftest_round_trip_us: round_trip,
                     ratio: round_trip.map(|rt| r.p50_us / rt),
+                    ucx_round_trip_us: ucx_round_trip,
+                    ucx_ratio: ucx_round_trip.map(|rt| r.p50_us / rt),
                 }
             })
             .collect();
-        let write_bw = |size: u64| {
-            perftest
-                .iter()
-                .find(|f| f.test == "ib_write_bw" && f.size == size && f.figure == "bw_avg")
-                .map(|f| f.value)
-        };
+        let write_bw = |size: u64| figure(&perftest, "ib_write_bw", size, "bw_avg");
+        let am_bw = |size: u64| figure(&ucx, "ucp_am_bw", size, "bw_avg");
         let goodput = rdma
             .iter()
             .filter(|r| r.size == super::GOODPUT_SIZE)
             .map(|r| {
                 let bw = write_bw(r.size);
+                let ucx_bw = am_bw(r.size);
                 GoodputPoint {
                     size: r.size,
                     concurrency: r.concurrency,
                     ours_mib_s: r.goodput_mib_s,
                     ib_write_bw: bw,
                     ratio: bw.map(|bw| r.goodput_mib_s / bw),
+                    ucp_am_bw: ucx_bw,
+                    ucx_ratio: ucx_bw.map(|bw| r.goodput_mib_s / bw),
                 }
             })
             .collect();
@@ -114,6 +124,7 @@ impl DemoReport {
         let in_flight = in_flight(&rdma, send_bw_32_msg_rate);
         DemoReport {
             perftest,
+            ucx,
             rdma,
             latency,
             goodput,
@@ -128,21 +139,29 @@ impl DemoReport {
     pub fn table(&self) -> String {
         let mut out = String::new();
         out.push_str(
-            "\n== RDMA round trip, one call at a time (busy polling up to a slot, adaptive beyond) vs perftest, same boot ==\n",
+            "\n== RDMA round trip, one call at a time (busy polling up to a slot, adaptive beyond) \
+             vs perftest and UCX active messages, same boot ==\n",
         );
         out.push_str(&format!(
-            "{:>8}  {:>12}  {:>12}  {:>16}  {:>7}\n",
-            "size B", "ours p50 µs", "ours p99 µs", "2×ib_send_lat µs", "ratio"
+            "{:>8}  {:>12}  {:>12}  {:>16}  {:>7}  {:>15}  {:>7}\n",
+            "size B",
+            "ours p50 µs",
+            "ours p99 µs",
+            "2×ib_send_lat µs",
+            "ratio",
+            "2×ucp_am_lat µs",
+            "vs UCX"
         ));
         for p in &self.latency {
             out.push_str(&format!(
-                "{:>8}  {:>12.1}  {:>12.1}  {:>16}  {:>7}\n",
+                "{:>8}  {:>12.1}  {:>12.1}  {:>16}  {:>7}  {:>15}  {:>7}\n",
                 p.size,
                 p.ours_p50_us,
                 p.ours_p99_us,
-                p.perftest_round_trip_us
-                    .map_or("-".into(), |v| format!("{v:.1}")),
-                p.ratio.map_or("-".into(), |v| format!("{v:.2}×")),
+                or_dash(p.perftest_round_trip_us, |v| format!("{v:.1}")),
+                or_dash(p.ratio, times),
+                or_dash(p.ucx_round_trip_us, |v| format!("{v:.1}")),
+                or_dash(p.ucx_ratio, times),
             ));
         }
         out.push_str(&format!(
@@ -162,8 +181,8 @@ impl DemoReport {
                 p.concurrency,
                 p.p50_us,
                 p.calls_per_sec,
-                p.speedup.map_or("-".into(), |v| format!("{v:.2}×")),
-                p.msg_rate_ratio.map_or("-".into(), |v| format!("{v:.2}×")),
+                or_dash(p.speedup, times),
+                or_dash(p.msg_rate_ratio, times),
             ));
         }
         if let Some(f) = &self.fleet {
@@ -181,7 +200,12 @@ impl DemoReport {
             ));
         }
         out.push_str("\n== bandwidth ==\n");
-        for f in self.perftest.iter().filter(|f| f.figure == "bw_avg") {
+        for f in self
+            .perftest
+            .iter()
+            .chain(&self.ucx)
+            .filter(|f| f.figure == "bw_avg")
+        {
             out.push_str(&format!(
                 "  {:<12} {:>8} B  {:>9.1} MB/s\n",
                 f.test, f.size, f.value
@@ -189,11 +213,13 @@ impl DemoReport {
         }
         for g in &self.goodput {
             out.push_str(&format!(
-                "  rdma-rpc     {:>8} B  {:>9.1} MiB/s request+response goodput, x{} in flight: {} of ib_write_bw\n",
+                "  rdma-rpc     {:>8} B  {:>9.1} MiB/s request+response goodput, x{} in flight: \
+                 {} of ib_write_bw, {} of ucp_am_bw\n",
                 g.size,
                 g.ours_mib_s,
                 g.concurrency,
-                g.ratio.map_or("-".into(), |v| format!("{v:.2}×")),
+                or_dash(g.ratio, times),
+                or_dash(g.ucx_ratio, times),
             ));
         }
         if let Some(tcp) = &self.tcp_compare {
@@ -245,6 +271,22 @@ impl DemoReport {
     }
 }
 
+/// The value of one figure of one tool's run at `size`.
+fn figure(figures: &[Figure], test: &str, size: u64, name: &str) -> Option<f64> {
+    figures
+        .iter()
+        .find(|f| f.test == test && f.size == size && f.figure == name)
+        .map(|f| f.value)
+}
+
+fn or_dash(value: Option<f64>, show: impl Fn(f64) -> String) -> String {
+    value.map_or_else(|| "-".into(), show)
+}
+
+fn times(ratio: f64) -> String {
+    format!("{ratio:.2}×")
+}
+
 /// The concurrency sweep (32 B, every polling mode) next to `ib_send_bw -s 32`.
 fn in_flight(rdma: &[BenchJson], send_bw: Option<f64>) -> Vec<InFlightPoint> {
     let points: Vec<&BenchJson> = rdma
@@ -273,4 +315,65 @@ fn in_flight(rdma: &[BenchJson], send_bw: Option<f64>) -> Vec<InFlightPoint> {
                 })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figure(test: &str, size: u64, figure: &'static str, value: f64) -> Figure {
+        Figure {
+            test: test.into(),
+            size,
+            figure,
+            value,
+            unit: "us",
+        }
+    }
+
+    fn bench(size: u64, p50_us: f64, goodput_mib_s: f64) -> BenchJson {
+        BenchJson {
+            transport: "rdma".into(),
+            size,
+            iters: 1000,
+            concurrency: 1,
+            p50_us,
+            p90_us: p50_us,
+            p99_us: p50_us,
+            p999_us: p50_us,
+            max_us: p50_us,
+            calls_per_sec: 1e6 / p50_us,
+            goodput_mib_s,
+            poll: Some("busy".into()),
+            async_stubs: false,
+        }
+    }
+
+    #[test]
+    fn ratios_to_ucx_use_its_round_trip_where_it_ran() {
+        let perftest = vec![
+            figure("ib_send_lat", 32, "t_typical", 10.0),
+            figure("ib_send_lat", 4096, "t_typical", 20.0),
+        ];
+        let ucx = vec![
+            figure("ucp_am_lat", 32, "t_typical", 12.5),
+            figure("ucp_am_bw", 1 << 20, "bw_avg", 50.0),
+        ];
+        let rdma = vec![
+            bench(32, 30.0, 0.0),
+            bench(4096, 60.0, 0.0),
+            bench(1 << 20, 9_000.0, 40.0),
+        ];
+        let report = DemoReport::new(perftest, ucx, rdma, None, None);
+        let at = |size| report.latency.iter().find(|p| p.size == size).unwrap();
+        assert_eq!(at(32).ucx_round_trip_us, Some(25.0));
+        assert_eq!(at(32).ucx_ratio, Some(1.2));
+        assert_eq!(at(32).ratio, Some(1.5));
+        assert_eq!(at(4096).ucx_ratio, None, "UCX did not run at 4 KiB");
+        assert_eq!(report.goodput[0].ucx_ratio, Some(0.8));
+        let table = report.table();
+        assert!(table.contains("2×ucp_am_lat µs"), "{table}");
+        assert!(table.contains("1.20×"), "{table}");
+        assert!(table.contains("ucp_am_bw"), "{table}");
+    }
 }

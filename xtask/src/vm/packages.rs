@@ -17,6 +17,8 @@ pub const VM_PACKAGES: &[&str] = &[
     "ibverbs-utils",
     "rdmacm-utils",
     "perftest",
+    // ucx_perftest: UCX active messages, the peer framework the demo compares with.
+    "ucx-utils",
     // Prints the stacks of a test binary that outlived its timeout.
     "gdb",
 ];
