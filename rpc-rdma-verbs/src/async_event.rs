@@ -11,7 +11,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::ptr;
 
-use rdma_sys::{ibv_ack_async_event, ibv_async_event, ibv_get_async_event};
+use crate::sys::{ibv_ack_async_event, ibv_async_event, ibv_get_async_event};
 
 use super::comp_channel::set_nonblocking;
 use super::context::Context;
@@ -221,7 +221,7 @@ mod tests {
         assert_eq!(AsyncEventKind::from_raw(19), AsyncEventKind::WqFatal);
         assert_eq!(AsyncEventKind::from_raw(20), AsyncEventKind::Unknown(20));
         assert_eq!(
-            AsyncEventKind::from_raw(rdma_sys::ibv_event_type::IBV_EVENT_GID_CHANGE as u32),
+            AsyncEventKind::from_raw(crate::sys::ibv_event_type::IBV_EVENT_GID_CHANGE as u32),
             AsyncEventKind::GidChange
         );
         assert!(AsyncEventKind::QpAccessErr.is_qp_error());

@@ -7,7 +7,7 @@ use std::ptr::{self, NonNull};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdma_sys::{
+use crate::sys::{
     rdma_accept, rdma_bind_addr, rdma_cm_id, rdma_conn_param, rdma_connect, rdma_create_id,
     rdma_destroy_id, rdma_disconnect, rdma_get_request, rdma_listen, rdma_port_space, rdma_reject,
     rdma_resolve_addr, rdma_resolve_route, rdma_set_option,

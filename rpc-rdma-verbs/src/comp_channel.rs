@@ -6,7 +6,7 @@ use std::os::raw::c_void;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
-use rdma_sys::{
+use crate::sys::{
     ibv_ack_cq_events, ibv_comp_channel, ibv_cq, ibv_create_comp_channel, ibv_destroy_comp_channel,
     ibv_get_cq_event,
 };

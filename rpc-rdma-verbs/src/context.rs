@@ -4,7 +4,7 @@ use std::ffi::CStr;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use rdma_sys::{
+use crate::sys::{
     ___ibv_query_port, ibv_close_device, ibv_context, ibv_device_attr, ibv_get_device_name,
     ibv_gid, ibv_mtu, ibv_open_device, ibv_port_attr, ibv_port_state, ibv_query_device,
     ibv_query_gid,
@@ -55,7 +55,7 @@ impl Context {
         Self::open_ref(dev.as_ptr())
     }
 
-    fn open_ref(dev: *mut rdma_sys::ibv_device) -> Result<Arc<Context>> {
+    fn open_ref(dev: *mut crate::sys::ibv_device) -> Result<Arc<Context>> {
         // SAFETY: `dev` is a live entry of a device list the caller keeps alive for this call.
         let raw = unsafe { ibv_open_device(dev) };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last_os("ibv_open_device"))?;

@@ -4,7 +4,7 @@ use std::os::raw::c_int;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
-use rdma_sys::{ibv_cq, ibv_create_cq, ibv_destroy_cq, ibv_poll_cq, ibv_req_notify_cq};
+use crate::sys::{ibv_cq, ibv_create_cq, ibv_destroy_cq, ibv_poll_cq, ibv_req_notify_cq};
 
 use super::comp_channel::CompletionChannel;
 use super::context::Context;

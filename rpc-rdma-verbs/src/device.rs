@@ -3,7 +3,7 @@
 use std::ffi::CStr;
 use std::ptr::NonNull;
 
-use rdma_sys::{
+use crate::sys::{
     ibv_device, ibv_free_device_list, ibv_get_device_guid, ibv_get_device_list, ibv_get_device_name,
 };
 

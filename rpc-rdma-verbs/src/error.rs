@@ -3,7 +3,7 @@
 use std::fmt;
 use std::os::raw::c_int;
 
-use rdma_sys::ibv_wc_status;
+use crate::sys::ibv_wc_status;
 
 /// Result of a verbs-layer operation.
 pub type Result<T, E = VerbsError> = std::result::Result<T, E>;

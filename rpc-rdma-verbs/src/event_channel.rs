@@ -5,7 +5,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
-use rdma_sys::{
+use crate::sys::{
     rdma_ack_cm_event, rdma_cm_event, rdma_cm_event_type, rdma_create_event_channel,
     rdma_destroy_event_channel, rdma_event_channel, rdma_get_cm_event,
 };

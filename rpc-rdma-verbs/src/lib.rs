@@ -70,6 +70,8 @@ mod cq;
 mod device;
 mod error;
 mod event_channel;
+#[cfg(verbs_fabric)]
+mod fabric;
 mod locked;
 mod mr;
 mod mw;
@@ -77,6 +79,7 @@ mod pd;
 mod qp;
 mod sockaddr;
 mod srq;
+mod sys;
 pub mod test_support;
 mod wc;
 mod wr;
@@ -115,15 +118,15 @@ pub enum ForkStatus {
 /// memory is registered. A no-op where the kernel does not need it.
 pub fn fork_init() -> Result<()> {
     // SAFETY: no preconditions beyond "before other verbs", which is only about effect.
-    error::check("ibv_fork_init", unsafe { rdma_sys::ibv_fork_init() })
+    error::check("ibv_fork_init", unsafe { crate::sys::ibv_fork_init() })
 }
 
 /// `ibv_is_fork_initialized()`.
 pub fn fork_status() -> ForkStatus {
     // SAFETY: no preconditions.
-    match unsafe { rdma_sys::ibv_is_fork_initialized() } {
-        rdma_sys::IBV_FORK_ENABLED => ForkStatus::Enabled,
-        rdma_sys::IBV_FORK_UNNEEDED => ForkStatus::Unneeded,
+    match unsafe { crate::sys::ibv_is_fork_initialized() } {
+        crate::sys::IBV_FORK_ENABLED => ForkStatus::Enabled,
+        crate::sys::IBV_FORK_UNNEEDED => ForkStatus::Unneeded,
         _ => ForkStatus::Disabled,
     }
 }

@@ -7,7 +7,7 @@ use std::ops::{BitOr, BitOrAssign, Range};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use rdma_sys::{ibv_access_flags, ibv_dereg_mr, ibv_mr, ibv_reg_mr};
+use crate::sys::{ibv_access_flags, ibv_dereg_mr, ibv_mr, ibv_reg_mr};
 
 use super::error::{check, Result, VerbsError};
 use super::pd::ProtectionDomain;

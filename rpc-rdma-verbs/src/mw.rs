@@ -11,7 +11,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use rdma_sys::{ibv_alloc_mw, ibv_dealloc_mw, ibv_mw, ibv_mw_type};
+use crate::sys::{ibv_alloc_mw, ibv_dealloc_mw, ibv_mw, ibv_mw_type};
 
 use super::error::{check, Result, VerbsError};
 use super::pd::ProtectionDomain;

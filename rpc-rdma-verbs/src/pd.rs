@@ -3,7 +3,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use rdma_sys::{ibv_alloc_pd, ibv_dealloc_pd, ibv_pd};
+use crate::sys::{ibv_alloc_pd, ibv_dealloc_pd, ibv_pd};
 
 use super::context::Context;
 use super::error::{check, Result, VerbsError};

@@ -4,7 +4,7 @@ use std::os::raw::c_int;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
-use rdma_sys::{
+use crate::sys::{
     bind_mw_t, ibv_mw_bind_info, ibv_post_recv, ibv_post_send, ibv_qp, ibv_qp_cap,
     ibv_qp_init_attr, ibv_qp_type, ibv_recv_wr, ibv_send_wr, ibv_sge, ibv_wr_opcode,
     rdma_create_qp, rdma_destroy_qp, rdma_t,

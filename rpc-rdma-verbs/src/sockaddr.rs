@@ -47,6 +47,12 @@ impl RawSockAddr {
         RawSockAddr { storage }
     }
 
+    /// The address as the `sockaddr_storage` rdma_cm keeps in a route.
+    #[cfg(verbs_fabric)]
+    pub(crate) fn into_storage(self) -> libc::sockaddr_storage {
+        self.storage
+    }
+
     pub(crate) fn as_mut_ptr(&mut self) -> *mut libc::sockaddr {
         (&mut self.storage as *mut libc::sockaddr_storage).cast()
     }

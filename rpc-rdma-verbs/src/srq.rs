@@ -3,7 +3,7 @@
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
-use rdma_sys::{
+use crate::sys::{
     ibv_create_srq, ibv_destroy_srq, ibv_modify_srq, ibv_post_srq_recv, ibv_srq, ibv_srq_attr,
     ibv_srq_attr_mask, ibv_srq_init_attr,
 };

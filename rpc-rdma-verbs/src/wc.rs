@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use rdma_sys::{ibv_wc, ibv_wc_flags, ibv_wc_opcode};
+use crate::sys::{ibv_wc, ibv_wc_flags, ibv_wc_opcode};
 
 use super::error::{VerbsError, WcError};
 

@@ -2,7 +2,7 @@
 
 use std::ops::{BitOr, BitOrAssign};
 
-use rdma_sys::{ibv_send_flags, ibv_sge};
+use crate::sys::{ibv_send_flags, ibv_sge};
 
 /// A scatter/gather entry: `length` bytes at `addr`, inside the memory region of `lkey`.
 /// Same layout as `ibv_sge`; build one with [`super::MemoryRegion::sge`].

@@ -1,0 +1,533 @@
+//! The connection manager: event channels, ids, and the connect / accept / reject /
+//! disconnect exchange between two ids of this process.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+
+use parking_lot::Mutex;
+use rdma_sys::{
+    ibv_qp_type, rdma_cm_event, rdma_cm_event_type, rdma_cm_id, rdma_conn_param,
+    rdma_event_channel, rdma_port_space,
+};
+
+use super::device::device;
+use super::fail;
+use super::notify::Mailbox;
+use super::qp::QpShared;
+use crate::sockaddr::{to_socket_addr, RawSockAddr};
+
+/// rdma_cm's reject reason when nothing listens on the port (IB CM "invalid service ID").
+const REJECT_NO_LISTENER: c_int = 8;
+/// rdma_cm's reject reason for a reject by the peer's application.
+const REJECT_CONSUMER: c_int = 28;
+
+/// An event as `rdma_get_cm_event` hands it out, with the private data it points into.
+#[repr(C)]
+struct EventBox {
+    raw: rdma_cm_event,
+    private: Vec<u8>,
+}
+
+/// A queued event; the pointers in it are compared by the consumer, or (a connect
+/// request's new id) handed to it to own.
+struct Pending(Box<EventBox>);
+
+// SAFETY: the raw pointers are ids' addresses; the box is moved, not shared.
+unsafe impl Send for Pending {}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("event", &self.0.raw.event)
+            .finish()
+    }
+}
+
+type Events = Arc<Mailbox<Pending>>;
+
+#[repr(C)]
+struct Channel {
+    raw: rdma_event_channel,
+    events: Events,
+}
+
+/// An rdma_cm id: the C struct first, so a `*mut rdma_cm_id` is a `*mut Id`.
+#[repr(C)]
+struct Id {
+    raw: rdma_cm_id,
+    shared: Arc<IdShared>,
+}
+
+#[derive(Debug)]
+struct IdShared {
+    /// The id's address, as events name it.
+    addr: usize,
+    events: Events,
+    state: Mutex<IdState>,
+}
+
+#[derive(Debug, Default)]
+struct IdState {
+    local: Option<SocketAddr>,
+    remote: Option<SocketAddr>,
+    listening: bool,
+    qp: Option<Arc<QpShared>>,
+    /// The other end, from connect until reject or disconnect.
+    peer: Weak<IdShared>,
+    connected: bool,
+}
+
+impl IdShared {
+    /// Queues an event about this id.
+    fn post(
+        &self,
+        kind: rdma_cm_event_type::Type,
+        status: c_int,
+        conn: Option<(&rdma_conn_param, Vec<u8>)>,
+    ) {
+        self.post_with(kind, status, conn, self.addr, 0);
+    }
+
+    fn post_with(
+        &self,
+        kind: rdma_cm_event_type::Type,
+        status: c_int,
+        conn: Option<(&rdma_conn_param, Vec<u8>)>,
+        id: usize,
+        listen_id: usize,
+    ) {
+        // SAFETY: `rdma_cm_event` is plain old data; all-zero is valid.
+        let mut raw: rdma_cm_event = unsafe { std::mem::zeroed() };
+        raw.id = id as *mut rdma_cm_id;
+        raw.listen_id = listen_id as *mut rdma_cm_id;
+        raw.event = kind;
+        raw.status = status;
+        let mut event = Box::new(EventBox {
+            raw,
+            private: Vec::new(),
+        });
+        if let Some((param, private)) = conn {
+            event.private = private;
+            let mut param = *param;
+            param.private_data = if event.private.is_empty() {
+                ptr::null()
+            } else {
+                event.private.as_ptr().cast()
+            };
+            param.private_data_len = event.private.len() as u8;
+            event.raw.param.conn = param;
+        }
+        self.events.push(Pending(event));
+    }
+}
+
+fn listeners() -> &'static Mutex<HashMap<u16, Weak<IdShared>>> {
+    static LISTENERS: OnceLock<Mutex<HashMap<u16, Weak<IdShared>>>> = OnceLock::new();
+    LISTENERS.get_or_init(Default::default)
+}
+
+fn ephemeral_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(40000);
+    NEXT.fetch_add(1, Ordering::Relaxed).max(1024)
+}
+
+/// # Safety
+/// `id` is a live fabric id.
+unsafe fn shared(id: *mut rdma_cm_id) -> Arc<IdShared> {
+    // SAFETY: per the contract.
+    Arc::clone(unsafe { &(*id.cast::<Id>()).shared })
+}
+
+/// Writes `local`/`remote` into the id's route and binds it to the device.
+///
+/// # Safety
+/// `id` is live and locked by the caller.
+unsafe fn set_route(id: *mut rdma_cm_id, local: Option<SocketAddr>, remote: Option<SocketAddr>) {
+    // SAFETY: per the contract.
+    let raw = unsafe { &mut *id };
+    if let Some(local) = local {
+        raw.route.addr.src_addr_union.src_storage = RawSockAddr::new(local).into_storage();
+        if !local.ip().is_unspecified() {
+            raw.verbs = device().context();
+            raw.port_num = 1;
+        }
+    }
+    if let Some(remote) = remote {
+        raw.route.addr.dst_addr_union.dst_storage = RawSockAddr::new(remote).into_storage();
+        raw.verbs = device().context();
+        raw.port_num = 1;
+    }
+}
+
+fn with_port(addr: SocketAddr) -> SocketAddr {
+    if addr.port() == 0 {
+        SocketAddr::new(addr.ip(), ephemeral_port())
+    } else {
+        addr
+    }
+}
+
+/// The id's queue pair is `qp` (called by `rdma_create_qp`).
+pub(super) fn attach_qp(id: *mut rdma_cm_id, qp: &Arc<QpShared>) {
+    // SAFETY: `rdma_create_qp`'s caller holds a live id.
+    unsafe { shared(id) }.state.lock().qp = Some(Arc::clone(qp));
+}
+
+/// The id's queue pair is gone (called by `rdma_destroy_qp`).
+pub(super) fn detach_qp(id: *mut rdma_cm_id) {
+    // SAFETY: `rdma_destroy_qp`'s caller holds a live id.
+    unsafe { shared(id) }.state.lock().qp = None;
+}
+
+pub unsafe fn rdma_create_event_channel() -> *mut rdma_event_channel {
+    match Mailbox::new() {
+        Ok(events) => {
+            let events = Arc::new(events);
+            let raw = rdma_event_channel { fd: events.fd() };
+            Box::into_raw(Box::new(Channel { raw, events })).cast()
+        }
+        Err(e) => fail(e.raw_os_error().unwrap_or(libc::EMFILE), ptr::null_mut()),
+    }
+}
+
+pub unsafe fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
+    // SAFETY: `channel` came from `rdma_create_event_channel` and is destroyed once.
+    drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
+}
+
+pub unsafe fn rdma_get_cm_event(
+    channel: *mut rdma_event_channel,
+    event: *mut *mut rdma_cm_event,
+) -> c_int {
+    // SAFETY: `channel` is live (the caller's contract) and a `Channel`.
+    let channel = unsafe { &*channel.cast::<Channel>() };
+    match channel.events.take() {
+        Ok(Pending(boxed)) => {
+            // SAFETY: the caller passes a valid out-pointer.
+            unsafe { *event = Box::into_raw(boxed).cast() };
+            0
+        }
+        Err(e) => fail(e.raw_os_error().unwrap_or(libc::EIO), -1),
+    }
+}
+
+pub unsafe fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
+    // SAFETY: `event` came from `rdma_get_cm_event` and is acknowledged once.
+    drop(unsafe { Box::from_raw(event.cast::<EventBox>()) });
+    0
+}
+
+pub unsafe fn rdma_create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: rdma_port_space::Type,
+) -> c_int {
+    if channel.is_null() {
+        // Synchronous ids block inside librdmacm; the fabric has no thread to answer them.
+        return fail(libc::EOPNOTSUPP, -1);
+    }
+    // SAFETY: `channel` is live (the caller's contract) and a `Channel`.
+    let events = Arc::clone(unsafe { &(*channel.cast::<Channel>()).events });
+    // SAFETY: the caller passes a valid out-pointer.
+    unsafe { *id = new_id(channel, context, ps, events) };
+    0
+}
+
+fn new_id(
+    channel: *mut rdma_event_channel,
+    context: *mut c_void,
+    ps: rdma_port_space::Type,
+    events: Events,
+) -> *mut rdma_cm_id {
+    // SAFETY: `rdma_cm_id` is plain old data; all-zero is valid.
+    let mut raw: rdma_cm_id = unsafe { std::mem::zeroed() };
+    raw.channel = channel;
+    raw.context = context;
+    raw.ps = ps;
+    raw.qp_type = ibv_qp_type::IBV_QPT_RC;
+    let id = Box::into_raw(Box::new(Id {
+        raw,
+        shared: Arc::new(IdShared {
+            addr: 0,
+            events,
+            state: Mutex::default(),
+        }),
+    }));
+    // SAFETY: `id` was just made and nothing else holds it yet.
+    unsafe {
+        Arc::get_mut(&mut (*id).shared)
+            .expect("a new id's state is not shared yet")
+            .addr = id as usize;
+    }
+    id.cast()
+}
+
+pub unsafe fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    // SAFETY: `id` came from `rdma_create_id` (or a connect request) and is destroyed once,
+    // after its queue pair.
+    let id = unsafe { Box::from_raw(id.cast::<Id>()) };
+    let port = {
+        let state = id.shared.state.lock();
+        state
+            .listening
+            .then(|| state.local.map(|a| a.port()))
+            .flatten()
+    };
+    if let Some(port) = port {
+        let mut listeners = listeners().lock();
+        if listeners
+            .get(&port)
+            .is_some_and(|l| l.as_ptr() == Arc::as_ptr(&id.shared))
+        {
+            listeners.remove(&port);
+        }
+    }
+    hang_up(&id.shared);
+    0
+}
+
+/// Ends whatever exchange `id` is in: a connection is torn down on both sides; a request
+/// not yet accepted is rejected.
+fn hang_up(id: &Arc<IdShared>) {
+    let (peer, connected, qp) = {
+        let mut state = id.state.lock();
+        let peer = std::mem::take(&mut state.peer).upgrade();
+        (peer, std::mem::take(&mut state.connected), state.qp.clone())
+    };
+    let Some(peer) = peer else { return };
+    let peer_qp = {
+        let mut state = peer.state.lock();
+        state.peer = Weak::new();
+        state.connected = false;
+        state.qp.clone()
+    };
+    if connected {
+        for qp in qp.iter().chain(&peer_qp) {
+            qp.fail();
+        }
+        peer.post(rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED, 0, None);
+        id.post(rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED, 0, None);
+    } else {
+        peer.post(
+            rdma_cm_event_type::RDMA_CM_EVENT_REJECTED,
+            REJECT_CONSUMER,
+            None,
+        );
+    }
+}
+
+pub unsafe fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+    // SAFETY: `addr` is valid for the call (the caller's contract).
+    let Some(addr) = (unsafe { to_socket_addr(addr.cast()) }) else {
+        return fail(libc::EAFNOSUPPORT, -1);
+    };
+    let addr = with_port(addr);
+    // SAFETY: `id` is live and locked by the caller.
+    unsafe {
+        shared(id).state.lock().local = Some(addr);
+        set_route(id, Some(addr), None);
+    }
+    0
+}
+
+pub unsafe fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
+    // SAFETY: `id` is live (the caller's contract).
+    let shared = unsafe { shared(id) };
+    let mut state = shared.state.lock();
+    let Some(local) = state.local else {
+        return fail(libc::EINVAL, -1);
+    };
+    let mut listeners = listeners().lock();
+    if listeners
+        .get(&local.port())
+        .is_some_and(|l| l.strong_count() > 0)
+    {
+        return fail(libc::EADDRINUSE, -1);
+    }
+    listeners.insert(local.port(), Arc::downgrade(&shared));
+    state.listening = true;
+    0
+}
+
+pub unsafe fn rdma_resolve_addr(
+    id: *mut rdma_cm_id,
+    src: *mut libc::sockaddr,
+    dst: *mut libc::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    // SAFETY: the addresses are valid for the call or null (the caller's contract).
+    let (src, dst) = unsafe { (to_socket_addr(src.cast()), to_socket_addr(dst.cast())) };
+    let Some(dst) = dst else {
+        return fail(libc::EAFNOSUPPORT, -1);
+    };
+    let local = with_port(src.unwrap_or(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0)));
+    // SAFETY: `id` is live and locked by the caller.
+    let shared = unsafe { shared(id) };
+    {
+        let mut state = shared.state.lock();
+        state.local = Some(local);
+        state.remote = Some(dst);
+    }
+    // SAFETY: as above.
+    unsafe { set_route(id, Some(local), Some(dst)) };
+    shared.post(rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED, 0, None);
+    0
+}
+
+pub unsafe fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    // SAFETY: `id` is live (the caller's contract).
+    let shared = unsafe { shared(id) };
+    if shared.state.lock().remote.is_none() {
+        return fail(libc::EINVAL, -1);
+    }
+    shared.post(rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED, 0, None);
+    0
+}
+
+pub unsafe fn rdma_get_request(_listen: *mut rdma_cm_id, _id: *mut *mut rdma_cm_id) -> c_int {
+    fail(libc::EOPNOTSUPP, -1)
+}
+
+/// The private data a connection parameter carries.
+///
+/// # Safety
+/// `param` is valid, and its private data pointer valid for its length.
+unsafe fn private(param: &rdma_conn_param) -> Vec<u8> {
+    if param.private_data.is_null() || param.private_data_len == 0 {
+        return Vec::new();
+    }
+    // SAFETY: per the contract.
+    unsafe {
+        std::slice::from_raw_parts(
+            param.private_data.cast::<u8>(),
+            param.private_data_len.into(),
+        )
+    }
+    .to_vec()
+}
+
+pub unsafe fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+    // SAFETY: `id` is live and `param` valid for the call (the caller's contract).
+    let (client, param) = unsafe { (shared(id), &*param) };
+    let (local, remote) = {
+        let state = client.state.lock();
+        (state.local, state.remote)
+    };
+    let (Some(local), Some(remote)) = (local, remote) else {
+        return fail(libc::EINVAL, -1);
+    };
+    let listener = listeners()
+        .lock()
+        .get(&remote.port())
+        .and_then(Weak::upgrade);
+    let Some(listener) = listener else {
+        client.post(
+            rdma_cm_event_type::RDMA_CM_EVENT_REJECTED,
+            REJECT_NO_LISTENER,
+            None,
+        );
+        return 0;
+    };
+    // SAFETY: the listener is alive (we hold its state) and its id's channel with it.
+    let channel = unsafe { (*(listener.addr as *mut rdma_cm_id)).channel };
+    let child = new_id(
+        channel,
+        ptr::null_mut(),
+        rdma_port_space::RDMA_PS_TCP,
+        Arc::clone(&listener.events),
+    );
+    // SAFETY: `child` is new and ours until the event hands it out.
+    let child_shared = unsafe {
+        set_route(child, Some(remote), Some(local));
+        shared(child)
+    };
+    {
+        let mut state = child_shared.state.lock();
+        state.local = Some(remote);
+        state.remote = Some(local);
+        state.peer = Arc::downgrade(&client);
+    }
+    client.state.lock().peer = Arc::downgrade(&child_shared);
+    // SAFETY: per the contract.
+    let data = unsafe { private(param) };
+    listener.post_with(
+        rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST,
+        0,
+        Some((param, data)),
+        child as usize,
+        listener.addr,
+    );
+    0
+}
+
+pub unsafe fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
+    // SAFETY: `id` is live and `param` valid for the call (the caller's contract).
+    let (server, param) = unsafe { (shared(id), &*param) };
+    let Some(client) = server.state.lock().peer.upgrade() else {
+        return fail(libc::ECONNRESET, -1);
+    };
+    let (Some(server_qp), Some(client_qp)) = (
+        server.state.lock().qp.clone(),
+        client.state.lock().qp.clone(),
+    ) else {
+        return fail(libc::EINVAL, -1);
+    };
+    QpShared::connect(&server_qp, &client_qp);
+    server.state.lock().connected = true;
+    client.state.lock().connected = true;
+    // SAFETY: per the contract.
+    let data = unsafe { private(param) };
+    client.post(
+        rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+        0,
+        Some((param, data)),
+    );
+    server.post(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, 0, None);
+    0
+}
+
+pub unsafe fn rdma_reject(id: *mut rdma_cm_id, private_data: *const c_void, len: u8) -> c_int {
+    // SAFETY: `id` is live (the caller's contract).
+    let server = unsafe { shared(id) };
+    let Some(client) = std::mem::take(&mut server.state.lock().peer).upgrade() else {
+        return fail(libc::EINVAL, -1);
+    };
+    client.state.lock().peer = Weak::new();
+    // SAFETY: `rdma_conn_param` is plain old data; all-zero is valid.
+    let mut param: rdma_conn_param = unsafe { std::mem::zeroed() };
+    param.private_data = private_data;
+    param.private_data_len = len;
+    // SAFETY: the caller's private data is valid for `len` bytes.
+    let data = unsafe { private(&param) };
+    client.post(
+        rdma_cm_event_type::RDMA_CM_EVENT_REJECTED,
+        REJECT_CONSUMER,
+        Some((&param, data)),
+    );
+    0
+}
+
+pub unsafe fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+    // SAFETY: `id` is live (the caller's contract).
+    let shared = unsafe { shared(id) };
+    if !shared.state.lock().connected {
+        return fail(libc::EINVAL, -1);
+    }
+    hang_up(&shared);
+    0
+}
+
+pub unsafe fn rdma_set_option(
+    _id: *mut rdma_cm_id,
+    _level: c_int,
+    _optname: c_int,
+    _optval: *mut c_void,
+    _optlen: usize,
+) -> c_int {
+    0
+}
