@@ -34,6 +34,19 @@ enum Command {
         #[arg(long, default_value_t = 1800)]
         timeout: u64,
     },
+    /// Instructions and allocations per 32 B round trip, by stage, over the in-memory verbs
+    /// provider on the host (callgrind and dhat; repeatable where times are not).
+    Count {
+        /// Round trips of the shorter run (the longer makes three times as many).
+        #[arg(long, default_value_t = xtask::count::DEFAULT_CALLS)]
+        calls: u64,
+        /// Polling mode of both sides (busy, adaptive, event).
+        #[arg(long, default_value = "event")]
+        poll: String,
+        /// Also write the figures as JSON here.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+    },
     /// Every test: the workspace's tests on the host, then the RDMA tests on real verbs in
     /// the soft-RoCE VM. Installs missing Debian packages first.
     Test {
@@ -88,6 +101,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Test { timeout } => test_all(options(timeout, verbose)),
         Command::Demo { timeout } => demo(options(timeout, verbose)),
+        Command::Count { calls, poll, json } => {
+            xtask::count::run(calls, &poll, json.as_deref()).map(|_| ExitCode::SUCCESS)
+        }
         Command::VmRun {
             timeout,
             env,
