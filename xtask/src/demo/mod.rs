@@ -1,7 +1,9 @@
 //! `demo`, the README's main job: in one soft-RoCE VM boot (or on the host when it has an
 //! RDMA device), the echo demo, perftest, and `rpc-bench` over a size and a concurrency
 //! sweep; then a table of our figures next to perftest's, a JSON file and an SVG plot.
-//! The TCP comparison with tonic and a raw socket runs on the host in the same job.
+//! The TCP comparison with tonic and a raw socket, and the instruction and allocation
+//! counts over the in-memory verbs provider ([`crate::count`]), run on the host in the
+//! same job.
 
 mod plot;
 mod report;
@@ -266,7 +268,11 @@ pub fn run(opts: &VmOptions, out_dir: &Path) -> Result<bool, VmError> {
                 }
             });
     let tcp = run_tcp_compare(&rpc_bench);
-    let report = DemoReport::new(figures, ucx_figures, results, fleet, tcp);
+    let counts = crate::count::run(crate::count::DEFAULT_CALLS, "event", None)
+        .map_err(|e| eprintln!("warning: no instruction counts: {e}"))
+        .ok();
+    let mut report = DemoReport::new(figures, ucx_figures, results, fleet, tcp);
+    report.counts = counts;
     print!("{}", report.table());
     std::fs::create_dir_all(out_dir).map_err(|e| VmError::io("creating the output folder", e))?;
     let json_path = out_dir.join("results.json");

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::{BenchJson, FleetJson};
+use crate::count::Counts;
 use crate::perftest::Figure;
 
 /// Our latency at one size next to perftest's round trip at the same size.
@@ -65,6 +66,8 @@ pub struct DemoReport {
     pub send_bw_32_msg_rate: Option<f64>,
     pub fleet: Option<FleetJson>,
     pub tcp_compare: Option<serde_json::Value>,
+    /// Instructions and allocations per round trip over the in-memory verbs provider.
+    pub counts: Option<Counts>,
 }
 
 impl DemoReport {
@@ -132,6 +135,7 @@ impl DemoReport {
             send_bw_32_msg_rate,
             fleet,
             tcp_compare,
+            counts: None,
         }
     }
 
@@ -262,6 +266,9 @@ impl DemoReport {
                 "ours/tonic calls/s at {in_flight} in flight: {:.2}×\n",
                 rate("ours_in_flight") / rate("tonic_in_flight")
             ));
+        }
+        if let Some(counts) = &self.counts {
+            out.push_str(&counts.table());
         }
         out.push_str(
             "\nVM figures come from software emulation: only the ratios within one boot mean \
