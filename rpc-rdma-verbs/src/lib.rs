@@ -19,6 +19,13 @@
 //! | work requests | [`SendRequest`], [`RecvRequest`], [`Sge`], [`SendOp`] | `wr.rs` |
 //! | skip-or-require-a-device helpers for tests | [`test_support`] | `test_support.rs` |
 //!
+//! Every libibverbs and librdmacm call goes through `sys.rs`. Built with
+//! `RUSTFLAGS="--cfg verbs_fabric"`, those calls are answered by an in-memory provider
+//! (`fabric/`): one device, `fab0`, whose queue pairs connect to each other within the
+//! process and execute work requests as they are posted, checking keys and ranges as a device
+//! does. Everything above this crate then runs without a NIC, at a repeatable instruction
+//! count (`cargo xtask count`). It has no synchronous (channel-less) rdma_cm ids.
+//!
 //! # Teardown order
 //!
 //! Children hold `Arc`s to their parents, so a parent is destroyed only after its last child,
