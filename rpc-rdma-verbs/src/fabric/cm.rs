@@ -66,6 +66,8 @@ struct Id {
 struct IdShared {
     /// The id's address, as events name it.
     addr: usize,
+    /// The event channel the id was made on (its connect requests' ids are made on it too).
+    channel: usize,
     events: Events,
     state: Mutex<IdState>,
 }
@@ -254,6 +256,7 @@ fn new_id(
         raw,
         shared: Arc::new(IdShared {
             addr: 0,
+            channel: channel as usize,
             events,
             state: Mutex::default(),
         }),
@@ -433,8 +436,7 @@ pub unsafe fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> 
         );
         return 0;
     };
-    // SAFETY: the listener is alive (we hold its state) and its id's channel with it.
-    let channel = unsafe { (*(listener.addr as *mut rdma_cm_id)).channel };
+    let channel = listener.channel as *mut rdma_event_channel;
     let child = new_id(
         channel,
         ptr::null_mut(),
