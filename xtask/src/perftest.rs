@@ -47,6 +47,30 @@ pub struct Figure {
     pub unit: &'static str,
 }
 
+impl Figure {
+    pub fn new(
+        test: &str,
+        size: u64,
+        figure: &'static str,
+        value: f64,
+        unit: &'static str,
+    ) -> Self {
+        Figure {
+            test: test.to_string(),
+            size,
+            figure,
+            value,
+            unit,
+        }
+    }
+}
+
+/// A tool's printed output as the lines a step's outcome holds.
+#[cfg(test)]
+pub(crate) fn output_lines(text: &str) -> Vec<String> {
+    text.lines().map(String::from).collect()
+}
+
 /// Latency at 32 B with 1000 round trips; bandwidth at 64 KiB and 1 MiB with few iterations
 /// (under emulation `ib_write_bw` moves a few tens of MB/s).
 pub fn baseline_suite() -> Vec<Perftest> {
@@ -76,13 +100,46 @@ impl Perftest {
         self.tool.ends_with("_lat")
     }
 
+    /// The plan step in the guest: server and client both on `rxe0`, the client connecting
+    /// to the guest address once the server listens on [`PERFTEST_PORT`].
+    pub fn step(&self) -> Step {
+        self.step_on(GUEST_DEVICE, GUEST_ADDR)
+    }
+}
+
+/// A tool run as one server/client step whose client prints figures: perftest, or
+/// [`crate::ucx::UcxPerftest`].
+pub trait Baseline {
+    /// A label for reports.
+    fn label(&self) -> String;
+    /// The command line on `device`: the server without an address, the client with `addr`.
+    fn command(&self, device: &str, client: Option<&str>) -> GuestCommand;
+    /// The TCP port the server listens on for the exchange of connection data.
+    fn port(&self) -> u16;
+    /// The figures in the client's output.
+    fn parse(&self, output: &[String]) -> Result<Vec<Figure>, String>;
+
+    /// The plan step: server and client both on `device`, the client connecting to `addr`
+    /// once the server listens on [`Baseline::port`].
+    fn step_on(&self, device: &str, addr: &str) -> Step {
+        Step::client_server(
+            self.label(),
+            self.command(device, None),
+            self.command(device, Some(addr)),
+            Ready::TcpPort(self.port()),
+        )
+        .with_timeout(Duration::from_secs(240))
+    }
+}
+
+impl Baseline for Perftest {
     /// A label such as `ib_send_bw 65536 B`.
-    pub fn label(&self) -> String {
+    fn label(&self) -> String {
         format!("{} {} B", self.tool, self.size)
     }
 
     /// The command line on `device`: the server without an address, the client with `addr`.
-    pub fn command(&self, device: &str, client: Option<&str>) -> GuestCommand {
+    fn command(&self, device: &str, client: Option<&str>) -> GuestCommand {
         let mut argv = vec![self.tool.clone(), "-d".into(), device.into()];
         for (flag, value) in [("-s", self.size), ("-n", u64::from(self.iterations))] {
             argv.push(flag.into());
@@ -93,20 +150,12 @@ impl Perftest {
         GuestCommand::new(argv)
     }
 
-    /// The plan step: server and client both on `rxe0`, the client connecting to the guest
-    /// address once the server listens on [`PERFTEST_PORT`].
-    pub fn step(&self) -> Step {
-        Step::client_server(
-            self.label(),
-            self.command(GUEST_DEVICE, None),
-            self.command(GUEST_DEVICE, Some(GUEST_ADDR)),
-            Ready::TcpPort(PERFTEST_PORT),
-        )
-        .with_timeout(Duration::from_secs(240))
+    fn port(&self) -> u16 {
+        PERFTEST_PORT
     }
 
     /// Parses the client's result line (the line under the `#bytes` header).
-    pub fn parse(&self, output: &[String]) -> Result<Vec<Figure>, String> {
+    fn parse(&self, output: &[String]) -> Result<Vec<Figure>, String> {
         let header = output
             .iter()
             .position(|l| l.trim_start().starts_with("#bytes"))
@@ -125,13 +174,7 @@ impl Perftest {
                 let value = *values
                     .get(index)
                     .ok_or_else(|| format!("{}: result line too short", self.label()))?;
-                Ok(Figure {
-                    test: self.tool.clone(),
-                    size: self.size,
-                    figure: name,
-                    value,
-                    unit,
-                })
+                Ok(Figure::new(&self.tool, self.size, name, value, unit))
             };
         if self.is_latency() {
             // #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
@@ -151,7 +194,7 @@ impl Perftest {
 
 /// Figures of every run of `suite` from the matching outcomes (same order, as in a plan that
 /// starts with the suite's steps).
-pub fn figures(suite: &[Perftest], outcomes: &[StepOutcome]) -> Result<Vec<Figure>, String> {
+pub fn figures<T: Baseline>(suite: &[T], outcomes: &[StepOutcome]) -> Result<Vec<Figure>, String> {
     let mut all = Vec::new();
     for (test, outcome) in suite.iter().zip(outcomes) {
         if !outcome.success() {
@@ -185,11 +228,8 @@ pub fn table(figures: &[Figure]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::output_lines as lines;
     use super::*;
-
-    fn lines(text: &str) -> Vec<String> {
-        text.lines().map(String::from).collect()
-    }
 
     #[test]
     fn parses_latency() {

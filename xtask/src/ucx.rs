@@ -6,10 +6,8 @@
 //! (half the round trip). `ucp_am_bw` streams active messages one way. Both run with
 //! `-f -v`, which prints one CSV line of final figures.
 
-use std::time::Duration;
-
-use crate::perftest::Figure;
-use crate::vm::{GuestCommand, Ready, Step, StepOutcome};
+use crate::perftest::{Baseline, Figure};
+use crate::vm::GuestCommand;
 
 /// TCP port `ucx_perftest` uses to exchange connection data (its default).
 pub const UCX_PORT: u16 = 13337;
@@ -42,14 +40,16 @@ impl UcxPerftest {
     pub fn is_latency(&self) -> bool {
         self.test.ends_with("_lat")
     }
+}
 
+impl Baseline for UcxPerftest {
     /// A label such as `ucx_perftest ucp_am_lat 32 B`.
-    pub fn label(&self) -> String {
+    fn label(&self) -> String {
         format!("ucx_perftest {} {} B", self.test, self.size)
     }
 
     /// The command line: the server without an address, the client with `addr`.
-    pub fn command(&self, device: &str, client: Option<&str>) -> GuestCommand {
+    fn command(&self, device: &str, client: Option<&str>) -> GuestCommand {
         let mut argv = vec!["ucx_perftest".to_string()];
         argv.extend(client.map(str::to_string));
         for (flag, value) in [
@@ -70,20 +70,12 @@ impl UcxPerftest {
             })
     }
 
-    /// The plan step: server and client both on `device`, the client connecting to `addr`
-    /// once the server listens on [`UCX_PORT`].
-    pub fn step(&self, device: &str, addr: &str) -> Step {
-        Step::client_server(
-            self.label(),
-            self.command(device, None),
-            self.command(device, Some(addr)),
-            Ready::TcpPort(UCX_PORT),
-        )
-        .with_timeout(Duration::from_secs(240))
+    fn port(&self) -> u16 {
+        UCX_PORT
     }
 
     /// Parses the client's CSV line (the line under the `iterations,...` header).
-    pub fn parse(&self, output: &[String]) -> Result<Vec<Figure>, String> {
+    fn parse(&self, output: &[String]) -> Result<Vec<Figure>, String> {
         let header = output
             .iter()
             .rposition(|l| l.trim_start().starts_with("iterations,"))
@@ -105,13 +97,13 @@ impl UcxPerftest {
                 .iter()
                 .position(|n| *n == column)
                 .ok_or_else(|| format!("{}: no `{column}` column", self.label()))?;
-            Ok::<_, String>(Figure {
-                test: self.test.clone(),
-                size: self.size,
-                figure: name,
-                value: values[index],
+            Ok::<_, String>(Figure::new(
+                &self.test,
+                self.size,
+                name,
+                values[index],
                 unit,
-            })
+            ))
         };
         if self.is_latency() {
             Ok(vec![
@@ -139,31 +131,10 @@ pub fn transport_env() -> &'static [(&'static str, &'static str)] {
     ]
 }
 
-/// Figures of every run of `suite` from the matching outcomes (same order).
-pub fn figures(suite: &[UcxPerftest], outcomes: &[StepOutcome]) -> Result<Vec<Figure>, String> {
-    let mut all = Vec::new();
-    for (test, outcome) in suite.iter().zip(outcomes) {
-        if !outcome.success() {
-            return Err(format!(
-                "{} exited with {}; its output:\n{}\nserver:\n{}",
-                test.label(),
-                outcome.exit_code,
-                outcome.output.join("\n"),
-                outcome.server_output.as_deref().unwrap_or("")
-            ));
-        }
-        all.extend(test.parse(&outcome.output)?);
-    }
-    Ok(all)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lines(text: &str) -> Vec<String> {
-        text.lines().map(String::from).collect()
-    }
+    use crate::perftest::output_lines as lines;
 
     #[test]
     fn parses_latency() {

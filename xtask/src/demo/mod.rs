@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::perftest::{self, Figure, Perftest};
-use crate::ucx::{self, UcxPerftest};
+use crate::perftest::{self, Baseline, Figure, Perftest};
+use crate::ucx::UcxPerftest;
 use crate::vm::{self, GuestCommand, GuestPlan, Step, StepOutcome, VmError, VmOptions};
 
 pub use report::{BenchPoint, DemoReport};
@@ -238,7 +238,7 @@ pub fn run(opts: &VmOptions, out_dir: &Path) -> Result<bool, VmError> {
         }
     };
     // UCX is a peer we compare with, not part of the job: without it, its columns are empty.
-    let ucx_figures = ucx::figures(&baselines.ucx, ucx_outcomes).unwrap_or_else(|e| {
+    let ucx_figures = perftest::figures(&baselines.ucx, ucx_outcomes).unwrap_or_else(|e| {
         eprintln!("warning: no UCX figures: {e}");
         Vec::new()
     });
@@ -355,7 +355,7 @@ fn run_in_vm(
         baselines
             .ucx
             .iter()
-            .map(|test| test.step(vm::GUEST_DEVICE, addr)),
+            .map(|test| test.step_on(vm::GUEST_DEVICE, addr)),
     );
     for &point in points {
         let argv = bench_args(&bin_dir.join("rpc-bench"), point, addr);
@@ -399,22 +399,16 @@ fn run_on_host(
     let device = std::env::var("RDMA_RPC_DEVICE").unwrap_or_else(|_| first_device());
     let mut outcomes = Vec::new();
     outcomes.push(host::run("echo demo", &echo_demo(bin_dir, &addr)));
-    for test in &baselines.perftest {
-        outcomes.push(host::client_server(
+    let baseline = |test: &dyn Baseline| {
+        host::client_server(
             &test.label(),
             &test.command(&device, None),
             &test.command(&device, Some(&addr)),
             Duration::from_secs(1),
-        ));
-    }
-    for test in &baselines.ucx {
-        outcomes.push(host::client_server(
-            &test.label(),
-            &test.command(&device, None),
-            &test.command(&device, Some(&addr)),
-            Duration::from_secs(1),
-        ));
-    }
+        )
+    };
+    outcomes.extend(baselines.perftest.iter().map(|t| baseline(t)));
+    outcomes.extend(baselines.ucx.iter().map(|t| baseline(t)));
     for &point in points {
         let argv = bench_args(&bin_dir.join("rpc-bench"), point, &addr);
         outcomes.push(host::run(

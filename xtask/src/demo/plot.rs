@@ -369,13 +369,7 @@ mod tests {
     }
 
     fn figure(test: &str, size: u64, figure: &'static str, value: f64) -> Figure {
-        Figure {
-            test: test.into(),
-            size,
-            figure,
-            value,
-            unit: "usec",
-        }
+        Figure::new(test, size, figure, value, "us")
     }
 
     /// The three panels, each with its units, from a report like the demo's.

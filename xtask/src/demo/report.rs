@@ -329,13 +329,7 @@ mod tests {
     use super::*;
 
     fn figure(test: &str, size: u64, figure: &'static str, value: f64) -> Figure {
-        Figure {
-            test: test.into(),
-            size,
-            figure,
-            value,
-            unit: "us",
-        }
+        Figure::new(test, size, figure, value, "us")
     }
 
     fn bench(size: u64, p50_us: f64, goodput_mib_s: f64) -> BenchJson {
