@@ -68,7 +68,10 @@ struct IdShared {
     addr: usize,
     /// The event channel the id was made on (its connect requests' ids are made on it too).
     channel: usize,
+    /// Its events: its channel's, or its own for a synchronous id.
     events: Events,
+    /// A synchronous id: each call waits for the event it causes, as librdmacm's do.
+    sync: bool,
     state: Mutex<IdState>,
 }
 
@@ -229,14 +232,20 @@ pub unsafe fn rdma_create_id(
     context: *mut c_void,
     ps: rdma_port_space::Type,
 ) -> c_int {
-    if channel.is_null() {
-        // Synchronous ids block inside librdmacm; the fabric has no thread to answer them.
-        return fail(libc::EOPNOTSUPP, -1);
-    }
-    // SAFETY: `channel` is live (the caller's contract) and a `Channel`.
-    let events = Arc::clone(unsafe { &(*channel.cast::<Channel>()).events });
+    let (events, sync) = if channel.is_null() {
+        match Mailbox::new() {
+            Ok(events) => (Arc::new(events), true),
+            Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE), -1),
+        }
+    } else {
+        // SAFETY: `channel` is live (the caller's contract) and a `Channel`.
+        (
+            Arc::clone(unsafe { &(*channel.cast::<Channel>()).events }),
+            false,
+        )
+    };
     // SAFETY: the caller passes a valid out-pointer.
-    unsafe { *id = new_id(channel, context, ps, events) };
+    unsafe { *id = new_id(channel, context, ps, events, sync) };
     0
 }
 
@@ -245,6 +254,7 @@ fn new_id(
     context: *mut c_void,
     ps: rdma_port_space::Type,
     events: Events,
+    sync: bool,
 ) -> *mut rdma_cm_id {
     // SAFETY: `rdma_cm_id` is plain old data; all-zero is valid.
     let mut raw: rdma_cm_id = unsafe { std::mem::zeroed() };
@@ -258,6 +268,7 @@ fn new_id(
             addr: 0,
             channel: channel as usize,
             events,
+            sync,
             state: Mutex::default(),
         }),
     }));
@@ -274,6 +285,10 @@ pub unsafe fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     // SAFETY: `id` came from `rdma_create_id` (or a connect request) and is destroyed once,
     // after its queue pair.
     let id = unsafe { Box::from_raw(id.cast::<Id>()) };
+    if !id.raw.event.is_null() {
+        // SAFETY: a synchronous id's last event is ours to free (`complete`).
+        drop(unsafe { Box::from_raw(id.raw.event.cast::<EventBox>()) });
+    }
     let port = {
         let state = id.shared.state.lock();
         state
@@ -379,7 +394,8 @@ pub unsafe fn rdma_resolve_addr(
     // SAFETY: as above.
     unsafe { set_route(id, Some(local), Some(dst)) };
     shared.post(rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED, 0, None);
-    0
+    // SAFETY: as above.
+    unsafe { complete(id, &shared, rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED) }
 }
 
 pub unsafe fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
@@ -389,11 +405,74 @@ pub unsafe fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_i
         return fail(libc::EINVAL, -1);
     }
     shared.post(rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED, 0, None);
-    0
+    // SAFETY: `id` is live and locked by the caller.
+    unsafe {
+        complete(
+            id,
+            &shared,
+            rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED,
+        )
+    }
 }
 
-pub unsafe fn rdma_get_request(_listen: *mut rdma_cm_id, _id: *mut *mut rdma_cm_id) -> c_int {
-    fail(libc::EOPNOTSUPP, -1)
+pub unsafe fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
+    // SAFETY: `listen` is live (the caller's contract).
+    let listener = unsafe { shared(listen) };
+    if !listener.sync {
+        return fail(libc::EINVAL, -1);
+    }
+    loop {
+        let event = match listener.events.take() {
+            Ok(Pending(event)) => event,
+            Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EIO), -1),
+        };
+        if event.raw.event != rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
+            continue;
+        }
+        let child = event.raw.id;
+        // SAFETY: the request's id is new and now the caller's; it keeps the event (with
+        // the request's private data) as librdmacm does; the out-pointer is valid.
+        unsafe {
+            (*child).event = Box::into_raw(event).cast();
+            *id = child;
+        }
+        return 0;
+    }
+}
+
+/// For a synchronous id, waits for the event its call causes, as librdmacm does, and keeps
+/// it in `id.event` (freeing the one before): 0 if it is `expected` and succeeded, else
+/// `ECONNREFUSED` for a reject and `EIO` for anything else. Nothing for an asynchronous id.
+///
+/// # Safety
+/// `id` is live and locked by the caller, and `shared` is its state.
+unsafe fn complete(
+    id: *mut rdma_cm_id,
+    shared: &IdShared,
+    expected: rdma_cm_event_type::Type,
+) -> c_int {
+    if !shared.sync {
+        return 0;
+    }
+    let event = match shared.events.take() {
+        Ok(Pending(event)) => event,
+        Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EIO), -1),
+    };
+    let (kind, status) = (event.raw.event, event.raw.status);
+    // SAFETY: per the contract; the previous event, if any, was kept by this function.
+    unsafe {
+        let old = std::mem::replace(&mut (*id).event, Box::into_raw(event).cast());
+        if !old.is_null() {
+            drop(Box::from_raw(old.cast::<EventBox>()));
+        }
+    }
+    if kind == expected && status == 0 {
+        0
+    } else if kind == rdma_cm_event_type::RDMA_CM_EVENT_REJECTED {
+        fail(libc::ECONNREFUSED, -1)
+    } else {
+        fail(libc::EIO, -1)
+    }
 }
 
 /// The private data a connection parameter carries.
@@ -434,14 +513,25 @@ pub unsafe fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> 
             REJECT_NO_LISTENER,
             None,
         );
-        return 0;
+        // SAFETY: `id` is live and locked by the caller.
+        return unsafe { complete(id, &client, rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED) };
     };
     let channel = listener.channel as *mut rdma_event_channel;
+    // A synchronous listener's requests are synchronous ids, with events of their own.
+    let events = if listener.sync {
+        match Mailbox::new() {
+            Ok(events) => Arc::new(events),
+            Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EMFILE), -1),
+        }
+    } else {
+        Arc::clone(&listener.events)
+    };
     let child = new_id(
         channel,
         ptr::null_mut(),
         rdma_port_space::RDMA_PS_TCP,
-        Arc::clone(&listener.events),
+        events,
+        listener.sync,
     );
     // SAFETY: `child` is new and ours until the event hands it out.
     let child_shared = unsafe {
@@ -464,7 +554,8 @@ pub unsafe fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> 
         child as usize,
         listener.addr,
     );
-    0
+    // SAFETY: `id` is live and locked by the caller.
+    unsafe { complete(id, &client, rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED) }
 }
 
 pub unsafe fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
@@ -490,7 +581,8 @@ pub unsafe fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c
         Some((param, data)),
     );
     server.post(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, 0, None);
-    0
+    // SAFETY: `id` is live and locked by the caller.
+    unsafe { complete(id, &server, rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED) }
 }
 
 pub unsafe fn rdma_reject(id: *mut rdma_cm_id, private_data: *const c_void, len: u8) -> c_int {

@@ -30,9 +30,10 @@
 //!
 //! # What it does not model
 //!
-//! Time (nothing is in flight: a post is its own delivery), send-queue depth beyond the
-//! completion queue's, packet loss, and synchronous (channel-less) rdma_cm ids, which
-//! return `EOPNOTSUPP`.
+//! Time (nothing is in flight: a post is its own delivery), receiver-not-ready retries (a
+//! SEND that finds no receive fails at once, whatever `rnr_retry_count` says), send-queue
+//! depth beyond the completion queue's, and packet loss. Synchronous (channel-less) rdma_cm
+//! ids wait for their own events as librdmacm's do.
 
 mod cm;
 mod cq;
