@@ -89,8 +89,12 @@ pub struct Counts {
     pub poll: String,
     /// Our crates' instructions per round trip, client and server, idle polls excluded.
     pub ours: f64,
-    /// Every instruction per round trip but idle polls and the in-memory device.
+    /// Every instruction per round trip but idle polls and the in-memory device's (with the
+    /// library code it calls).
     pub without_idle_and_device: f64,
+    /// The in-memory device's instructions with the library code it calls (its entry
+    /// points' inclusive cost, but completion-queue polls').
+    pub device: f64,
     pub stages: Vec<Stage>,
     /// Heap allocations per round trip, both sides (the in-memory device's own left out).
     pub allocations: f64,
@@ -105,11 +109,15 @@ pub fn run(calls: u64, poll: &str, json: Option<&Path>) -> Result<Counts, VmErro
     std::fs::create_dir_all(&out).map_err(|e| VmError::io("creating target/count", e))?;
     let mut costs = Vec::new();
     let mut blocks = Vec::new();
+    let mut inclusive = Vec::new();
     for n in [calls, 3 * calls] {
-        costs.push(callgrind(&bin, &out, n, poll)?);
+        let [own, with_callees] = callgrind(&bin, &out, n, poll)?;
+        costs.push(own);
+        inclusive.push(device_inclusive(&with_callees));
         blocks.push(dhat(&bin, &out, n, poll)?);
     }
     let per_call = |a: f64, b: f64| (b - a) / (2 * calls) as f64;
+    let device = per_call(inclusive[0], inclusive[1]);
     let mut by_stage: HashMap<&str, f64> = HashMap::new();
     let matchers: Vec<(&str, Regex, bool)> = STAGES
         .iter()
@@ -138,17 +146,14 @@ pub fn run(calls: u64, poll: &str, json: Option<&Path>) -> Result<Counts, VmErro
         .filter(|s| s.ours)
         .map(|s| s.instructions)
         .sum();
-    let left_out = [STAGES[0].0, STAGES[1].0];
-    let without_idle_and_device = stages
-        .iter()
-        .filter(|s| !left_out.contains(&s.stage.as_str()))
-        .map(|s| s.instructions)
-        .sum();
+    let all: f64 = stages.iter().map(|s| s.instructions).sum();
+    let without_idle_and_device = all - stages[0].instructions - device;
     let counts = Counts {
         calls,
         poll: poll.to_string(),
         ours,
         without_idle_and_device,
+        device,
         stages,
         allocations: per_call(blocks[0], blocks[1]),
     };
@@ -180,7 +185,9 @@ impl Counts {
             ));
         }
         out.push_str(&format!(
-            "  {:<40} {:>9.0}\n  {:<40} {:>9.0}\n  {:<40} {:>9.2}\n",
+            "  {:<40} {:>9.0}\n  {:<40} {:>9.0}\n  {:<40} {:>9.0}\n  {:<40} {:>9.2}\n",
+            "in-memory device, with what it calls",
+            self.device,
             "our code, idle polls excluded",
             self.ours,
             "everything but idle polls and the device",
@@ -248,7 +255,14 @@ fn valgrind(tool_args: &[String], bin: &Path, n: u64, poll: &str) -> Result<Stri
 }
 
 /// Each function's own instructions in a run of `n` calls.
-fn callgrind(bin: &Path, out: &Path, n: u64, poll: &str) -> Result<HashMap<String, f64>, VmError> {
+/// Each function's own instructions, and each function's with its callees', in a run of
+/// `n` calls.
+fn callgrind(
+    bin: &Path,
+    out: &Path,
+    n: u64,
+    poll: &str,
+) -> Result<[HashMap<String, f64>; 2], VmError> {
     eprintln!("[xtask count] callgrind, {n} calls");
     let file = out.join(format!("callgrind.{n}.out"));
     valgrind(
@@ -260,15 +274,33 @@ fn callgrind(bin: &Path, out: &Path, n: u64, poll: &str) -> Result<HashMap<Strin
         n,
         poll,
     )?;
-    let annotated = Command::new("callgrind_annotate")
-        .args(["--threshold=100", "--auto=no"])
-        .arg(&file)
-        .output()
-        .map_err(|e| VmError::io("running callgrind_annotate", e))?;
-    Ok(self_costs(&String::from_utf8_lossy(&annotated.stdout)))
+    // Run where no source path resolves: from the workspace, a file named both by its
+    // absolute and its relative path is listed twice, and so is its inclusive cost.
+    let annotate = |inclusive: &str| {
+        Command::new("callgrind_annotate")
+            .args(["--threshold=100", "--auto=no", inclusive])
+            .arg(&file)
+            .current_dir(out)
+            .output()
+            .map(|out| self_costs(&String::from_utf8_lossy(&out.stdout)))
+            .map_err(|e| VmError::io("running callgrind_annotate", e))
+    };
+    Ok([annotate("--inclusive=no")?, annotate("--inclusive=yes")?])
 }
 
-/// Parses `callgrind_annotate`'s per-function table (`Ir (pct) file:function`).
+/// The inclusive cost of the in-memory device's entry points (the C calls it answers), but
+/// completion-queue polls' (idle or not, they are the poller's).
+pub fn device_inclusive(inclusive: &HashMap<String, f64>) -> f64 {
+    let entry = Regex::new(r"^rpc_rdma_verbs::fabric::\w+::_*(ibv|rdma)_").expect("valid");
+    inclusive
+        .iter()
+        .filter(|(f, _)| entry.is_match(f) && !f.contains("poll_cq"))
+        .map(|(_, cost)| cost)
+        .sum()
+}
+
+/// Parses `callgrind_annotate`'s per-function table (`Ir (pct) file:function`), self or
+/// inclusive.
 pub fn self_costs(text: &str) -> HashMap<String, f64> {
     let line = Regex::new(r"^\s*([\d,]+)\s+\([^)]*\)\s+(.*?)(?: \[.*\])?$").expect("valid");
     let calls = Regex::new(r" \([\d,]+x\)$").expect("valid");
@@ -374,6 +406,20 @@ Ir                     file:function
         });
         assert_eq!(blocks_outside_the_device(&profile), Some(2007.0));
         assert_eq!(blocks_outside_the_device(&serde_json::json!({})), None);
+    }
+
+    #[test]
+    fn the_device_is_counted_at_its_entry_points() {
+        let costs: HashMap<String, f64> = [
+            ("rpc_rdma_verbs::fabric::qp::ibv_post_send", 100.0),
+            ("rpc_rdma_verbs::fabric::work::execute", 90.0),
+            ("rpc_rdma_verbs::fabric::cq::ibv_poll_cq", 50.0),
+            ("rpc_rdma_verbs::fabric::device::___ibv_query_port", 5.0),
+            ("rpc_transport_rdma::conn::Conn::run_actions", 400.0),
+        ]
+        .map(|(f, c)| (f.to_string(), c))
+        .into();
+        assert_eq!(device_inclusive(&costs), 105.0);
     }
 
     #[test]

@@ -188,6 +188,7 @@ pub(super) fn detach_qp(id: *mut rdma_cm_id) {
     unsafe { shared(id) }.state.lock().qp = None;
 }
 
+#[inline(never)]
 pub unsafe fn rdma_create_event_channel() -> *mut rdma_event_channel {
     match Mailbox::new() {
         Ok(events) => {
@@ -199,11 +200,13 @@ pub unsafe fn rdma_create_event_channel() -> *mut rdma_event_channel {
     }
 }
 
+#[inline(never)]
 pub unsafe fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     // SAFETY: `channel` came from `rdma_create_event_channel` and is destroyed once.
     drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
 }
 
+#[inline(never)]
 pub unsafe fn rdma_get_cm_event(
     channel: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
@@ -220,12 +223,14 @@ pub unsafe fn rdma_get_cm_event(
     }
 }
 
+#[inline(never)]
 pub unsafe fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
     // SAFETY: `event` came from `rdma_get_cm_event` and is acknowledged once.
     drop(unsafe { Box::from_raw(event.cast::<EventBox>()) });
     0
 }
 
+#[inline(never)]
 pub unsafe fn rdma_create_id(
     channel: *mut rdma_event_channel,
     id: *mut *mut rdma_cm_id,
@@ -281,6 +286,7 @@ fn new_id(
     id.cast()
 }
 
+#[inline(never)]
 pub unsafe fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     // SAFETY: `id` came from `rdma_create_id` (or a connect request) and is destroyed once,
     // after its queue pair.
@@ -339,6 +345,7 @@ fn hang_up(id: &Arc<IdShared>) {
     }
 }
 
+#[inline(never)]
 pub unsafe fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
     // SAFETY: `addr` is valid for the call (the caller's contract).
     let Some(addr) = (unsafe { to_socket_addr(addr.cast()) }) else {
@@ -353,6 +360,7 @@ pub unsafe fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> 
     0
 }
 
+#[inline(never)]
 pub unsafe fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
     // SAFETY: `id` is live (the caller's contract).
     let shared = unsafe { shared(id) };
@@ -372,6 +380,7 @@ pub unsafe fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
     0
 }
 
+#[inline(never)]
 pub unsafe fn rdma_resolve_addr(
     id: *mut rdma_cm_id,
     src: *mut libc::sockaddr,
@@ -398,6 +407,7 @@ pub unsafe fn rdma_resolve_addr(
     unsafe { complete(id, &shared, rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED) }
 }
 
+#[inline(never)]
 pub unsafe fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
     // SAFETY: `id` is live (the caller's contract).
     let shared = unsafe { shared(id) };
@@ -415,6 +425,7 @@ pub unsafe fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_i
     }
 }
 
+#[inline(never)]
 pub unsafe fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
     // SAFETY: `listen` is live (the caller's contract).
     let listener = unsafe { shared(listen) };
@@ -493,6 +504,7 @@ unsafe fn private(param: &rdma_conn_param) -> Vec<u8> {
     .to_vec()
 }
 
+#[inline(never)]
 pub unsafe fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     // SAFETY: `id` is live and `param` valid for the call (the caller's contract).
     let (client, param) = unsafe { (shared(id), &*param) };
@@ -558,6 +570,7 @@ pub unsafe fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> 
     unsafe { complete(id, &client, rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED) }
 }
 
+#[inline(never)]
 pub unsafe fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     // SAFETY: `id` is live and `param` valid for the call (the caller's contract).
     let (server, param) = unsafe { (shared(id), &*param) };
@@ -585,6 +598,7 @@ pub unsafe fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c
     unsafe { complete(id, &server, rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED) }
 }
 
+#[inline(never)]
 pub unsafe fn rdma_reject(id: *mut rdma_cm_id, private_data: *const c_void, len: u8) -> c_int {
     // SAFETY: `id` is live (the caller's contract).
     let server = unsafe { shared(id) };
@@ -606,6 +620,7 @@ pub unsafe fn rdma_reject(id: *mut rdma_cm_id, private_data: *const c_void, len:
     0
 }
 
+#[inline(never)]
 pub unsafe fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     // SAFETY: `id` is live (the caller's contract).
     let shared = unsafe { shared(id) };
@@ -616,6 +631,7 @@ pub unsafe fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     0
 }
 
+#[inline(never)]
 pub unsafe fn rdma_set_option(
     _id: *mut rdma_cm_id,
     _level: c_int,

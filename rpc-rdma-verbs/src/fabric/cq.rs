@@ -82,6 +82,7 @@ pub(crate) unsafe fn shared(cq: *mut ibv_cq) -> Arc<CqShared> {
     Arc::clone(unsafe { &(*cq.cast::<Cq>()).shared })
 }
 
+#[inline(never)]
 pub unsafe fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
     let events = match Mailbox::new() {
         Ok(m) => Arc::new(m),
@@ -95,12 +96,14 @@ pub unsafe fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_com
     Box::into_raw(Box::new(Channel { raw, events })).cast()
 }
 
+#[inline(never)]
 pub unsafe fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
     // SAFETY: `channel` came from `ibv_create_comp_channel` and is destroyed once.
     drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
     0
 }
 
+#[inline(never)]
 pub unsafe fn ibv_get_cq_event(
     channel: *mut ibv_comp_channel,
     cq: *mut *mut ibv_cq,
@@ -122,8 +125,10 @@ pub unsafe fn ibv_get_cq_event(
     }
 }
 
+#[inline(never)]
 pub unsafe fn ibv_ack_cq_events(_cq: *mut ibv_cq, _nevents: c_uint) {}
 
+#[inline(never)]
 pub unsafe fn ibv_create_cq(
     context: *mut ibv_context,
     cqe: c_int,
@@ -165,6 +170,7 @@ pub unsafe fn ibv_create_cq(
     cq.cast()
 }
 
+#[inline(never)]
 pub unsafe fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     device().forget(cq as usize);
     // SAFETY: `cq` came from `ibv_create_cq` and is destroyed once (after its queue pairs).
@@ -172,6 +178,7 @@ pub unsafe fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     0
 }
 
+#[inline(never)]
 pub unsafe fn ibv_poll_cq(cq: *mut ibv_cq, num_entries: i32, wc: *mut ibv_wc) -> c_int {
     // SAFETY: `cq` is live (the caller's contract) and a `Cq`.
     let shared = unsafe { &(*cq.cast::<Cq>()).shared };
@@ -187,6 +194,7 @@ pub unsafe fn ibv_poll_cq(cq: *mut ibv_cq, num_entries: i32, wc: *mut ibv_wc) ->
     n as c_int
 }
 
+#[inline(never)]
 pub unsafe fn ibv_req_notify_cq(cq: *mut ibv_cq, _solicited_only: i32) -> c_int {
     // SAFETY: `cq` is live (the caller's contract) and a `Cq`.
     let shared = unsafe { &(*cq.cast::<Cq>()).shared };

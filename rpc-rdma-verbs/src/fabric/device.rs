@@ -81,6 +81,7 @@ impl Device {
     }
 }
 
+#[inline(never)]
 pub unsafe fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     if !num_devices.is_null() {
         // SAFETY: the caller passes a valid out-pointer or null.
@@ -90,16 +91,20 @@ pub unsafe fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_devi
     device().list.as_ptr().cast_mut()
 }
 
+#[inline(never)]
 pub unsafe fn ibv_free_device_list(_list: *mut *mut ibv_device) {}
 
+#[inline(never)]
 pub unsafe fn ibv_get_device_name(_device: *mut ibv_device) -> *const c_char {
     NAME.as_ptr().cast()
 }
 
+#[inline(never)]
 pub unsafe fn ibv_get_device_guid(_device: *mut ibv_device) -> __be64 {
     0xfab0_u64.to_be()
 }
 
+#[inline(never)]
 pub unsafe fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
     if dev == device().list[0] {
         device().context
@@ -108,10 +113,12 @@ pub unsafe fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
     }
 }
 
+#[inline(never)]
 pub unsafe fn ibv_close_device(_context: *mut ibv_context) -> c_int {
     0
 }
 
+#[inline(never)]
 pub unsafe fn ibv_query_device(_context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
     let max = MAX_QUEUE as c_int;
     // SAFETY: `ibv_device_attr` is plain old data; all-zero is valid.
@@ -130,6 +137,7 @@ pub unsafe fn ibv_query_device(_context: *mut ibv_context, attr: *mut ibv_device
     0
 }
 
+#[inline(never)]
 pub unsafe fn ___ibv_query_port(
     _context: *mut ibv_context,
     port_num: u8,
@@ -151,6 +159,7 @@ pub unsafe fn ___ibv_query_port(
     0
 }
 
+#[inline(never)]
 pub unsafe fn ibv_query_gid(
     _context: *mut ibv_context,
     port_num: u8,
@@ -167,6 +176,7 @@ pub unsafe fn ibv_query_gid(
     0
 }
 
+#[inline(never)]
 pub unsafe fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
     // SAFETY: `ibv_pd` is plain old data; all-zero is valid.
     let mut pd: ibv_pd = unsafe { std::mem::zeroed() };
@@ -174,12 +184,14 @@ pub unsafe fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
     Box::into_raw(Box::new(pd))
 }
 
+#[inline(never)]
 pub unsafe fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     // SAFETY: `pd` came from `ibv_alloc_pd` and is deallocated once.
     drop(unsafe { Box::from_raw(pd) });
     0
 }
 
+#[inline(never)]
 pub unsafe fn ibv_get_async_event(
     _context: *mut ibv_context,
     event: *mut ibv_async_event,
@@ -198,12 +210,15 @@ pub unsafe fn ibv_get_async_event(
     }
 }
 
+#[inline(never)]
 pub unsafe fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
 
+#[inline(never)]
 pub unsafe fn ibv_fork_init() -> c_int {
     0
 }
 
+#[inline(never)]
 pub unsafe fn ibv_is_fork_initialized() -> ibv_fork_status {
     IBV_FORK_UNNEEDED
 }

@@ -85,6 +85,7 @@ pub(super) fn invalidate(rkey: u32) -> bool {
     }
 }
 
+#[inline(never)]
 pub unsafe fn ibv_reg_mr(
     pd: *mut ibv_pd,
     addr: *mut c_void,
@@ -116,6 +117,7 @@ pub unsafe fn ibv_reg_mr(
     }))
 }
 
+#[inline(never)]
 pub unsafe fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     // SAFETY: `mr` came from `ibv_reg_mr` and is deregistered once.
     let mr = unsafe { Box::from_raw(mr) };
@@ -123,6 +125,7 @@ pub unsafe fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     0
 }
 
+#[inline(never)]
 pub unsafe fn ibv_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type::Type) -> Option<*mut ibv_mw> {
     // SAFETY: `pd` is a live protection domain (the caller's contract).
     let context = unsafe { (*pd).context };
@@ -135,6 +138,7 @@ pub unsafe fn ibv_alloc_mw(pd: *mut ibv_pd, type_: ibv_mw_type::Type) -> Option<
     })))
 }
 
+#[inline(never)]
 pub unsafe fn ibv_dealloc_mw(mw: *mut ibv_mw) -> c_int {
     keys().lock().retain(|_, g| g.window != Some(mw as usize));
     // SAFETY: `mw` came from `ibv_alloc_mw` and is deallocated once.

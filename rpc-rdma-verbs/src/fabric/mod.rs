@@ -65,6 +65,9 @@ pub(crate) use qp::{
     ibv_post_srq_recv, rdma_create_qp, rdma_destroy_qp,
 };
 
+// Every C call answered here is `#[inline(never)]`, so that a profile sees the device's
+// work, callees included, under the call's own name (`cargo xtask count` sums them).
+
 /// Sets `errno` and returns `ret`: how the C calls report a failure.
 fn fail<T>(errno: i32, ret: T) -> T {
     // SAFETY: `__errno_location` returns this thread's errno slot.

@@ -173,6 +173,7 @@ impl SrqShared {
 
 static NEXT_QP_NUM: AtomicU32 = AtomicU32::new(0x100);
 
+#[inline(never)]
 pub unsafe fn rdma_create_qp(
     id: *mut rdma_cm_id,
     pd: *mut ibv_pd,
@@ -224,6 +225,7 @@ pub unsafe fn rdma_create_qp(
     0
 }
 
+#[inline(never)]
 pub unsafe fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     // SAFETY: `id` is live and locked by the caller; its `qp` is ours or null.
     let qp = unsafe { std::mem::replace(&mut (*id).qp, ptr::null_mut()) };
@@ -237,6 +239,7 @@ pub unsafe fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     device().forget(qp.as_ref() as *const Qp as usize);
 }
 
+#[inline(never)]
 pub unsafe fn ibv_post_send(
     qp: *mut ibv_qp,
     wr: *mut ibv_send_wr,
@@ -259,6 +262,7 @@ pub unsafe fn ibv_post_send(
     0
 }
 
+#[inline(never)]
 pub unsafe fn ibv_post_recv(
     qp: *mut ibv_qp,
     wr: *mut ibv_recv_wr,
@@ -328,6 +332,7 @@ unsafe fn post_recvs(
     0
 }
 
+#[inline(never)]
 pub unsafe fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
     // SAFETY: `init` is valid for the call (the caller's contract).
     let attr = unsafe { &(*init).attr };
@@ -360,6 +365,7 @@ pub unsafe fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *
     srq.cast()
 }
 
+#[inline(never)]
 pub unsafe fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     device().forget(srq as usize);
     // SAFETY: `srq` came from `ibv_create_srq` and is destroyed once (after its queue pairs).
@@ -367,6 +373,7 @@ pub unsafe fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     0
 }
 
+#[inline(never)]
 pub unsafe fn ibv_post_srq_recv(
     srq: *mut ibv_srq,
     wr: *mut ibv_recv_wr,
@@ -387,6 +394,7 @@ pub unsafe fn ibv_post_srq_recv(
     }
 }
 
+#[inline(never)]
 pub unsafe fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
     if mask as u32 != ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 {
         return libc::EINVAL;
