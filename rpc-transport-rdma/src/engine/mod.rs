@@ -380,23 +380,15 @@ impl Engine {
         self.completions_seen.fetch_add(1, Ordering::AcqRel);
         // Runs of completions of one connection, processed in CQ order under its lock.
         let mut runs: SmallVec<[Processed; 2]> = SmallVec::new();
-        let tags: SmallVec<[u32; POLL_BATCH]> =
-            polled.iter().map(|wc| self.route_tag(wc)).collect();
-        let mut start = 0;
-        while start < polled.len() {
-            let tag = tags[start];
-            let end = tags[start..]
-                .iter()
-                .position(|&t| t != tag)
-                .map_or(polled.len(), |n| start + n);
-            let run = &polled[start..end];
-            start = end;
-            match self.registry.route(tag, run) {
+        let shared_recv = self.has_srq.load(Ordering::Relaxed);
+        for (range, route) in self.registry.route_batch(polled, shared_recv, tag_of) {
+            let run = &polled[range];
+            match route {
                 Route::Conn(conn) => runs.push(conn.process(run)),
                 Route::Held => {}
                 Route::Srq(srq) => srq.reclaim(run),
                 Route::Gone => {
-                    tracing::trace!(tag, n = run.len(), "completions of a closed connection");
+                    tracing::trace!(n = run.len(), "completions of a closed connection");
                 }
             }
         }

@@ -14,7 +14,10 @@
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
+use std::ops::Range;
+
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 
 use crate::conn::Conn;
 use crate::shared_recv::SharedRecv;
@@ -64,6 +67,24 @@ struct Inner {
 }
 
 impl Inner {
+    /// Where completions with `tag` go; keeps them if their connection is being set up.
+    fn route(&mut self, tag: u32, run: &[WorkCompletion]) -> Route {
+        match self.entries.get_mut(&tag) {
+            Some(Entry::Live(conn)) => conn.upgrade().map_or(Route::Gone, Route::Conn),
+            Some(Entry::Early(early)) if early.len() + run.len() <= MAX_EARLY => {
+                early.extend(run.iter().cloned());
+                Route::Held
+            }
+            Some(entry @ Entry::Early(_)) => {
+                tracing::warn!(tag, "completions of a connection being set up overflowed");
+                *entry = Entry::Overflowed;
+                Route::Gone
+            }
+            Some(Entry::Srq(srq)) => srq.upgrade().map_or(Route::Gone, Route::Srq),
+            Some(Entry::Overflowed) | None => Route::Gone,
+        }
+    }
+
     fn next_tag(&mut self) -> Option<u32> {
         if self.next >= MAX_TAG {
             return None;
@@ -121,33 +142,40 @@ impl Registry {
         self.inner.lock().qps.insert(qp_num, tag);
     }
 
-    /// The tag to route a completion by: its own, or for a shared receive queue's receive,
-    /// the tag of the connection whose queue pair received (the queue's, if it is gone).
-    pub(crate) fn route_tag(&self, tag: u32, qp_num: u32) -> u32 {
-        let inner = self.inner.lock();
-        match inner.entries.get(&tag) {
-            Some(Entry::Srq(_)) => inner.qps.get(&qp_num).copied().unwrap_or(tag),
-            _ => tag,
-        }
-    }
-
-    /// Where completions with `tag` go; keeps them if their connection is being set up.
-    pub(crate) fn route(&self, tag: u32, run: &[WorkCompletion]) -> Route {
+    /// Routes a batch of polled completions under one lock: splits it into runs of one
+    /// connection each, in CQ order, and says where each run goes. A completion's tag is
+    /// `tag_of(wc)`, but a shared receive queue's receive goes by the connection whose queue
+    /// pair received it (by the queue's own tag if that connection is gone); `shared_recv`
+    /// says whether any such queue exists. A connection being set up keeps its runs
+    /// ([`Route::Held`]).
+    pub(crate) fn route_batch(
+        &self,
+        polled: &[WorkCompletion],
+        shared_recv: bool,
+        tag_of: impl Fn(&WorkCompletion) -> u32,
+    ) -> SmallVec<[(Range<usize>, Route); 2]> {
         let mut inner = self.inner.lock();
-        match inner.entries.get_mut(&tag) {
-            Some(Entry::Live(conn)) => conn.upgrade().map_or(Route::Gone, Route::Conn),
-            Some(Entry::Early(early)) if early.len() + run.len() <= MAX_EARLY => {
-                early.extend(run.iter().cloned());
-                Route::Held
+        let tag = |inner: &Inner, wc: &WorkCompletion| {
+            let tag = tag_of(wc);
+            match inner.entries.get(&tag) {
+                Some(Entry::Srq(_)) if shared_recv => {
+                    inner.qps.get(&wc.qp_num()).copied().unwrap_or(tag)
+                }
+                _ => tag,
             }
-            Some(entry @ Entry::Early(_)) => {
-                tracing::warn!(tag, "completions of a connection being set up overflowed");
-                *entry = Entry::Overflowed;
-                Route::Gone
-            }
-            Some(Entry::Srq(srq)) => srq.upgrade().map_or(Route::Gone, Route::Srq),
-            Some(Entry::Overflowed) | None => Route::Gone,
+        };
+        let mut routes = SmallVec::new();
+        let mut start = 0;
+        while start < polled.len() {
+            let run_tag = tag(&inner, &polled[start]);
+            let end = (start + 1..polled.len())
+                .find(|&i| tag(&inner, &polled[i]) != run_tag)
+                .unwrap_or(polled.len());
+            let route = inner.route(run_tag, &polled[start..end]);
+            routes.push((start..end, route));
+            start = end;
         }
+        routes
     }
 
     /// The live connection of `tag`.

@@ -1,15 +1,14 @@
-//! The engine's shared receive queues: one per buffer size and bounds, and the routing of
-//! their receives by `qp_num`.
+//! The engine's shared receive queues: one per buffer size and bounds (their receives are
+//! routed by `qp_num`: `Registry::route_batch`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use rpc_core::Status;
 
-use super::{tag_of, Engine};
+use super::Engine;
 use crate::config::SharedRecvConfig;
 use crate::shared_recv::SharedRecv;
-use crate::verbs::WorkCompletion;
 
 impl Engine {
     /// The shared receive queue for buffers of `buffer_size` bytes bounded by `config`,
@@ -37,15 +36,5 @@ impl Engine {
         srqs.push(srq.clone());
         self.has_srq.store(true, Ordering::Release);
         Ok(srq)
-    }
-
-    /// The tag `wc` is routed by (see [`Registry::route_tag`](super::registry::Registry::route_tag)).
-    pub(super) fn route_tag(&self, wc: &WorkCompletion) -> u32 {
-        let tag = tag_of(wc);
-        if self.has_srq.load(Ordering::Relaxed) {
-            self.registry.route_tag(tag, wc.qp_num())
-        } else {
-            tag
-        }
     }
 }
