@@ -24,7 +24,7 @@
 //! (`fabric/`): one device, `fab0`, whose queue pairs connect to each other within the
 //! process and execute work requests as they are posted, checking keys and ranges as a device
 //! does. Everything above this crate then runs without a NIC, at a repeatable instruction
-//! count (`cargo xtask count`). It does not retry a SEND that finds no receive posted.
+//! count (`cargo xtask count`).
 //!
 //! # Teardown order
 //!

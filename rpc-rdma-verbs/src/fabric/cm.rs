@@ -84,6 +84,8 @@ struct IdState {
     /// The other end, from connect until reject or disconnect.
     peer: Weak<IdShared>,
     connected: bool,
+    /// The receiver-not-ready retries this id's connect asked of the peer's sends.
+    rnr_retry: u8,
 }
 
 impl IdShared {
@@ -556,7 +558,11 @@ pub unsafe fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> 
         state.remote = Some(local);
         state.peer = Arc::downgrade(&client);
     }
-    client.state.lock().peer = Arc::downgrade(&child_shared);
+    {
+        let mut state = client.state.lock();
+        state.peer = Arc::downgrade(&child_shared);
+        state.rnr_retry = param.rnr_retry_count;
+    }
     // SAFETY: per the contract.
     let data = unsafe { private(param) };
     listener.post_with(
@@ -583,6 +589,9 @@ pub unsafe fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c
     ) else {
         return fail(libc::EINVAL, -1);
     };
+    // Each side's parameter says how often the other's sends retry a receiver not ready.
+    server_qp.set_rnr_retry(client.state.lock().rnr_retry);
+    client_qp.set_rnr_retry(param.rnr_retry_count);
     QpShared::connect(&server_qp, &client_qp);
     server.state.lock().connected = true;
     client.state.lock().connected = true;

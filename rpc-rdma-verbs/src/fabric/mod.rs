@@ -12,8 +12,10 @@
 //!
 //! * SEND and SEND with immediate consume a receive posted at the peer (its receive queue or
 //!   shared receive queue), scatter into it, and complete on both sides. With no receive
-//!   posted the send fails with `RNR_RETRY_EXC_ERR` at once: the protocol above promises
-//!   never to need a receiver-not-ready retry, so here it is an error, not a delay.
+//!   posted the send waits, and every later send of its queue pair behind it, until the peer
+//!   posts one, if the connection's `rnr_retry_count` is 7 ("for ever", the peer's connect
+//!   parameter, as rdma_cm sets it); with a smaller count it fails with
+//!   `RNR_RETRY_EXC_ERR` at once.
 //! * RDMA WRITE (with immediate) and READ check the rkey the way a device does: a memory
 //!   region or bound memory window of the peer's protection domain, with the right remote
 //!   access, covering the whole range; else `REM_ACCESS_ERR`. A zero-length WRITE checks
@@ -30,9 +32,9 @@
 //!
 //! # What it does not model
 //!
-//! Time (nothing is in flight: a post is its own delivery), receiver-not-ready retries (a
-//! SEND that finds no receive fails at once, whatever `rnr_retry_count` says), send-queue
-//! depth beyond the completion queue's, and packet loss. Synchronous (channel-less) rdma_cm
+//! Time (nothing is in flight: a post is its own delivery; a finite receiver-not-ready
+//! retry count fails at once), send-queue depth beyond the completion queue's, and packet
+//! loss. Synchronous (channel-less) rdma_cm
 //! ids wait for their own events as librdmacm's do.
 
 mod cm;

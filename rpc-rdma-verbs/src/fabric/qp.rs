@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::os::raw::c_int;
 use std::ptr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -49,6 +49,10 @@ pub(crate) struct QpShared {
     pub(super) recv_cq: Arc<CqShared>,
     srq: Option<Arc<SrqShared>>,
     pub(super) sq_sig_all: bool,
+    /// The connection's `rnr_retry_count` (7: retry without end).
+    rnr_retry: AtomicU8,
+    /// Sends waiting for receives at the peer.
+    pub(super) waiting: Mutex<work::Waiting>,
     max_recv_wr: usize,
     max_sge: usize,
     state: Mutex<QpState>,
@@ -76,6 +80,15 @@ impl QpShared {
         b.state.lock().peer = Arc::downgrade(a);
     }
 
+    /// Sets the connection's receiver-not-ready retry count (rdma_cm's connect parameter).
+    pub(crate) fn set_rnr_retry(&self, count: u8) {
+        self.rnr_retry.store(count, Ordering::Relaxed);
+    }
+
+    pub(super) fn rnr_retry(&self) -> u8 {
+        self.rnr_retry.load(Ordering::Relaxed)
+    }
+
     /// The connected peer, unless this queue pair is in the error state or unconnected.
     pub(super) fn peer(&self) -> Option<Arc<QpShared>> {
         let state = self.state.lock();
@@ -90,7 +103,8 @@ impl QpShared {
         self.state.lock().error
     }
 
-    /// Moves to the error state: unpairs, and flushes every posted receive.
+    /// Moves to the error state: unpairs, and flushes every posted receive and every send
+    /// waiting for one.
     pub(crate) fn fail(&self) {
         let flushed = {
             let mut state = self.state.lock();
@@ -98,12 +112,24 @@ impl QpShared {
             state.peer = Weak::new();
             std::mem::take(&mut state.recvs)
         };
+        let flush = ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
         for recv in flushed {
-            self.recv_cq.push(completion(
-                recv.wr_id,
-                self.qp_num,
-                ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
-            ));
+            self.recv_cq
+                .push(completion(recv.wr_id, self.qp_num, flush));
+        }
+        let waiting = self.waiting.lock().flush();
+        for transfer in waiting {
+            let mut wc = completion(transfer.wr_id(), self.qp_num, flush);
+            wc.opcode = transfer.opcode();
+            self.send_cq.push(wc);
+        }
+    }
+
+    /// A receive was posted here: the peer may send what waits for one.
+    fn received(&self) {
+        let peer = self.state.lock().peer.upgrade();
+        if let Some(peer) = peer {
+            work::retry_waiting(&peer);
         }
     }
 
@@ -140,6 +166,8 @@ struct Srq {
 
 #[derive(Debug)]
 pub(super) struct SrqShared {
+    /// The queue pairs that receive from it (whose peers may wait for its receives).
+    attached: Mutex<Vec<Weak<QpShared>>>,
     max_wr: usize,
     max_sge: usize,
     element: usize,
@@ -203,6 +231,8 @@ pub unsafe fn rdma_create_qp(
         recv_cq,
         srq,
         sq_sig_all: attr.sq_sig_all != 0,
+        rnr_retry: AtomicU8::new(work::RNR_RETRY_FOREVER),
+        waiting: Mutex::default(),
         max_recv_wr: cap.max_recv_wr as usize,
         max_sge: cap.max_recv_sge as usize,
         state: Mutex::default(),
@@ -218,6 +248,11 @@ pub unsafe fn rdma_create_qp(
     raw.qp_num = shared.qp_num;
     raw.qp_type = attr.qp_type;
     raw.state = ibv_qp_state::IBV_QPS_RTS;
+    if let Some(srq) = &shared.srq {
+        let mut attached = srq.attached.lock();
+        attached.retain(|qp| qp.strong_count() > 0);
+        attached.push(Arc::downgrade(&shared));
+    }
     cm::attach_qp(id, &shared);
     let qp = Box::into_raw(Box::new(Qp { raw, shared }));
     // SAFETY: `id` is live and locked by the caller.
@@ -276,7 +311,7 @@ pub unsafe fn ibv_post_recv(
         return libc::EINVAL;
     }
     // SAFETY: the chain is valid for the call (the caller's contract).
-    unsafe {
+    let ret = unsafe {
         post_recvs(wr, bad_wr, shared.max_sge, |recv| {
             let mut state = shared.state.lock();
             if state.error {
@@ -294,7 +329,9 @@ pub unsafe fn ibv_post_recv(
             state.recvs.push_back(recv);
             Ok(())
         })
-    }
+    };
+    shared.received();
+    ret
 }
 
 /// Walks a receive chain, handing each request to `post`; stops at the first failure.
@@ -347,6 +384,7 @@ pub unsafe fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *
     let srq = Box::into_raw(Box::new(Srq {
         raw,
         shared: Arc::new(SrqShared {
+            attached: Mutex::default(),
             max_wr: attr.max_wr as usize,
             max_sge: attr.max_sge as usize,
             element: 0,
@@ -382,7 +420,7 @@ pub unsafe fn ibv_post_srq_recv(
     // SAFETY: `srq` is live (the caller's contract) and a `Srq`.
     let shared = unsafe { &(*srq.cast::<Srq>()).shared };
     // SAFETY: the chain is valid for the call (the caller's contract).
-    unsafe {
+    let ret = unsafe {
         post_recvs(wr, bad_wr, shared.max_sge, |recv| {
             let mut state = shared.state.lock();
             if state.recvs.len() >= shared.max_wr {
@@ -391,7 +429,17 @@ pub unsafe fn ibv_post_srq_recv(
             state.recvs.push_back(recv);
             Ok(())
         })
+    };
+    let attached: Vec<_> = shared
+        .attached
+        .lock()
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    for qp in attached {
+        qp.received();
     }
+    ret
 }
 
 #[inline(never)]
