@@ -43,6 +43,8 @@ mod device;
 mod memory;
 mod notify;
 mod qp;
+#[cfg(test)]
+mod tests;
 mod work;
 
 pub(crate) use cm::{
