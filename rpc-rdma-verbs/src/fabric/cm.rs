@@ -10,10 +10,11 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use parking_lot::Mutex;
 use rdma_sys::{
-    ibv_qp_type, rdma_cm_event, rdma_cm_event_type, rdma_cm_id, rdma_conn_param,
-    rdma_event_channel, rdma_port_space,
+    ibv_qp_type, rdma_cm_event_type, rdma_cm_id, rdma_conn_param, rdma_event_channel,
+    rdma_port_space,
 };
 
+use super::cm_events::{complete, event, private, Channel, EventBox, Events, Pending};
 use super::device::device;
 use super::fail;
 use super::notify::Mailbox;
@@ -24,36 +25,6 @@ use crate::sockaddr::{to_socket_addr, RawSockAddr};
 const REJECT_NO_LISTENER: c_int = 8;
 /// rdma_cm's reject reason for a reject by the peer's application.
 const REJECT_CONSUMER: c_int = 28;
-
-/// An event as `rdma_get_cm_event` hands it out, with the private data it points into.
-#[repr(C)]
-struct EventBox {
-    raw: rdma_cm_event,
-    private: Vec<u8>,
-}
-
-/// A queued event; the pointers in it are compared by the consumer, or (a connect
-/// request's new id) handed to it to own.
-struct Pending(Box<EventBox>);
-
-// SAFETY: the raw pointers are ids' addresses; the box is moved, not shared.
-unsafe impl Send for Pending {}
-
-impl std::fmt::Debug for Pending {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pending")
-            .field("event", &self.0.raw.event)
-            .finish()
-    }
-}
-
-type Events = Arc<Mailbox<Pending>>;
-
-#[repr(C)]
-struct Channel {
-    raw: rdma_event_channel,
-    events: Events,
-}
 
 /// An rdma_cm id: the C struct first, so a `*mut rdma_cm_id` is a `*mut Id`.
 #[repr(C)]
@@ -107,28 +78,7 @@ impl IdShared {
         id: usize,
         listen_id: usize,
     ) {
-        // SAFETY: `rdma_cm_event` is plain old data; all-zero is valid.
-        let mut raw: rdma_cm_event = unsafe { std::mem::zeroed() };
-        raw.id = id as *mut rdma_cm_id;
-        raw.listen_id = listen_id as *mut rdma_cm_id;
-        raw.event = kind;
-        raw.status = status;
-        let mut event = Box::new(EventBox {
-            raw,
-            private: Vec::new(),
-        });
-        if let Some((param, private)) = conn {
-            event.private = private;
-            let mut param = *param;
-            param.private_data = if event.private.is_empty() {
-                ptr::null()
-            } else {
-                event.private.as_ptr().cast()
-            };
-            param.private_data_len = event.private.len() as u8;
-            event.raw.param.conn = param;
-        }
-        self.events.push(Pending(event));
+        self.events.push(event(kind, status, conn, id, listen_id));
     }
 }
 
@@ -188,48 +138,6 @@ pub(super) fn attach_qp(id: *mut rdma_cm_id, qp: &Arc<QpShared>) {
 pub(super) fn detach_qp(id: *mut rdma_cm_id) {
     // SAFETY: `rdma_destroy_qp`'s caller holds a live id.
     unsafe { shared(id) }.state.lock().qp = None;
-}
-
-#[inline(never)]
-pub unsafe fn rdma_create_event_channel() -> *mut rdma_event_channel {
-    match Mailbox::new() {
-        Ok(events) => {
-            let events = Arc::new(events);
-            let raw = rdma_event_channel { fd: events.fd() };
-            Box::into_raw(Box::new(Channel { raw, events })).cast()
-        }
-        Err(e) => fail(e.raw_os_error().unwrap_or(libc::EMFILE), ptr::null_mut()),
-    }
-}
-
-#[inline(never)]
-pub unsafe fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
-    // SAFETY: `channel` came from `rdma_create_event_channel` and is destroyed once.
-    drop(unsafe { Box::from_raw(channel.cast::<Channel>()) });
-}
-
-#[inline(never)]
-pub unsafe fn rdma_get_cm_event(
-    channel: *mut rdma_event_channel,
-    event: *mut *mut rdma_cm_event,
-) -> c_int {
-    // SAFETY: `channel` is live (the caller's contract) and a `Channel`.
-    let channel = unsafe { &*channel.cast::<Channel>() };
-    match channel.events.take() {
-        Ok(Pending(boxed)) => {
-            // SAFETY: the caller passes a valid out-pointer.
-            unsafe { *event = Box::into_raw(boxed).cast() };
-            0
-        }
-        Err(e) => fail(e.raw_os_error().unwrap_or(libc::EIO), -1),
-    }
-}
-
-#[inline(never)]
-pub unsafe fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
-    // SAFETY: `event` came from `rdma_get_cm_event` and is acknowledged once.
-    drop(unsafe { Box::from_raw(event.cast::<EventBox>()) });
-    0
 }
 
 #[inline(never)]
@@ -406,7 +314,14 @@ pub unsafe fn rdma_resolve_addr(
     unsafe { set_route(id, Some(local), Some(dst)) };
     shared.post(rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED, 0, None);
     // SAFETY: as above.
-    unsafe { complete(id, &shared, rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED) }
+    unsafe {
+        complete(
+            id,
+            &shared.events,
+            shared.sync,
+            rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED,
+        )
+    }
 }
 
 #[inline(never)]
@@ -421,7 +336,8 @@ pub unsafe fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_i
     unsafe {
         complete(
             id,
-            &shared,
+            &shared.events,
+            shared.sync,
             rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED,
         )
     }
@@ -453,59 +369,6 @@ pub unsafe fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id
     }
 }
 
-/// For a synchronous id, waits for the event its call causes, as librdmacm does, and keeps
-/// it in `id.event` (freeing the one before): 0 if it is `expected` and succeeded, else
-/// `ECONNREFUSED` for a reject and `EIO` for anything else. Nothing for an asynchronous id.
-///
-/// # Safety
-/// `id` is live and locked by the caller, and `shared` is its state.
-unsafe fn complete(
-    id: *mut rdma_cm_id,
-    shared: &IdShared,
-    expected: rdma_cm_event_type::Type,
-) -> c_int {
-    if !shared.sync {
-        return 0;
-    }
-    let event = match shared.events.take() {
-        Ok(Pending(event)) => event,
-        Err(e) => return fail(e.raw_os_error().unwrap_or(libc::EIO), -1),
-    };
-    let (kind, status) = (event.raw.event, event.raw.status);
-    // SAFETY: per the contract; the previous event, if any, was kept by this function.
-    unsafe {
-        let old = std::mem::replace(&mut (*id).event, Box::into_raw(event).cast());
-        if !old.is_null() {
-            drop(Box::from_raw(old.cast::<EventBox>()));
-        }
-    }
-    if kind == expected && status == 0 {
-        0
-    } else if kind == rdma_cm_event_type::RDMA_CM_EVENT_REJECTED {
-        fail(libc::ECONNREFUSED, -1)
-    } else {
-        fail(libc::EIO, -1)
-    }
-}
-
-/// The private data a connection parameter carries.
-///
-/// # Safety
-/// `param` is valid, and its private data pointer valid for its length.
-unsafe fn private(param: &rdma_conn_param) -> Vec<u8> {
-    if param.private_data.is_null() || param.private_data_len == 0 {
-        return Vec::new();
-    }
-    // SAFETY: per the contract.
-    unsafe {
-        std::slice::from_raw_parts(
-            param.private_data.cast::<u8>(),
-            param.private_data_len.into(),
-        )
-    }
-    .to_vec()
-}
-
 #[inline(never)]
 pub unsafe fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     // SAFETY: `id` is live and `param` valid for the call (the caller's contract).
@@ -528,7 +391,14 @@ pub unsafe fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> 
             None,
         );
         // SAFETY: `id` is live and locked by the caller.
-        return unsafe { complete(id, &client, rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED) };
+        return unsafe {
+            complete(
+                id,
+                &client.events,
+                client.sync,
+                rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+            )
+        };
     };
     let channel = listener.channel as *mut rdma_event_channel;
     // A synchronous listener's requests are synchronous ids, with events of their own.
@@ -573,7 +443,14 @@ pub unsafe fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> 
         listener.addr,
     );
     // SAFETY: `id` is live and locked by the caller.
-    unsafe { complete(id, &client, rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED) }
+    unsafe {
+        complete(
+            id,
+            &client.events,
+            client.sync,
+            rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+        )
+    }
 }
 
 #[inline(never)]
@@ -604,7 +481,14 @@ pub unsafe fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c
     );
     server.post(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, 0, None);
     // SAFETY: `id` is live and locked by the caller.
-    unsafe { complete(id, &server, rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED) }
+    unsafe {
+        complete(
+            id,
+            &server.events,
+            server.sync,
+            rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
+        )
+    }
 }
 
 #[inline(never)]
@@ -633,10 +517,17 @@ pub unsafe fn rdma_reject(id: *mut rdma_cm_id, private_data: *const c_void, len:
 pub unsafe fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     // SAFETY: `id` is live (the caller's contract).
     let shared = unsafe { shared(id) };
-    if !shared.state.lock().connected {
-        return fail(libc::EINVAL, -1);
+    let (connected, qp) = {
+        let state = shared.state.lock();
+        (state.connected, state.qp.clone())
+    };
+    if connected {
+        hang_up(&shared);
+    } else if let Some(qp) = qp {
+        // The peer hung up first: as with rdma_cm, the local queue pair still goes to the
+        // error state.
+        qp.fail();
     }
-    hang_up(&shared);
     0
 }
 

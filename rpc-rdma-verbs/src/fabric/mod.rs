@@ -38,6 +38,7 @@
 //! ids wait for their own events as librdmacm's do.
 
 mod cm;
+mod cm_events;
 mod cq;
 mod device;
 mod memory;
@@ -48,10 +49,12 @@ mod tests;
 mod work;
 
 pub(crate) use cm::{
-    rdma_accept, rdma_ack_cm_event, rdma_bind_addr, rdma_connect, rdma_create_event_channel,
-    rdma_create_id, rdma_destroy_event_channel, rdma_destroy_id, rdma_disconnect,
-    rdma_get_cm_event, rdma_get_request, rdma_listen, rdma_reject, rdma_resolve_addr,
-    rdma_resolve_route, rdma_set_option,
+    rdma_accept, rdma_bind_addr, rdma_connect, rdma_create_id, rdma_destroy_id, rdma_disconnect,
+    rdma_get_request, rdma_listen, rdma_reject, rdma_resolve_addr, rdma_resolve_route,
+    rdma_set_option,
+};
+pub(crate) use cm_events::{
+    rdma_ack_cm_event, rdma_create_event_channel, rdma_destroy_event_channel, rdma_get_cm_event,
 };
 pub(crate) use cq::{
     ibv_ack_cq_events, ibv_create_comp_channel, ibv_create_cq, ibv_destroy_comp_channel,
