@@ -154,10 +154,8 @@ pub unsafe fn rdma_create_id(
         }
     } else {
         // SAFETY: `channel` is live (the caller's contract) and a `Channel`.
-        (
-            Arc::clone(unsafe { &(*channel.cast::<Channel>()).events }),
-            false,
-        )
+        let channel = unsafe { &*channel.cast::<Channel>() };
+        (Arc::clone(&channel.events), false)
     };
     // SAFETY: the caller passes a valid out-pointer.
     unsafe { *id = new_id(channel, context, ps, events, sync) };

@@ -143,8 +143,7 @@ pub unsafe fn ibv_create_cq(
         return fail(libc::EINVAL, ptr::null_mut());
     }
     // SAFETY: a non-null `channel` is live (the caller's contract) and a `Channel`.
-    let events =
-        (!channel.is_null()).then(|| Arc::clone(unsafe { &(*channel.cast::<Channel>()).events }));
+    let events = unsafe { channel.cast::<Channel>().as_ref() }.map(|c| Arc::clone(&c.events));
     // SAFETY: `ibv_cq` is plain old data; all-zero is valid.
     let mut raw: ibv_cq = unsafe { std::mem::zeroed() };
     raw.context = context;

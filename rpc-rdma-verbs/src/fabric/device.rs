@@ -47,9 +47,10 @@ pub(super) fn device() -> &'static Device {
     static DEVICE: OnceLock<Device> = OnceLock::new();
     DEVICE.get_or_init(|| {
         let async_events = Mailbox::new().expect("an eventfd for the fabric's async events");
-        // SAFETY: both are plain old data; all-zero is valid (null pointers, zero counts).
-        let (mut dev, mut ctx): (ibv_device, ibv_context) =
-            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        // SAFETY: plain old data; all-zero is valid (null pointers, zero counts).
+        let mut dev: ibv_device = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut ctx: ibv_context = unsafe { std::mem::zeroed() };
         for (dst, &src) in dev.name.iter_mut().zip(NAME) {
             *dst = src as c_char;
         }

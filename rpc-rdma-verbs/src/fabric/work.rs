@@ -81,10 +81,10 @@ pub(super) unsafe fn execute(qp: &QpShared, wr: &ibv_send_wr) -> Result<(), c_in
             };
             let with_imm = matches!(wr.opcode, IBV_WR_SEND_WITH_IMM | IBV_WR_RDMA_WRITE_WITH_IMM);
             let write = matches!(wr.opcode, IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM);
-            // SAFETY: the unions hold plain integers: the immediate (for the `WITH_IMM`
-            // opcodes) and the remote address (for the RDMA ones), read as such.
-            let (imm, remote) =
-                unsafe { (wr.imm_data_invalidated_rkey_union.imm_data, wr.wr.rdma) };
+            // SAFETY: the union holds a plain integer (the immediate, for `WITH_IMM`).
+            let imm = unsafe { wr.imm_data_invalidated_rkey_union.imm_data };
+            // SAFETY: the union holds plain integers (the remote address, for RDMA opcodes).
+            let remote = unsafe { wr.wr.rdma };
             let transfer = Transfer {
                 wr_id: wr.wr_id,
                 signaled,
@@ -363,9 +363,9 @@ unsafe fn read(
         );
         return Ok(());
     }
+    let source = remote.remote_addr as *const u8;
     // SAFETY: checked above; the bytes are the peer's, registered for remote read.
-    let data =
-        unsafe { slice::from_raw_parts(remote.remote_addr as *const u8, len as usize) }.to_vec();
+    let data = unsafe { slice::from_raw_parts(source, len as usize) }.to_vec();
     // SAFETY: per the contract.
     let status = unsafe { scatter(qp.pd, list, &data) };
     finish(qp, wr.wr_id, signaled, status, op, len as usize);
