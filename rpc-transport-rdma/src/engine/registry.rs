@@ -164,19 +164,16 @@ impl Registry {
                 _ => tag,
             }
         };
-        // Each completion's tag once: a run ends where the next one's tag differs.
-        let mut runs: SmallVec<[(usize, u32); 2]> = SmallVec::new();
-        for (i, wc) in polled.iter().enumerate() {
-            let t = tag(&inner, wc);
-            if runs.last().is_none_or(|&(_, last)| last != t) {
-                runs.push((i, t));
-            }
-        }
         let mut routes = SmallVec::new();
-        for (k, &(start, run_tag)) in runs.iter().enumerate() {
-            let end = runs.get(k + 1).map_or(polled.len(), |&(next, _)| next);
+        let mut start = 0;
+        while start < polled.len() {
+            let run_tag = tag(&inner, &polled[start]);
+            let end = (start + 1..polled.len())
+                .find(|&i| tag(&inner, &polled[i]) != run_tag)
+                .unwrap_or(polled.len());
             let route = inner.route(run_tag, &polled[start..end]);
             routes.push((start..end, route));
+            start = end;
         }
         routes
     }
