@@ -16,9 +16,9 @@ use rdma_sys::{
 
 use super::cm_events::{complete, event, private, Channel, EventBox, Events, Pending};
 use super::device::device;
-use super::fail;
 use super::notify::Mailbox;
 use super::qp::QpShared;
+use super::{boxed_at, fail};
 use crate::sockaddr::{to_socket_addr, RawSockAddr};
 
 /// rdma_cm's reject reason when nothing listens on the port (IB CM "invalid service ID").
@@ -175,23 +175,17 @@ fn new_id(
     raw.context = context;
     raw.ps = ps;
     raw.qp_type = ibv_qp_type::IBV_QPT_RC;
-    let id = Box::into_raw(Box::new(Id {
+    boxed_at(|addr| Id {
         raw,
         shared: Arc::new(IdShared {
-            addr: 0,
+            addr,
             channel: channel as usize,
             events,
             sync,
             state: Mutex::default(),
         }),
-    }));
-    // SAFETY: `id` was just made and nothing else holds it yet.
-    unsafe {
-        Arc::get_mut(&mut (*id).shared)
-            .expect("a new id's state is not shared yet")
-            .addr = id as usize;
-    }
-    id.cast()
+    })
+    .cast()
 }
 
 #[inline(never)]

@@ -9,8 +9,8 @@ use parking_lot::Mutex;
 use rdma_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_event_type, ibv_wc};
 
 use super::device::{device, MAX_QUEUE};
-use super::fail;
 use super::notify::Mailbox;
+use super::{boxed_at, fail};
 
 /// A completion channel: the `cq_context` of each completion queue that fired.
 #[repr(C)]
@@ -150,23 +150,17 @@ pub unsafe fn ibv_create_cq(
     raw.channel = channel;
     raw.cq_context = cq_context;
     raw.cqe = cqe;
-    let cq = Box::into_raw(Box::new(Cq {
+    boxed_at(|element| Cq {
         raw,
         shared: Arc::new(CqShared {
             state: Mutex::default(),
             capacity: capacity as usize,
             tag: cq_context as usize,
-            element: 0,
+            element,
             channel: events,
         }),
-    }));
-    // SAFETY: `cq` was just made and nothing else holds it yet.
-    unsafe {
-        Arc::get_mut(&mut (*cq).shared)
-            .expect("a new queue's state is not shared yet")
-            .element = cq as usize;
-    }
-    cq.cast()
+    })
+    .cast()
 }
 
 #[inline(never)]

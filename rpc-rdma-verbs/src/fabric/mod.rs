@@ -75,6 +75,15 @@ pub(crate) use qp::{
 // Every C call answered here is `#[inline(never)]`, so that a profile sees the device's
 // work, callees included, under the call's own name (`cargo xtask count` sums them).
 
+/// Boxes what `make` builds from the address it is going to live at (the address the C
+/// API hands out, which the object's events name), and leaks it to the caller.
+fn boxed_at<T>(make: impl FnOnce(usize) -> T) -> *mut T {
+    let ptr = Box::into_raw(Box::<T>::new_uninit()).cast::<T>();
+    // SAFETY: `ptr` is a fresh allocation for one `T`, written once, here.
+    unsafe { ptr.write(make(ptr as usize)) };
+    ptr
+}
+
 /// Sets `errno` and returns `ret`: how the C calls report a failure.
 fn fail<T>(errno: i32, ret: T) -> T {
     // SAFETY: `__errno_location` returns this thread's errno slot.

@@ -16,7 +16,7 @@ use rdma_sys::{
 
 use super::cq::{shared as cq_shared, CqShared};
 use super::device::{device, MAX_INLINE, MAX_QUEUE, MAX_SGE};
-use super::{cm, fail, work};
+use super::{boxed_at, cm, fail, work};
 
 /// A queue pair: the C struct first, so a `*mut ibv_qp` is a `*mut Qp`.
 #[repr(C)]
@@ -381,26 +381,20 @@ pub unsafe fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *
     // SAFETY: `pd` is live (the caller's contract).
     raw.context = unsafe { (*pd).context };
     raw.pd = pd;
-    let srq = Box::into_raw(Box::new(Srq {
+    boxed_at(|element| Srq {
         raw,
         shared: Arc::new(SrqShared {
             attached: Mutex::default(),
             max_wr: attr.max_wr as usize,
             max_sge: attr.max_sge as usize,
-            element: 0,
+            element,
             state: Mutex::new(SrqState {
                 recvs: VecDeque::new(),
                 limit: attr.srq_limit as usize,
             }),
         }),
-    }));
-    // SAFETY: `srq` was just made and nothing else holds it yet.
-    unsafe {
-        Arc::get_mut(&mut (*srq).shared)
-            .expect("a new queue's state is not shared yet")
-            .element = srq as usize;
-    }
-    srq.cast()
+    })
+    .cast()
 }
 
 #[inline(never)]
