@@ -73,7 +73,7 @@ async fn restart_under_calls(server: ServerHandle, options: ServeOptions) {
     assert_eq!(answered.get_ref().seq, u64::MAX);
 
     let calls_answered = callers.ok();
-    let failures = callers.stop().await;
+    let failures: Vec<Status> = callers.stop().await.into_iter().map(|f| f.status).collect();
     assert!(failures_while_down > 0);
     // Strict on purpose: a call whose connection dies fails at once with UNAVAILABLE,
     // never by running out its deadline.

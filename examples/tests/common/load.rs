@@ -24,10 +24,16 @@ pub fn echo(seq: u64) -> Request<EchoRequest> {
     request
 }
 
+/// A call that failed: when it began, and its status.
+pub struct Failure {
+    pub began: Instant,
+    pub status: Status,
+}
+
 #[derive(Default)]
 struct Outcomes {
     ok: AtomicUsize,
-    failures: Mutex<Vec<Status>>,
+    failures: Mutex<Vec<Failure>>,
 }
 
 /// Tasks calling without pause (a short pause after a failure: failing fast must not turn
@@ -50,13 +56,14 @@ impl Callers {
                     let mut seq = caller << 32;
                     while !stop.load(Ordering::Relaxed) {
                         seq += 1;
+                        let began = Instant::now();
                         match client.echo(echo(seq)).await {
                             Ok(reply) => {
                                 assert_eq!(reply.get_ref().seq, seq, "the answer to this call");
                                 outcomes.ok.fetch_add(1, Ordering::Relaxed);
                             }
                             Err(status) => {
-                                outcomes.failures.lock().push(status);
+                                outcomes.failures.lock().push(Failure { began, status });
                                 tokio::time::sleep(Duration::from_millis(2)).await;
                             }
                         }
@@ -81,8 +88,16 @@ impl Callers {
         self.outcomes.failures.lock().len()
     }
 
-    /// Stops the callers (none may hang) and returns every failure they saw.
-    pub async fn stop(self) -> Vec<Status> {
+    /// Calls begun at or after `at` that failed so far.
+    #[allow(dead_code)]
+    pub fn failed_since(&self, at: Instant) -> usize {
+        let failures = self.outcomes.failures.lock();
+        failures.iter().filter(|f| f.began >= at).count()
+    }
+
+    /// Stops the callers (none may hang) and returns every failure they saw, in the order
+    /// they failed.
+    pub async fn stop(self) -> Vec<Failure> {
         self.stop.store(true, Ordering::Relaxed);
         for task in self.tasks {
             tokio::time::timeout(CALL_TIMEOUT * 2, task)
