@@ -71,6 +71,9 @@ impl Wakes {
 
     /// Performs the wakeups held so far: the end of a batch.
     pub fn wake_all(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
         for waiter in self.held.drain(..) {
             waiter.wake_owned();
         }

@@ -110,13 +110,22 @@ impl Large {
 
     /// A response for `call_id` went into a slot: the peer revokes its offer on receipt.
     pub(crate) fn on_answered(&mut self, call_id: u64) {
-        self.offers.remove(&call_id);
+        self.take_offer(call_id);
+    }
+
+    /// The buffer the peer advertised for `call_id`'s response, no longer offered. Costs
+    /// nothing (no hash) while no call has advertised one, as with small responses.
+    pub(super) fn take_offer(&mut self, call_id: u64) -> Option<RemoteBuffer> {
+        if self.offers.is_empty() {
+            return None;
+        }
+        self.offers.remove(&call_id)
     }
 
     /// The peer cancelled `call_id` before we answered: a `Cancel` back tells it that we
     /// will never write into the buffer it advertised.
     pub(super) fn release_offer(&mut self, call_id: u64) {
-        if self.offers.remove(&call_id).is_some() {
+        if self.take_offer(call_id).is_some() {
             self.frames
                 .push_back(Header::new(FrameKind::Cancel, call_id));
         }

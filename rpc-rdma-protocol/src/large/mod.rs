@@ -311,7 +311,7 @@ impl Large {
         // A response goes straight into the buffer its request advertised when it fits;
         // otherwise the rendezvous below also tells the peer to take its buffer back.
         let offer = match notice.kind {
-            FrameKind::Response => self.offers.remove(&call_id),
+            FrameKind::Response => self.take_offer(call_id),
             _ => None,
         };
         let state = match offer {

@@ -300,6 +300,8 @@ impl Conn {
         let mut ended = None;
         self.deliver_batch(inbound, arrivals.drain(..), &mut wakes, &mut ended);
         let state = loop {
+            // Readers first: the batch's end re-posts the slots it released.
+            wakes.wake_all();
             let mut state = self.state.lock();
             if state.hand_ups.deferred.is_empty() {
                 break state;
@@ -310,7 +312,6 @@ impl Conn {
         };
         drop(delivering);
         counted.finish(state, arrivals);
-        wakes.wake_all();
         if let Some(status) = ended {
             self.close(status);
         }
@@ -389,7 +390,8 @@ impl Conn {
     /// A thread that drives this connection's CQ (a poller delivering frames, a blocking
     /// caller decoding its response) leaves it for a moment off the critical path: its
     /// next send once the frame is posted, or its next poll that finds the CQ empty. The
-    /// caller thus gets its response first and re-posts once its next request left.
+    /// caller thus gets its response first and re-posts once its next request left; the
+    /// poller re-posts at the end of the batch it delivers, its readers woken.
     /// Holding slots back only delays their credits (re-posting is what grants them, so no
     /// RNR is possible); at most [`RELEASE_BATCH`] wait, and a poller that looks after a
     /// quiet spell releases them too. Other threads (async handlers, frames kept by the
@@ -405,8 +407,12 @@ impl Conn {
         } else {
             let released = &mut state.hand_ups.released;
             released.push((slot, entry));
-            if released.len() == 1 {
-                // The next empty poll of the engine releases them, if nothing else did.
+            // A batch delivered by a thread that drives no caller of this connection (the
+            // engine's poller) releases them when it ends, under the lock it takes anyway
+            // (`handed_up`). Otherwise the next empty poll of the engine does, if nothing
+            // else did: a caller's thread returns to its caller first.
+            let at_batch_end = DELIVERING.get() == self.serial && DRIVER.get() != self.serial;
+            if released.len() == 1 && !at_batch_end {
                 self.res.attachment.engine.call_attention(&self.me);
             }
             if released.len() >= RELEASE_BATCH {
@@ -520,6 +526,9 @@ impl Drop for Counted<'_> {
 
 impl Conn {
     fn handed_up(&self, mut state: MutexGuard<'_, State>) {
+        if DRIVER.get() != self.serial {
+            self.release_deferred(&mut state);
+        }
         state.hand_ups.batches -= 1;
         if state.hand_ups.batches == 0 && state.closing == Closing::AfterHandUps {
             // Reported by `unlock`, now that nothing that came before is on its way.
