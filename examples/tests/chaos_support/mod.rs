@@ -166,9 +166,25 @@ impl Calling {
     }
 }
 
-/// Waits until `outcomes` counts `calls` answered, and prints the resources in use then.
+/// Longest the callers may take to have their first calls answered (setting up 64
+/// connections under emulation takes seconds): past it the test fails, saying what it saw,
+/// instead of hanging until the suite's timeout.
+const LOAD_BOUND: Duration = Duration::from_secs(60);
+
+/// Waits (up to [`LOAD_BOUND`]) until `outcomes` counts `calls` answered, and prints the
+/// resources in use then.
 fn under_load(outcomes: &Outcomes, calls: u64, what: &str) {
-    while outcomes.ok.load(Ordering::Relaxed) < calls {
+    let until = Instant::now() + LOAD_BOUND;
+    loop {
+        let ok = outcomes.ok.load(Ordering::Relaxed);
+        if ok >= calls {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "{what}: {ok} of {calls} calls answered within {LOAD_BOUND:?}; failed: {:?}",
+            lock(&outcomes.failed)
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     say(format!("{what}: in use   {:?}", usage()));
