@@ -13,6 +13,7 @@ use rpc_core::stream::Wakes;
 use rpc_core::{Drive, Inbound, Status};
 use smallvec::SmallVec;
 
+use super::copied::Copied;
 use super::copies;
 use super::large::{placed_frame, Arrival};
 use super::teardown::Closing;
@@ -23,7 +24,7 @@ use crate::verbs::WorkCompletion;
 
 /// Receive slots whose release may wait for a better moment (see [`Conn::release_recv`]);
 /// one more and they are released at once, so the credits held back stay few.
-const RELEASE_BATCH: usize = 8;
+pub(super) const RELEASE_BATCH: usize = 8;
 
 thread_local! {
     /// This thread is inside the upper layer's code for some connection (delivering frames,
@@ -298,17 +299,20 @@ impl Conn {
         // A stream's reader wakes once to all of its messages in the batch.
         let mut wakes = Wakes::new();
         let mut ended = None;
-        self.deliver_batch(inbound, arrivals.drain(..), &mut wakes, &mut ended);
+        let mut copied = Copied::new(self);
+        let batch = arrivals.drain(..);
+        self.deliver_batch(inbound, batch, &mut wakes, &mut ended, &mut copied);
         let state = loop {
             // Readers first: the batch's end re-posts the slots it released.
             wakes.wake_all();
             let mut state = self.state.lock();
+            copied.give_back(&mut state);
             if state.hand_ups.deferred.is_empty() {
                 break state;
             }
             let deferred = std::mem::take(&mut state.hand_ups.deferred);
             drop(state);
-            self.deliver_batch(inbound, deferred, &mut wakes, &mut ended);
+            self.deliver_batch(inbound, deferred, &mut wakes, &mut ended, &mut copied);
         };
         drop(delivering);
         counted.finish(state, arrivals);
@@ -323,6 +327,7 @@ impl Conn {
         received: impl IntoIterator<Item = Arrival>,
         wakes: &mut Wakes,
         ended: &mut Option<Status>,
+        copied: &mut Copied<'_>,
     ) {
         let mut hand_up = |frame: InboundFrame, wakes: &mut Wakes| {
             // Closed from another thread meanwhile: the upper layer heard its last.
@@ -341,7 +346,7 @@ impl Conn {
                     continue;
                 }
             };
-            let (frame_bytes, slot) = self.frame_bytes(&rx, entry);
+            let frame_bytes = self.frame_bytes(&rx, entry, copied);
             // Most frames carry no metadata: an empty view needs no reference to the slot.
             let metadata = if rx.header.metadata_len == 0 {
                 Bytes::new()
@@ -354,34 +359,35 @@ impl Conn {
                 payload: frame_bytes.slice(rx.payload_range()),
             };
             hand_up(frame, wakes);
-            // Held until the upper layer is done with the frame: a server whose handler ran
-            // inline has sent its response by now, so the slot's release (re-post, credit
-            // bookkeeping) happens after the response left, not before. A copy's slot goes
-            // back here too, whatever the application keeps.
-            drop(frame_bytes);
-            drop(slot);
         }
     }
 
-    /// The bytes of a received frame for the upper layer, and the slot to release once it
-    /// is handed up. Past the lend limit: a copy, and the slot goes back at once. Within it,
-    /// a small frame (`copy_below`) is copied and its slot released after the hand-up; a
-    /// larger one is a zero-copy view that keeps the slot while the application keeps it.
-    fn frame_bytes(self: &Arc<Self>, rx: &Received, entry: u32) -> (Bytes, Option<RecvSlot>) {
-        let owner = RecvSlot {
-            conn: Arc::clone(self),
-            slot: rx.slot,
-            entry,
-            len: rx.len as usize,
-        };
-        if !rx.lend {
-            // Dropping the owner releases the slot, after the copy.
-            (copies::copy(owner.as_ref()), None)
-        } else if rx.len <= self.limits.copy_below {
-            (copies::copy(owner.as_ref()), Some(owner))
-        } else {
-            (Bytes::from_owner(owner), None)
+    /// The bytes of a received frame for the upper layer. Past the lend limit: a copy, and
+    /// the slot goes back at once. Within it, a small frame (`copy_below`) is copied and its
+    /// slot kept in `copied` until the batch is handed up (a server whose handler ran inline
+    /// has sent its response by then, so the re-post and its credits come after the
+    /// response left); a larger one is a zero-copy view that keeps the slot while the
+    /// application keeps it.
+    fn frame_bytes(self: &Arc<Self>, rx: &Received, entry: u32, copied: &mut Copied<'_>) -> Bytes {
+        let len = rx.len as usize;
+        if rx.lend && rx.len > self.limits.copy_below {
+            let conn = Arc::clone(self);
+            return Bytes::from_owner(RecvSlot {
+                conn,
+                slot: rx.slot,
+                entry,
+                len,
+            });
         }
+        // SAFETY: the entry received this frame and is not re-posted before its release
+        // below (at once, or with the batch's copies), which comes after this copy.
+        let bytes = copies::copy(unsafe { &self.res.recv_entry(entry)[..len] });
+        if rx.lend {
+            copied.keep(rx.slot, entry);
+        } else {
+            self.release_recv(rx.slot, entry);
+        }
+        bytes
     }
 
     /// The upper layer dropped the last view of a received frame.
@@ -396,7 +402,7 @@ impl Conn {
     /// RNR is possible); at most [`RELEASE_BATCH`] wait, and a poller that looks after a
     /// quiet spell releases them too. Other threads (async handlers, frames kept by the
     /// application) release at once: nothing says they will come back.
-    fn release_recv(&self, slot: u32, entry: u32) {
+    pub(super) fn release_recv(&self, slot: u32, entry: u32) {
         // Buffers are dropped wherever the upper layer drops them, possibly under its locks:
         // no callbacks from here.
         let outer = UPPER_LAYER_LOCKED.replace(true);
@@ -405,22 +411,28 @@ impl Conn {
             self.release_one(&mut state, slot, entry);
             self.run_actions(&mut state);
         } else {
-            let released = &mut state.hand_ups.released;
-            released.push((slot, entry));
-            // A batch delivered by a thread that drives no caller of this connection (the
-            // engine's poller) releases them when it ends, under the lock it takes anyway
-            // (`handed_up`). Otherwise the next empty poll of the engine does, if nothing
-            // else did: a caller's thread returns to its caller first.
-            let at_batch_end = DELIVERING.get() == self.serial && DRIVER.get() != self.serial;
-            if released.len() == 1 && !at_batch_end {
-                self.res.attachment.engine.call_attention(&self.me);
-            }
-            if released.len() >= RELEASE_BATCH {
-                self.release_deferred(&mut state);
-            }
+            self.defer_release(&mut state, slot, entry);
         }
         self.unlock(state);
         UPPER_LAYER_LOCKED.set(outer);
+    }
+
+    /// Leaves `slot`'s release for a moment off the critical path (see
+    /// [`Conn::release_recv`]).
+    pub(super) fn defer_release(&self, state: &mut State, slot: u32, entry: u32) {
+        let released = &mut state.hand_ups.released;
+        released.push((slot, entry));
+        // A batch delivered by a thread that drives no caller of this connection (the
+        // engine's poller) releases them when it ends, under the lock it takes anyway
+        // (`handed_up`). Otherwise the next empty poll of the engine does, if nothing else
+        // did: a caller's thread returns to its caller first.
+        let at_batch_end = DELIVERING.get() == self.serial && DRIVER.get() != self.serial;
+        if released.len() == 1 && !at_batch_end {
+            self.res.attachment.engine.call_attention(&self.me);
+        }
+        if released.len() >= RELEASE_BATCH {
+            self.release_deferred(state);
+        }
     }
 
     /// Re-posts the slots whose release waited.
