@@ -4,15 +4,16 @@
 
 use smallvec::SmallVec;
 
-use super::recv::RELEASE_BATCH;
 use super::{Conn, State};
+use crate::engine::POLL_BATCH;
 
 /// Slots whose frames were copied and handed up, kept out of the ring until the batch's
-/// hand-ups are done (a server's inline handler answered first). If a handler's panic
-/// unwinds past them, they go back one by one.
+/// hand-ups are done (a server's inline handler answered first): at most a polled batch
+/// of them, held inline. If a handler's panic unwinds past them, each goes back as a
+/// dropped frame's slot does ([`Conn::release_recv`]).
 pub(super) struct Copied<'a> {
     conn: &'a Conn,
-    slots: SmallVec<[(u32, u32); RELEASE_BATCH]>,
+    slots: SmallVec<[(u32, u32); POLL_BATCH]>,
 }
 
 impl<'a> Copied<'a> {

@@ -24,7 +24,7 @@ use crate::verbs::WorkCompletion;
 
 /// Receive slots whose release may wait for a better moment (see [`Conn::release_recv`]);
 /// one more and they are released at once, so the credits held back stay few.
-pub(super) const RELEASE_BATCH: usize = 8;
+const RELEASE_BATCH: usize = 8;
 
 thread_local! {
     /// This thread is inside the upper layer's code for some connection (delivering frames,
@@ -296,7 +296,7 @@ impl Conn {
         counted: Counted<'_>,
     ) {
         let delivering = Delivering::start(self.serial);
-        // A stream's reader wakes once to all of its messages in the batch.
+        // A stream's reader wakes once to all of its messages in a polled batch.
         let mut wakes = Wakes::new();
         let mut ended = None;
         let mut copied = Copied::new(self);
@@ -400,8 +400,9 @@ impl Conn {
     /// poller re-posts at the end of the batch it delivers, its readers woken.
     /// Holding slots back only delays their credits (re-posting is what grants them, so no
     /// RNR is possible); at most [`RELEASE_BATCH`] wait, and a poller that looks after a
-    /// quiet spell releases them too. Other threads (async handlers, frames kept by the
-    /// application) release at once: nothing says they will come back.
+    /// quiet spell releases them too. (The slots of a batch's copied frames are held apart
+    /// until that batch is handed up: `Copied`.) Other threads (async handlers, frames kept
+    /// by the application) release at once: nothing says they will come back.
     pub(super) fn release_recv(&self, slot: u32, entry: u32) {
         // Buffers are dropped wherever the upper layer drops them, possibly under its locks:
         // no callbacks from here.
