@@ -423,11 +423,9 @@ impl Conn {
     pub(super) fn defer_release(&self, state: &mut State, slot: u32, entry: u32) {
         let released = &mut state.hand_ups.released;
         released.push((slot, entry));
-        // A batch delivered by a thread that drives no caller of this connection (the
-        // engine's poller) releases them when it ends, under the lock it takes anyway
-        // (`handed_up`). Otherwise the next empty poll of the engine does, if nothing else
-        // did: a caller's thread returns to its caller first.
-        let at_batch_end = DELIVERING.get() == self.serial && DRIVER.get() != self.serial;
+        // A batch this thread delivers and releases at its end needs no one else; otherwise
+        // the next empty poll of the engine releases them, if nothing else did.
+        let at_batch_end = DELIVERING.get() == self.serial && self.releases_at_batch_end();
         if released.len() == 1 && !at_batch_end {
             self.res.attachment.engine.call_attention(&self.me);
         }
@@ -538,8 +536,16 @@ impl Drop for Counted<'_> {
 }
 
 impl Conn {
+    /// Whether this thread re-posts the slots a batch it delivers released when the batch
+    /// ends, under the lock it takes anyway (`handed_up`): yes unless it drives a caller
+    /// of this connection, whose thread returns to its caller first and leaves them to
+    /// the engine's poller.
+    fn releases_at_batch_end(&self) -> bool {
+        DRIVER.get() != self.serial
+    }
+
     fn handed_up(&self, mut state: MutexGuard<'_, State>) {
-        if DRIVER.get() != self.serial {
+        if self.releases_at_batch_end() {
             self.release_deferred(&mut state);
         }
         state.hand_ups.batches -= 1;
