@@ -28,7 +28,6 @@ use crate::reaper;
 use crate::resources::Resources;
 use crate::verbs::{CmEventKind, CmId, SendFlags, SendOp, SendRequest, Sge};
 
-mod copied;
 mod copies;
 mod keepalive;
 mod large;

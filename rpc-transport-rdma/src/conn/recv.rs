@@ -13,7 +13,6 @@ use rpc_core::stream::Wakes;
 use rpc_core::{Drive, Inbound, Status};
 use smallvec::SmallVec;
 
-use super::copied::Copied;
 use super::copies;
 use super::large::{placed_frame, Arrival};
 use super::teardown::Closing;
@@ -296,26 +295,22 @@ impl Conn {
         counted: Counted<'_>,
     ) {
         let delivering = Delivering::start(self.serial);
-        // A stream's reader wakes once to all of its messages in a polled batch.
+        // A stream's reader wakes once to all of its messages in the batch.
         let mut wakes = Wakes::new();
         let mut ended = None;
-        let mut copied = Copied::new(self);
-        let batch = arrivals.drain(..);
-        self.deliver_batch(inbound, batch, &mut wakes, &mut ended, &mut copied);
+        self.deliver_batch(inbound, arrivals.drain(..), &mut wakes, &mut ended);
         let state = loop {
-            // Readers first: the batch's end re-posts the slots it released.
-            wakes.wake_all();
             let mut state = self.state.lock();
-            copied.give_back(&mut state);
             if state.hand_ups.deferred.is_empty() {
                 break state;
             }
             let deferred = std::mem::take(&mut state.hand_ups.deferred);
             drop(state);
-            self.deliver_batch(inbound, deferred, &mut wakes, &mut ended, &mut copied);
+            self.deliver_batch(inbound, deferred, &mut wakes, &mut ended);
         };
         drop(delivering);
         counted.finish(state, arrivals);
+        wakes.wake_all();
         if let Some(status) = ended {
             self.close(status);
         }
@@ -327,7 +322,6 @@ impl Conn {
         received: impl IntoIterator<Item = Arrival>,
         wakes: &mut Wakes,
         ended: &mut Option<Status>,
-        copied: &mut Copied<'_>,
     ) {
         let mut hand_up = |frame: InboundFrame, wakes: &mut Wakes| {
             // Closed from another thread meanwhile: the upper layer heard its last.
@@ -346,7 +340,7 @@ impl Conn {
                     continue;
                 }
             };
-            let frame_bytes = self.frame_bytes(&rx, entry, copied);
+            let (frame_bytes, slot) = self.frame_bytes(&rx, entry);
             // Most frames carry no metadata: an empty view needs no reference to the slot.
             let metadata = if rx.header.metadata_len == 0 {
                 Bytes::new()
@@ -359,35 +353,34 @@ impl Conn {
                 payload: frame_bytes.slice(rx.payload_range()),
             };
             hand_up(frame, wakes);
+            // Held until the upper layer is done with the frame: a server whose handler ran
+            // inline has sent its response by now, so the slot's release (re-post, credit
+            // bookkeeping) happens after the response left, not before. A copy's slot goes
+            // back here too, whatever the application keeps.
+            drop(frame_bytes);
+            drop(slot);
         }
     }
 
-    /// The bytes of a received frame for the upper layer. Past the lend limit: a copy, and
-    /// the slot goes back at once. Within it, a small frame (`copy_below`) is copied and its
-    /// slot kept in `copied` until the batch is handed up (a server whose handler ran inline
-    /// has sent its response by then, so the re-post and its credits come after the
-    /// response left); a larger one is a zero-copy view that keeps the slot while the
-    /// application keeps it.
-    fn frame_bytes(self: &Arc<Self>, rx: &Received, entry: u32, copied: &mut Copied<'_>) -> Bytes {
-        let len = rx.len as usize;
-        if rx.lend && rx.len > self.limits.copy_below {
-            let conn = Arc::clone(self);
-            return Bytes::from_owner(RecvSlot {
-                conn,
-                slot: rx.slot,
-                entry,
-                len,
-            });
-        }
-        // SAFETY: the entry received this frame and is not re-posted before its release
-        // below (at once, or with the batch's copies), which comes after this copy.
-        let bytes = copies::copy(unsafe { &self.res.recv_entry(entry)[..len] });
-        if rx.lend {
-            copied.keep(rx.slot, entry);
+    /// The bytes of a received frame for the upper layer, and the slot to release once it
+    /// is handed up. Past the lend limit: a copy, and the slot goes back at once. Within it,
+    /// a small frame (`copy_below`) is copied and its slot released after the hand-up; a
+    /// larger one is a zero-copy view that keeps the slot while the application keeps it.
+    fn frame_bytes(self: &Arc<Self>, rx: &Received, entry: u32) -> (Bytes, Option<RecvSlot>) {
+        let owner = RecvSlot {
+            conn: Arc::clone(self),
+            slot: rx.slot,
+            entry,
+            len: rx.len as usize,
+        };
+        if !rx.lend {
+            // Dropping the owner releases the slot, after the copy.
+            (copies::copy(owner.as_ref()), None)
+        } else if rx.len <= self.limits.copy_below {
+            (copies::copy(owner.as_ref()), Some(owner))
         } else {
-            self.release_recv(rx.slot, entry);
+            (Bytes::from_owner(owner), None)
         }
-        bytes
     }
 
     /// The upper layer dropped the last view of a received frame.
@@ -396,14 +389,12 @@ impl Conn {
     /// A thread that drives this connection's CQ (a poller delivering frames, a blocking
     /// caller decoding its response) leaves it for a moment off the critical path: its
     /// next send once the frame is posted, or its next poll that finds the CQ empty. The
-    /// caller thus gets its response first and re-posts once its next request left; the
-    /// poller re-posts at the end of the batch it delivers, its readers woken.
+    /// caller thus gets its response first and re-posts once its next request left.
     /// Holding slots back only delays their credits (re-posting is what grants them, so no
     /// RNR is possible); at most [`RELEASE_BATCH`] wait, and a poller that looks after a
-    /// quiet spell releases them too. (The slots of a batch's copied frames are held apart
-    /// until that batch is handed up: `Copied`.) Other threads (async handlers, frames kept
-    /// by the application) release at once: nothing says they will come back.
-    pub(super) fn release_recv(&self, slot: u32, entry: u32) {
+    /// quiet spell releases them too. Other threads (async handlers, frames kept by the
+    /// application) release at once: nothing says they will come back.
+    fn release_recv(&self, slot: u32, entry: u32) {
         // Buffers are dropped wherever the upper layer drops them, possibly under its locks:
         // no callbacks from here.
         let outer = UPPER_LAYER_LOCKED.replace(true);
@@ -412,26 +403,18 @@ impl Conn {
             self.release_one(&mut state, slot, entry);
             self.run_actions(&mut state);
         } else {
-            self.defer_release(&mut state, slot, entry);
+            let released = &mut state.hand_ups.released;
+            released.push((slot, entry));
+            if released.len() == 1 {
+                // The next empty poll of the engine releases them, if nothing else did.
+                self.res.attachment.engine.call_attention(&self.me);
+            }
+            if released.len() >= RELEASE_BATCH {
+                self.release_deferred(&mut state);
+            }
         }
         self.unlock(state);
         UPPER_LAYER_LOCKED.set(outer);
-    }
-
-    /// Leaves `slot`'s release for a moment off the critical path (see
-    /// [`Conn::release_recv`]).
-    pub(super) fn defer_release(&self, state: &mut State, slot: u32, entry: u32) {
-        let released = &mut state.hand_ups.released;
-        released.push((slot, entry));
-        // A batch this thread delivers and releases at its end needs no one else; otherwise
-        // the next empty poll of the engine releases them, if nothing else did.
-        let at_batch_end = DELIVERING.get() == self.serial && self.releases_at_batch_end();
-        if released.len() == 1 && !at_batch_end {
-            self.res.attachment.engine.call_attention(&self.me);
-        }
-        if released.len() >= RELEASE_BATCH {
-            self.release_deferred(state);
-        }
     }
 
     /// Re-posts the slots whose release waited.
@@ -536,18 +519,7 @@ impl Drop for Counted<'_> {
 }
 
 impl Conn {
-    /// Whether this thread re-posts the slots a batch it delivers released when the batch
-    /// ends, under the lock it takes anyway (`handed_up`): yes unless it drives a caller
-    /// of this connection, whose thread returns to its caller first and leaves them to
-    /// the engine's poller.
-    fn releases_at_batch_end(&self) -> bool {
-        DRIVER.get() != self.serial
-    }
-
     fn handed_up(&self, mut state: MutexGuard<'_, State>) {
-        if self.releases_at_batch_end() {
-            self.release_deferred(&mut state);
-        }
         state.hand_ups.batches -= 1;
         if state.hand_ups.batches == 0 && state.closing == Closing::AfterHandUps {
             // Reported by `unlock`, now that nothing that came before is on its way.

@@ -59,7 +59,7 @@ use registry::{Registry, Route, MAX_EARLY};
 pub(crate) use shared_cq::SharedCq;
 
 /// Completions taken from a CQ per poll.
-pub(crate) const POLL_BATCH: usize = 32;
+const POLL_BATCH: usize = 32;
 /// Epoll tokens of the engine's own fds; client rdma_cm channels use their connection tag.
 const TOKEN_COMPLETIONS: u64 = u64::MAX;
 const TOKEN_KICK: u64 = u64::MAX - 1;
