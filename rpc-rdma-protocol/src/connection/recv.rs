@@ -5,6 +5,7 @@ use rpc_wire::{Flags, FrameKind, Header};
 
 use super::{Connection, GROW_AT};
 use crate::action::{Action, Received};
+use crate::credits::RESERVED_CREDITS;
 use crate::error::ProtocolViolation;
 
 impl Connection {
@@ -189,6 +190,28 @@ impl Connection {
             self.flush();
         }
         grown
+    }
+
+    /// How many released receive slots the driver may gather before it hands them back
+    /// with [`Self::release_recv`] (one call each, together): at most an eighth of the
+    /// window, and few enough that the peer never runs out of data credits while the rest
+    /// wait. With everything else held at its limit (the upper layer keeping
+    /// [`crate::Config::lend_limit`] slots, one short of the credit-return threshold
+    /// returnable, the reserved credit), `batch − 1` gathered slots still leave the peer a
+    /// credit for the frame whose release completes the batch. 1 (release each at once)
+    /// for small windows and with a shared receive queue, whose buffers serve every
+    /// connection.
+    pub fn release_batch(&self) -> u32 {
+        if self.geometry.shared_recv {
+            return 1;
+        }
+        let window = self.recv.backed();
+        let held_elsewhere = self.geometry.lend_limit
+            + self.geometry.credit_threshold_for(window)
+            + RESERVED_CREDITS;
+        (window / 8)
+            .min((window + 1).saturating_sub(held_elsewhere))
+            .max(1)
     }
 
     /// Receive slots currently posted (credits with the peer, in flight or returnable). With

@@ -46,6 +46,34 @@ fn a_hoarding_receiver_keeps_lend_limit_slots_and_gets_copies_of_the_rest() {
     p.run_to_idle(0);
 }
 
+/// A receiver that gathers released slots as the driver does, `gather` at a time, while
+/// the application keeps `lend_limit` frames for good: how many of 2,000 one-way frames
+/// arrive before the sender runs out of credits.
+fn delivered_when_gathering(lend_limit: u32, gather: Option<u32>) -> (usize, u32) {
+    let mut p = Pair::symmetric(cfg(64, Some(lend_limit)));
+    let batch = p.b.conn.release_batch();
+    p.b.hoard = true;
+    p.b.gather = Some(gather.unwrap_or(batch));
+    p.a.quota = 2_000;
+    run(&mut p, 100);
+    (p.b.delivered.len(), batch)
+}
+
+#[test]
+fn gathered_releases_never_starve_the_peer_of_credits() {
+    // The defaults: an eighth of the window.
+    assert_eq!(delivered_when_gathering(16, None), (2_000, 8));
+    // A large lend limit leaves little room: the batch shrinks with it, and one more
+    // gathered slot than it allows stalls the sender for good.
+    assert_eq!(delivered_when_gathering(30, None), (2_000, 2));
+    let (stalled, _) = delivered_when_gathering(30, Some(3));
+    assert!(
+        stalled < 2_000,
+        "one past the batch should stall: {stalled}"
+    );
+    assert_eq!(delivered_when_gathering(40, None), (2_000, 1));
+}
+
 #[test]
 fn lend_limit_zero_copies_every_frame() {
     let mut p = Pair::symmetric(cfg(4, Some(0)));

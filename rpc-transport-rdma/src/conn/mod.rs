@@ -427,11 +427,9 @@ impl Conn {
     }
 
     /// The engine's poller does what was left to it: a report a thread inside the upper
-    /// layer could not make, slot releases that waited for a quiet moment.
+    /// layer could not make.
     pub(crate) fn attend(&self) {
-        let mut state = self.state.lock();
-        self.release_deferred(&mut state);
-        self.unlock(state);
+        self.unlock(self.state.lock());
     }
 
     /// Reads the connection's rdma_cm events (clients): a disconnect closes it once what

@@ -21,9 +21,9 @@ use crate::engine::{Polled, SharedCq};
 use crate::protocol::{ProtocolViolation, Received, SendTarget, WorkId};
 use crate::verbs::WorkCompletion;
 
-/// Receive slots whose release may wait for a better moment (see [`Conn::release_recv`]);
-/// one more and they are released at once, so the credits held back stay few.
-const RELEASE_BATCH: usize = 8;
+/// Most receive slots whose release may wait to be re-posted together (see
+/// [`Conn::release_recv`]), so the credits held back stay few.
+const RELEASE_BATCH: u32 = 8;
 
 thread_local! {
     /// This thread is inside the upper layer's code for some connection (delivering frames,
@@ -56,7 +56,7 @@ pub(super) struct HandUps {
     spare: Vec<Arrival>,
     /// Receive slots the upper layer is done with, not yet re-posted, with the entries
     /// they landed in.
-    released: SmallVec<[(u32, u32); RELEASE_BATCH]>,
+    released: SmallVec<[(u32, u32); RELEASE_BATCH as usize]>,
 }
 
 /// What processing a run of one connection's completions leaves for after the locks:
@@ -385,15 +385,14 @@ impl Conn {
 
     /// The upper layer dropped the last view of a received frame.
     ///
-    /// Re-posting its slot (state lock, protocol, RECV) costs microseconds under emulation.
-    /// A thread that drives this connection's CQ (a poller delivering frames, a blocking
-    /// caller decoding its response) leaves it for a moment off the critical path: its
-    /// next send once the frame is posted, or its next poll that finds the CQ empty. The
-    /// caller thus gets its response first and re-posts once its next request left.
-    /// Holding slots back only delays their credits (re-posting is what grants them, so no
-    /// RNR is possible); at most [`RELEASE_BATCH`] wait, and a poller that looks after a
-    /// quiet spell releases them too. Other threads (async handlers, frames kept by the
-    /// application) release at once: nothing says they will come back.
+    /// Re-posting its slot (state lock, protocol, RECV) costs hundreds of instructions and a
+    /// call into the device. A thread that drives this connection's CQ (a poller delivering
+    /// frames, a blocking caller decoding its response) holds released slots back and
+    /// re-posts them together once [`Conn::release_batch`] wait. Holding slots back only
+    /// delays their credits (re-posting is what grants them, so no RNR is possible), and
+    /// never for good: the protocol's batch leaves the peer a credit for the frame whose
+    /// release completes it. Other threads (async handlers, frames kept by the application)
+    /// release at once.
     fn release_recv(&self, slot: u32, entry: u32) {
         // Buffers are dropped wherever the upper layer drops them, possibly under its locks:
         // no callbacks from here.
@@ -403,13 +402,8 @@ impl Conn {
             self.release_one(&mut state, slot, entry);
             self.run_actions(&mut state);
         } else {
-            let released = &mut state.hand_ups.released;
-            released.push((slot, entry));
-            if released.len() == 1 {
-                // The next empty poll of the engine releases them, if nothing else did.
-                self.res.attachment.engine.call_attention(&self.me);
-            }
-            if released.len() >= RELEASE_BATCH {
+            state.hand_ups.released.push((slot, entry));
+            if state.hand_ups.released.len() >= self.release_batch(&state) {
                 self.release_deferred(&mut state);
             }
         }
@@ -417,8 +411,14 @@ impl Conn {
         UPPER_LAYER_LOCKED.set(outer);
     }
 
+    /// How many released slots are re-posted together: as many as the protocol allows
+    /// (see its `release_batch`), at most [`RELEASE_BATCH`].
+    fn release_batch(&self, state: &State) -> usize {
+        state.proto.release_batch().min(RELEASE_BATCH) as usize
+    }
+
     /// Re-posts the slots whose release waited.
-    pub(super) fn release_deferred(&self, state: &mut State) {
+    fn release_deferred(&self, state: &mut State) {
         if state.hand_ups.released.is_empty() {
             return;
         }

@@ -219,9 +219,6 @@ impl Conn {
             }
         }
         self.run_actions(state);
-        // The frame is on its way: a good moment for slot releases that waited, under the
-        // lock already held. Their credits ride on the next frame.
-        self.release_deferred(state);
         committed
     }
 

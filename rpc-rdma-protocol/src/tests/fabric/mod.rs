@@ -90,6 +90,10 @@ pub(crate) struct Endpoint {
     pub(crate) hoard: bool,
     /// Frames copied out instead of lent (with `hoard`).
     pub(crate) copied: u64,
+    /// Released slots are gathered and handed back this many at a time, as the driver
+    /// does ([`Connection::release_batch`]); `None`: each at once.
+    pub(crate) gather: Option<u32>,
+    gathered: Vec<u32>,
 }
 
 /// Payload byte `i` of call `call_id`.
@@ -138,6 +142,8 @@ impl Endpoint {
             quota: 0,
             hoard: false,
             copied: 0,
+            gather: None,
+            gathered: Vec::new(),
         };
         ep.absorb();
         ep
@@ -474,6 +480,19 @@ impl Endpoint {
 
     /// The upper layer is done with `slot`.
     fn release_slot(&mut self, slot: u32) {
+        let Some(batch) = self.gather else {
+            return self.hand_back(slot);
+        };
+        self.gathered.push(slot);
+        if self.gathered.len() >= batch as usize {
+            for slot in std::mem::take(&mut self.gathered) {
+                self.hand_back(slot);
+            }
+        }
+    }
+
+    /// Gives `slot` back to the connection.
+    fn hand_back(&mut self, slot: u32) {
         let given = if self.recv.is_shared() {
             let shrink = self.recv.release(slot);
             self.conn.release_shared(slot, shrink).expect("release")
