@@ -262,7 +262,13 @@ async fn deadline_covers_the_stream(url: &str) {
     let elapsed = started.elapsed();
     let last = items.last().unwrap().as_ref().unwrap_err();
     assert_eq!(last.code(), Code::DeadlineExceeded, "{last}");
-    assert!(items.len() > 3 && items.len() < 30, "{} items", items.len());
+    // Items came before the deadline ended the stream (about 14 in 300 ms; a VM that
+    // stalls for most of the budget delivers fewer), and the stream did not run its course.
+    assert!(
+        items.len() >= 2 && items.len() < 30,
+        "{} items",
+        items.len()
+    );
     assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
     eventually("the server's handler is stopped", || {
         streamer.stats.produce_dropped.load(Ordering::SeqCst) == 1
