@@ -279,7 +279,10 @@ fn in_flight_axis(points: &[super::report::InFlightPoint]) -> WithKeyPoints<LogC
 /// Least and greatest of `values` (both 1.0 for none; the least at least 0.001, for log
 /// axes).
 fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    // A value that is no number would make a log axis endless.
+    let (lo, hi) = values
+        .filter(|v| v.is_finite())
+        .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if lo > hi {
         (1.0, 1.0)
     } else {
@@ -426,5 +429,11 @@ mod tests {
         ] {
             assert!(svg.contains(text), "no {text:?} in the plot");
         }
+    }
+
+    #[test]
+    fn bounds_ignore_what_is_no_number() {
+        let values = [3.0, f64::INFINITY, 40.0, f64::NAN];
+        assert_eq!(bounds(values.into_iter()), (3.0, 40.0));
     }
 }
