@@ -96,8 +96,8 @@ async fn keep_every_reply(rdma: RdmaConfig, limit: u32) {
         .await;
     eprintln!("4000 calls, every reply kept: {:?}", started.elapsed());
     // Slots of copied replies are released in batches by the thread that delivered them
-    // (at the latest on the engine's next empty poll), so a few may still count as held for
-    // a moment; the kept ones never are released.
+    // (at the latest on the poller's next keepalive tick, 250 ms), so a few may still count
+    // as held for a moment; the kept ones never are released.
     let until = Instant::now() + Duration::from_secs(2);
     let stats = loop {
         let stats = transport.stats();
@@ -143,15 +143,16 @@ async fn kept_small_replies_hold_no_receive_slot() {
         let server = start(rdma.clone());
         let (client, transport) = connect(&server, &rdma);
         let mut kept = Vec::new();
-        for seq in 0..200u64 {
+        // Not a multiple of the release batch (8): the last slots wait for the tick.
+        for seq in 0..201u64 {
             let request = EchoRequest {
                 payload: pattern(32, seq).into(),
                 seq,
             };
             kept.push(client.echo(request).await.expect("a small call"));
         }
-        // Released slots go back in batches (at the latest on the engine's next empty
-        // poll): give them a moment.
+        // Released slots go back in batches (at the latest on the poller's next keepalive
+        // tick, 250 ms): give them a moment.
         let until = Instant::now() + Duration::from_secs(2);
         while transport.stats().recv_held != held && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(10)).await;

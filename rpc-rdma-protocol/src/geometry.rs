@@ -53,7 +53,7 @@ pub struct Config {
     /// of the initial window. The credit-return threshold is lowered to
     /// `window - lend_limit - 1` if it is above, so slots held for long cannot keep the
     /// peer's credits from coming back. A frame that arrives while
-    /// this many are held is handed up as a copy and its slot re-posted at once (see
+    /// this many are held is handed up as a copy and its slot released once handed up (see
     /// [`crate::Received::lend`]), so an application that keeps what it received
     /// never starves the ring of receives and the peer of credits.
     pub lend_limit: Option<u32>,

@@ -103,6 +103,8 @@ impl Conn {
             return;
         }
         let mut state = self.state.lock();
+        // Slots gathered on a connection that went quiet wait no longer than a tick.
+        self.release_deferred(&mut state);
         let verdict = self
             .overdue_grant(&state)
             .or_else(|| self.liveness(&mut state, elapsed));

@@ -363,7 +363,8 @@ impl Conn {
     }
 
     /// The bytes of a received frame for the upper layer, and the slot to release once it
-    /// is handed up. Past the lend limit: a copy, and the slot goes back at once. Within it,
+    /// is handed up. Past the lend limit: a copy, and the slot goes back once handed up
+    /// (gathered, see [`Conn::release_recv`]). Within it,
     /// a small frame (`copy_below`) is copied and its slot released after the hand-up; a
     /// larger one is a zero-copy view that keeps the slot while the application keeps it.
     fn frame_bytes(self: &Arc<Self>, rx: &Received, entry: u32) -> (Bytes, Option<RecvSlot>) {
@@ -386,13 +387,13 @@ impl Conn {
     /// The upper layer dropped the last view of a received frame.
     ///
     /// Re-posting its slot (state lock, protocol, RECV) costs hundreds of instructions and a
-    /// call into the device. A thread that drives this connection's CQ (a poller delivering
-    /// frames, a blocking caller decoding its response) holds released slots back and
-    /// re-posts them together once [`Conn::release_batch`] wait. Holding slots back only
-    /// delays their credits (re-posting is what grants them, so no RNR is possible), and
-    /// never for good: the protocol's batch leaves the peer a credit for the frame whose
-    /// release completes it. Other threads (async handlers, frames kept by the application)
-    /// release at once.
+    /// call into the device. A thread that delivers this connection's frames (its poller)
+    /// or has polled its CQ as a caller (`DRIVER`) gathers released slots and re-posts them
+    /// together once [`Conn::release_batch`] wait. Gathering only delays credits
+    /// (re-posting is what grants them, so no RNR is possible): the protocol's batch
+    /// leaves the peer a credit for the frame whose release completes it, and on a
+    /// connection that goes quiet the poller's keepalive tick (every 250 ms) re-posts what
+    /// waits. Other threads release at once.
     fn release_recv(&self, slot: u32, entry: u32) {
         // Buffers are dropped wherever the upper layer drops them, possibly under its locks:
         // no callbacks from here.
@@ -418,7 +419,7 @@ impl Conn {
     }
 
     /// Re-posts the slots whose release waited.
-    fn release_deferred(&self, state: &mut State) {
+    pub(super) fn release_deferred(&self, state: &mut State) {
         if state.hand_ups.released.is_empty() {
             return;
         }

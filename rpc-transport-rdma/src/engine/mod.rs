@@ -135,8 +135,8 @@ pub(crate) struct Engine {
     completions_seen: AtomicU64,
     /// The poller sleeps without arming the CQs because blocking callers drive them.
     poller_unarmed: AtomicBool,
-    /// Connections with work for the poller: slot releases that waited, or a close that a
-    /// thread inside the upper layer could not run itself.
+    /// Connections with work for the poller: a report or close that a thread inside the
+    /// upper layer could not make itself.
     attention: Mutex<Vec<Weak<Conn>>>,
     has_attention: AtomicBool,
     /// Connections whose async senders wait for room (see `Conn::check_stall`).
@@ -492,8 +492,8 @@ impl Engine {
         {
             return;
         }
-        // Drained, not taken: the list keeps its capacity, so asking for attention (every
-        // deferred slot release does) allocates nothing.
+        // Drained, not taken: the list keeps its capacity, so asking for attention
+        // allocates nothing.
         let conns: SmallVec<[Weak<Conn>; 4]> = self.attention.lock().drain(..).collect();
         for conn in conns.iter().filter_map(Weak::upgrade) {
             conn.attend();
