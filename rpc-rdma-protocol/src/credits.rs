@@ -110,6 +110,11 @@ impl Credits {
         self.threshold = threshold;
     }
 
+    /// Returnable credits at which a credit-only frame is due.
+    pub(crate) fn threshold(&self) -> u32 {
+        self.threshold
+    }
+
     /// Whether enough credits are returnable to justify a credit-only frame.
     pub(crate) fn return_due(&self) -> bool {
         self.returnable >= self.threshold

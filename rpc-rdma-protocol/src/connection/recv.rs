@@ -206,9 +206,8 @@ impl Connection {
             return 1;
         }
         let window = self.recv.backed();
-        let held_elsewhere = self.geometry.lend_limit
-            + self.geometry.credit_threshold_for(window)
-            + RESERVED_CREDITS;
+        // The threshold follows the window (see `window_changed`).
+        let held_elsewhere = self.geometry.lend_limit + self.credits.threshold() + RESERVED_CREDITS;
         (window / 8)
             .min((window + 1).saturating_sub(held_elsewhere))
             .max(1)
