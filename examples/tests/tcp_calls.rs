@@ -118,6 +118,73 @@ async fn thousand_concurrent_calls_on_one_connection() {
     assert_eq!(client.channel().in_flight(), 0);
 }
 
+/// Blocking callers read their answers from the socket themselves, one at a time, while
+/// the event loop reads for everyone else: with four blocking threads and async calls
+/// sharing one connection, every call gets its own answer, none waits for another's, and
+/// blocking calls slower than the caller's read (a handler that sleeps) are answered too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_and_async_callers_share_a_connection_and_each_gets_its_answer() {
+    let server = start(&Tester::default());
+    let channel = rdma_rpc::connect(server.local_url()).await.unwrap();
+    let client = EchoClient::new(channel.clone());
+    let blocking: Vec<_> = (0..4u64)
+        .map(|thread| {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                for i in 0..500u64 {
+                    let seq = thread << 32 | i;
+                    let payload = pattern((i as usize * 13) % 3000, seq);
+                    let reply = client
+                        .echo_blocking(EchoRequest {
+                            payload: payload.clone().into(),
+                            seq,
+                        })
+                        .unwrap()
+                        .into_inner();
+                    assert_eq!((reply.seq, reply.payload), (seq, payload.into()));
+                }
+            })
+        })
+        .collect();
+    let sleeper = {
+        let tester = TesterClient::new(channel.clone());
+        std::thread::spawn(move || {
+            for _ in 0..3 {
+                tester
+                    .sleep_blocking(sleep_for(Duration::from_millis(60)))
+                    .expect("a call slower than a caller's read is answered");
+            }
+        })
+    };
+    let calls = (0..400u64).map(|seq| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let payload = pattern(seq as usize % 500, seq);
+            let reply = client
+                .echo(EchoRequest {
+                    payload: payload.clone().into(),
+                    seq,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!((reply.seq, reply.payload), (seq, payload.into()));
+        })
+    });
+    for result in join_all(calls).await {
+        result.unwrap();
+    }
+    tokio::task::spawn_blocking(move || {
+        for thread in blocking {
+            thread.join().expect("blocking caller");
+        }
+        sleeper.join().expect("sleeping caller");
+    })
+    .await
+    .unwrap();
+    assert_eq!(channel.in_flight(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadline_expiry_is_deadline_exceeded_and_stops_the_handler() {
     let tester = Tester::default();

@@ -212,8 +212,13 @@ impl ClientTransport for RdmaClient {
 /// A waiting caller may poll the connection's completion queue itself: blocking calls spin
 /// on it, async calls take the engine's drive lease.
 impl Progress for RdmaClient {
-    fn poll_progress(&self) -> bool {
-        self.conn.spin_progress(self.spin)
+    fn poll_progress(&self, until: Option<Instant>) -> bool {
+        let left = until.map(|at| at.saturating_duration_since(Instant::now()));
+        let budget = match (self.spin, left) {
+            (Some(spin), Some(left)) => Some(spin.min(left)),
+            (spin, left) => spin.or(left),
+        };
+        self.conn.spin_progress(budget)
     }
 
     fn drive(&self, cx: &mut Context<'_>, lease: &mut bool) -> Drive {

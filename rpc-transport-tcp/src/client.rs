@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use rpc_core::client::Responses;
 use rpc_core::frame::OutgoingFrame;
-use rpc_core::{CallTable, ClientTransport, FrameSender, Status};
+use rpc_core::transport::Progress;
+use rpc_core::{CallTable, ClientTransport, Drive, FrameSender, Status};
 
 use crate::conn::{Conn, ReadPolicy};
 use crate::handshake;
@@ -36,10 +37,14 @@ fn client_runtime() -> Result<&'static tokio::runtime::Runtime, Status> {
 
 /// A connected TCP client transport. Frames are written on the calling thread when the
 /// socket takes them, else queued for the event loop, which also completes calls in the
-/// [`CallTable`] as responses arrive.
+/// [`CallTable`] as responses arrive; a blocking caller reads its answer itself while no
+/// other thread reads ([`Progress`]).
 #[derive(Debug)]
 pub struct TcpClient {
     conn: Arc<Conn>,
+    responses: Arc<Responses>,
+    /// `TcpConfig::caller_reads`.
+    caller_reads: Duration,
 }
 
 impl TcpClient {
@@ -56,22 +61,26 @@ impl TcpClient {
             handshake::client(&mut stream, credentials, &peer, config.connect_timeout)?;
         }
         let runtime = client_runtime()?;
-        let conn = {
-            let _entered = runtime.enter();
-            stream
-                .set_nonblocking(true)
-                .and_then(|()| tokio::net::TcpStream::from_std(stream))
-                .and_then(|stream| Conn::new(stream, peer.clone(), &config.limits))
-                .map_err(|e| Status::unavailable(format!("cannot use the socket to {peer}: {e}")))?
-        };
         let policy = ReadPolicy {
             max_payload: config.max_message_size,
             idle_timeout: None,
             pause_when_full: false,
         };
-        let responses = Responses::new(calls, peer, config.max_message_size);
-        conn.start(runtime.handle(), responses, policy);
-        Ok(Arc::new(TcpClient { conn }))
+        let conn = {
+            let _entered = runtime.enter();
+            stream
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::TcpStream::from_std(stream))
+                .and_then(|stream| Conn::new(stream, peer.clone(), &config.limits, policy))
+                .map_err(|e| Status::unavailable(format!("cannot use the socket to {peer}: {e}")))?
+        };
+        let responses = Arc::new(Responses::new(calls, peer, config.max_message_size));
+        conn.start(runtime.handle(), responses.clone());
+        Ok(Arc::new(TcpClient {
+            conn,
+            responses,
+            caller_reads: config.caller_reads,
+        }))
     }
 }
 
@@ -131,6 +140,10 @@ impl FrameSender for TcpClient {
 }
 
 impl ClientTransport for TcpClient {
+    fn progress(&self) -> Option<&dyn Progress> {
+        (!self.caller_reads.is_zero()).then_some(self)
+    }
+
     fn send_control(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
         match self
             .conn
@@ -155,6 +168,21 @@ impl ClientTransport for TcpClient {
             self.conn.peer
         )));
     }
+}
+
+/// A blocking caller reads the socket for its answer when no other thread does (no
+/// hand-off from the event loop); async callers are woken by the event loop.
+impl Progress for TcpClient {
+    fn poll_progress(&self, until: Option<std::time::Instant>) -> bool {
+        self.conn
+            .read_for_caller(&*self.responses, until, self.caller_reads)
+    }
+
+    fn drive(&self, _: &mut Context<'_>, _: &mut bool) -> Drive {
+        Drive::Wait
+    }
+
+    fn release(&self) {}
 }
 
 impl Drop for TcpClient {

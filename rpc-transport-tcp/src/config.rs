@@ -54,6 +54,12 @@ pub struct TcpConfig {
     /// What to authenticate with (`rpc_core::auth`); the server must prove it holds the
     /// same secret. `None`: connect without credentials.
     pub credentials: Option<rpc_core::auth::Credentials>,
+    /// Longest a blocking caller waits in the socket for its answer, reading it itself
+    /// while no other thread reads the connection, before it parks and the event loop
+    /// reads the answer and wakes it (a thread hand-off more). Longer than a call takes:
+    /// blocking calls pay no hand-off; a call's deadline ends the wait sooner.
+    /// `Duration::ZERO`: the event loop reads every answer. Default 20 ms.
+    pub caller_reads: Duration,
 }
 
 impl Default for TcpConfig {
@@ -63,6 +69,7 @@ impl Default for TcpConfig {
             connect_timeout: Duration::from_secs(5),
             max_message_size: rpc_core::client::DEFAULT_MAX_MESSAGE_SIZE,
             limits: ConnectionLimits::default(),
+            caller_reads: Duration::from_millis(20),
         }
     }
 }

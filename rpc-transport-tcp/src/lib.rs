@@ -21,6 +21,7 @@ mod deadline;
 pub mod handshake;
 mod metrics;
 mod outbox;
+mod reader;
 mod server;
 
 pub use client::TcpClient;

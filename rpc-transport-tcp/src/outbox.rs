@@ -242,11 +242,20 @@ impl Outbox {
     /// reading requests while its replies cannot leave).
     pub(crate) fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
         let mut st = self.state.lock();
-        if st.closed.is_some() || st.queued() < self.limit {
+        if Self::open_room(&st, self.limit) {
             return Poll::Ready(());
         }
         register(&mut st.waiters, cx.waker());
         Poll::Pending
+    }
+
+    /// Whether [`Outbox::poll_room`] would be ready now.
+    pub(crate) fn has_room(&self) -> bool {
+        Self::open_room(&self.state.lock(), self.limit)
+    }
+
+    fn open_room(st: &State, limit: usize) -> bool {
+        st.closed.is_some() || st.queued() < limit
     }
 
     /// Whether nothing waits to be written.

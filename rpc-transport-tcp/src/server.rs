@@ -275,7 +275,12 @@ fn start_connection(
     if at_limit(&stream, peer, shared, 0) {
         return Ok(());
     }
-    let conn = Conn::new(stream, who.addr.clone(), &shared.config.limits)?;
+    let policy = ReadPolicy {
+        max_payload: shared.dispatcher.config().max_message_size,
+        idle_timeout: Some(shared.config.idle_timeout),
+        pause_when_full: true,
+    };
+    let conn = Conn::new(stream, who.addr.clone(), &shared.config.limits, policy)?;
     let dispatch = ConnectionDispatch::new(shared.dispatcher.clone(), conn.clone(), who);
     let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
     {
@@ -299,16 +304,11 @@ fn start_connection(
             },
         );
     }
-    let policy = ReadPolicy {
-        max_payload: shared.dispatcher.config().max_message_size,
-        idle_timeout: Some(shared.config.idle_timeout),
-        pause_when_full: true,
-    };
     let gone = shared.clone();
     let requests = Requests::new(dispatch).on_closed_then(Box::new(move || {
         gone.connections.lock().remove(&id);
     }));
-    conn.start(&tokio::runtime::Handle::current(), requests, policy);
+    conn.start(&tokio::runtime::Handle::current(), Arc::new(requests));
     Ok(())
 }
 

@@ -137,7 +137,7 @@ impl PendingCall {
             if let Some(result) = inner.calls.take(self.id) {
                 return result;
             }
-            if progress::poll_progress(inner.transport.progress()) {
+            if progress::poll_progress(inner.transport.progress(), self.deadline) {
                 continue;
             }
             let me = me.get_or_insert_with(std::thread::current);

@@ -98,7 +98,7 @@ impl Link {
     /// Polls the transport's completions on a blocked thread (run-to-completion); false if
     /// nothing arrived and the thread should park.
     pub(crate) fn poll_progress(&self) -> bool {
-        progress::poll_progress(self.progress())
+        progress::poll_progress(self.progress(), None)
     }
 
     fn progress(&self) -> Option<&dyn Progress> {

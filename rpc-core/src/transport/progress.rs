@@ -1,17 +1,19 @@
 //! [`Progress`]: letting a waiting caller make the transport's progress on its own thread
 //! (run to completion), an optional capability a transport offers through
-//! [`ClientTransport::progress`](super::ClientTransport::progress). A transport whose
-//! receive path runs elsewhere (TCP's event loop) offers none; one whose completions any
-//! thread may poll (RDMA) does.
+//! [`ClientTransport::progress`](super::ClientTransport::progress). RDMA lets a waiting
+//! caller poll the completion queue; TCP lets a blocking caller read the socket while no
+//! other thread does.
 
 use std::task::Context;
+use std::time::Instant;
 
 /// Polling a transport's completions from the caller's thread.
 pub trait Progress: Send + Sync {
-    /// Lets a blocked caller make progress: poll the completions for a while. True as
-    /// soon as anything was received (by this thread or another), false if nothing was and
-    /// the caller should park.
-    fn poll_progress(&self) -> bool;
+    /// Lets a blocked caller make progress: poll the completions (or read the socket) for
+    /// a while, never past `until` (the call's deadline). True as soon as anything was
+    /// received (by this thread or another), false if nothing was and the caller should
+    /// park.
+    fn poll_progress(&self, until: Option<Instant>) -> bool;
 
     /// One look at the completions for an async call waiting for its response, and the
     /// transport's advice on what its task does next. `lease` is the caller's: the
@@ -59,7 +61,8 @@ pub(crate) fn release(progress: Option<&dyn Progress>, lease: &mut bool) {
     }
 }
 
-/// Polls for a blocked caller; false (park) for a transport that offers no progress.
-pub(crate) fn poll_progress(progress: Option<&dyn Progress>) -> bool {
-    progress.is_some_and(Progress::poll_progress)
+/// Polls for a blocked caller, at most until `until`; false (park) for a transport that
+/// offers no progress.
+pub(crate) fn poll_progress(progress: Option<&dyn Progress>, until: Option<Instant>) -> bool {
+    progress.is_some_and(|progress| progress.poll_progress(until))
 }

@@ -5,52 +5,58 @@
 use std::future::poll_fn;
 use std::io;
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use parking_lot::{Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
-use rpc_core::frame::{InboundFrame, OutgoingFrame};
+use rpc_core::frame::OutgoingFrame;
 use rpc_core::server::{ReplySink, ServedLink};
-use rpc_core::stream::{is_message_frame, Wakes};
+use rpc_core::stream::Wakes;
 use rpc_core::{Inbound, Status};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 use tokio::time::{timeout, Instant};
 
-use crate::codec::{Decoded, FrameDecoder};
 use crate::config::{ConnectionLimits, KEEPALIVE_PROBES};
 use crate::deadline::ReadDeadline;
 use crate::outbox::{Chunk, Outbox};
+use crate::reader::{Reader, Turn, FRAMES_PER_TURN};
 
-/// Most bytes one read asks for: frames smaller than this arrive in one read, larger ones
-/// grow their buffer with the bytes that arrive.
-const READ_CHUNK: usize = 64 * 1024;
-/// Fewest bytes a read asks for (a header and a small message). A reader whose reads fill
-/// what they asked for asks for twice as much next time, up to [`READ_CHUNK`], and for
-/// half as much again when a read brings less than a quarter: busy connections take a
-/// burst of small frames in one system call, idle ones keep small buffers.
-const MIN_READ: usize = 4 * 1024;
-/// Frames a connection's reader delivers (running inline handlers) before it lets the other
-/// tasks of its thread run; a run of stream messages counts as one.
-const FRAMES_PER_TURN: u32 = 16;
-/// Most messages of one stream the reader hands up at once (one lookup of the stream and
-/// one hold of its lock for the run): long enough to amortize both, short enough that the
-/// stream's reader never waits long for the lock.
-const MAX_RUN: usize = 64;
+mod caller;
+
+/// The next connection's serial (0: none).
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
 /// A connection shared by its tasks and the transport that sends on it.
-#[derive(Debug)]
 pub(crate) struct Conn {
     pub(crate) stream: TcpStream,
     pub(crate) outbox: Outbox,
     /// `tcp://host:port` of the other end, for messages.
     pub(crate) peer: String,
     limits: ConnectionLimits,
+    policy: ReadPolicy,
+    /// What is read and not yet handed up; its holder reads the socket (see `reader.rs`).
+    reader: Mutex<Reader>,
+    /// A blocking caller gave the reader back: the reader task may take it.
+    reader_free: Notify,
     /// Its reader ended and told its inbound side.
     ended: AtomicBool,
+    /// Names the connection in a caller's `LAST_LOOK`, unique in the process.
+    serial: u64,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("peer", &self.peer)
+            .field("outbox", &self.outbox)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A server's graceful shutdown half-closes the connection once its answers are written;
@@ -119,11 +125,12 @@ pub(crate) struct ReadPolicy {
 }
 
 impl Conn {
-    /// Wraps a connected socket registered with the event loop.
+    /// Wraps a connected socket registered with the event loop, read as `policy` says.
     pub(crate) fn new(
         stream: TcpStream,
         peer: String,
         limits: &ConnectionLimits,
+        policy: ReadPolicy,
     ) -> io::Result<Arc<Conn>> {
         stream.set_nodelay(true)?;
         keep_alive(&stream, limits)?;
@@ -132,7 +139,11 @@ impl Conn {
             outbox: Outbox::new(limits.write_queue),
             peer,
             limits: limits.clone(),
+            policy,
+            reader: Mutex::new(Reader::new(policy.max_payload)),
+            reader_free: Notify::new(),
             ended: AtomicBool::new(false),
+            serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
         }))
     }
 
@@ -140,11 +151,10 @@ impl Conn {
     pub(crate) fn start(
         self: &Arc<Self>,
         runtime: &tokio::runtime::Handle,
-        inbound: impl Inbound,
-        policy: ReadPolicy,
+        inbound: Arc<dyn Inbound>,
     ) {
         runtime.spawn(self.clone().write_loop());
-        runtime.spawn(self.clone().read_loop(inbound, policy));
+        runtime.spawn(self.clone().read_loop(inbound));
     }
 
     /// Closes the connection at once: queued frames are dropped, both tasks end, every
@@ -235,15 +245,8 @@ impl Conn {
     fn read_some(&self, buf: &mut BytesMut) -> io::Result<usize> {
         let mut short = None;
         let read = self.stream.try_io(Interest::READABLE, || {
-            let spare = buf.spare_capacity_mut();
-            let room = spare.len();
-            let n = socket2::SockRef::from(&self.stream).recv(spare)?;
-            if let Some(metrics) = crate::metrics::tcp() {
-                metrics.received.increment(n as u64);
-            }
-            // SAFETY: recv initialized the first `n` bytes of the spare capacity.
-            unsafe { buf.set_len(buf.len() + n) };
-            if n > 0 && n < room {
+            let n = self.recv(buf)?;
+            if n > 0 && buf.len() < buf.capacity() {
                 // tokio clears readiness only as of the event it saw, so data arriving after
                 // this recv still wakes the reader.
                 short = Some(n);
@@ -255,6 +258,19 @@ impl Conn {
             (_, Some(n)) => Ok(n),
             (read, None) => read,
         }
+    }
+
+    /// One `recv` into `buf`'s spare capacity, whatever the event loop knows of the
+    /// socket's readiness.
+    fn recv(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        let spare = buf.spare_capacity_mut();
+        let n = socket2::SockRef::from(&self.stream).recv(spare)?;
+        if let Some(metrics) = crate::metrics::tcp() {
+            metrics.received.increment(n as u64);
+        }
+        // SAFETY: recv initialized the first `n` bytes of the spare capacity.
+        unsafe { buf.set_len(buf.len() + n) };
+        Ok(n)
     }
 
     fn failed(&self, e: io::Error) -> (Status, bool) {
@@ -270,8 +286,18 @@ impl Conn {
         (Status::unavailable(message), false)
     }
 
-    async fn read_loop(self: Arc<Self>, inbound: impl Inbound, policy: ReadPolicy) {
-        let (status, abort) = self.read_frames(&inbound, policy).await;
+    /// What a read that returned `read` means for the connection: `Some` once it is over.
+    fn after_read(&self, reader: &Reader, read: io::Result<usize>) -> Option<(Status, bool)> {
+        match read {
+            Ok(0) => Some((reader.end_of_stream(&self.peer), false)),
+            Ok(_) => None,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+            Err(e) => Some(self.failed(e)),
+        }
+    }
+
+    async fn read_loop(self: Arc<Self>, inbound: Arc<dyn Inbound>) {
+        let (status, abort) = self.read_frames(&*inbound).await;
         // A close by this side already set the status the senders see; keep it.
         let status = self.outbox.closed().unwrap_or(status);
         if abort {
@@ -283,101 +309,81 @@ impl Conn {
         self.ended.store(true, Ordering::Release);
     }
 
+    /// When the reader task stops waiting for bytes: a frame begun must be complete within
+    /// the read timeout, and a connection with an idle timeout must hear something within it.
+    fn deadline(&self, reader: &Reader) -> Option<Instant> {
+        match reader.frame_started {
+            Some(started) => Some(started + self.limits.read_timeout),
+            None => self
+                .policy
+                .idle_timeout
+                .map(|idle| reader.last_heard + idle),
+        }
+    }
+
+    /// The reader, once no blocking caller holds it. Never held across an await.
+    async fn reader(&self) -> MutexGuard<'_, Reader> {
+        loop {
+            // Registered before the look, so that a caller giving it back in between is heard.
+            let mut freed = std::pin::pin!(self.reader_free.notified());
+            freed.as_mut().enable();
+            if let Some(reader) = self.reader.try_lock() {
+                return reader;
+            }
+            freed.await;
+        }
+    }
+
     /// Reads and delivers frames until the connection ends; returns why it did, and whether
     /// the peer broke a limit (the connection is then reset).
-    async fn read_frames(&self, inbound: &impl Inbound, policy: ReadPolicy) -> (Status, bool) {
-        let mut decoder = FrameDecoder::new(policy.max_payload);
-        let mut buf = BytesMut::new();
+    async fn read_frames(&self, inbound: &dyn Inbound) -> (Status, bool) {
+        let policy = self.policy;
         // Held while the frames of one read are handed up: a stream's reader wakes once to
         // all of its messages in the read, not once per message.
         let mut wakes = Wakes::new();
-        // Consecutive messages of one stream, handed up together.
-        let mut run = Run::default();
-        let mut read_size = MIN_READ;
-        // When the frame being received started to arrive.
-        let mut frame_started: Option<Instant> = None;
-        let mut last_heard = Instant::now();
         let mut read_deadline = ReadDeadline::new();
+        let room = || !policy.pause_when_full || self.outbox.has_room();
         loop {
-            // Frames taken from the buffer, and deliveries (frames, runs) made, this turn.
-            let (mut decoded, mut delivered) = (0u32, 0u32);
-            loop {
-                if policy.pause_when_full {
-                    // Between frames, so that a burst of requests read at once stops at the
-                    // first whose answer would find the queue full.
-                    poll_fn(|cx| self.outbox.poll_room(cx)).await;
+            // Hand up what was read, a turn at a time; then see how long to wait for more.
+            let deadline = loop {
+                let (turn, deadline) = {
+                    let mut reader = self.reader().await;
+                    if let Some(end) = reader.ended.take() {
+                        return end;
+                    }
+                    let every = Some(FRAMES_PER_TURN);
+                    let turn = reader.deliver(inbound, &mut wakes, every, room, &self.peer);
+                    (turn, self.deadline(&reader))
+                };
+                wakes.wake_all();
+                match turn {
+                    Turn::Drained { .. } => break deadline,
+                    Turn::Yield => tokio::task::yield_now().await,
+                    Turn::Full => poll_fn(|cx| self.outbox.poll_room(cx)).await,
+                    Turn::End(status, abort) => return (status, abort),
                 }
-                let before = delivered;
-                match decoder.decode(&mut buf) {
-                    Ok(Some(Decoded::Frame(frame))) if is_message_frame(frame.header.kind) => {
-                        if let Some(frame) = run.push(frame) {
-                            delivered += run.hand_up(inbound, &mut wakes);
-                            run.push(frame);
-                        }
-                        if run.frames.len() >= MAX_RUN {
-                            delivered += run.hand_up(inbound, &mut wakes);
-                        }
-                    }
-                    Ok(Some(Decoded::Frame(frame))) => {
-                        run.hand_up(inbound, &mut wakes);
-                        let handed = inbound.on_frame(frame, &mut wakes);
-                        delivered += 1;
-                        if let Err(status) = handed {
-                            wakes.wake_all();
-                            return (status, false);
-                        }
-                    }
-                    Ok(Some(Decoded::Oversized { header, declared })) => {
-                        run.hand_up(inbound, &mut wakes);
-                        inbound.on_oversized(&header, declared);
-                        delivered += 1;
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        let status =
-                            Status::unavailable(format!("{} sent garbage: {e}", self.peer));
-                        return (status, true);
-                    }
-                }
-                decoded += 1;
-                if delivered > before && delivered.is_multiple_of(FRAMES_PER_TURN) {
-                    // Inline handlers run here: let the other connections of this thread in.
-                    tokio::task::yield_now().await;
-                }
-            }
-            run.hand_up(inbound, &mut wakes);
-            wakes.wake_all();
-            if !decoder.mid_frame(&buf) {
-                frame_started = None;
-            } else if decoded > 0 || frame_started.is_none() {
-                // A new frame began in the bytes of the last read.
-                frame_started = Some(last_heard);
-            }
+            };
             if let Some(status) = self.outbox.reset() {
                 return (status, false);
             }
-            let deadline = match frame_started {
-                Some(started) => Some(started + self.limits.read_timeout),
-                None => policy.idle_timeout.map(|idle| last_heard + idle),
-            };
             let readable = match deadline {
-                Some(deadline) => read_deadline
-                    .wait(deadline, self.stream.readable())
-                    .await
-                    .ok_or(()),
-                None => Ok(self.stream.readable().await),
+                Some(at) => read_deadline.wait(at, self.stream.readable()).await,
+                None => Some(self.stream.readable().await),
             };
+            let mut reader = self.reader().await;
             match readable {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return self.failed(e),
-                Err(_) if frame_started.is_some() => {
+                Some(Ok(())) => {}
+                Some(Err(e)) => return self.failed(e),
+                // The deadline passed, unless a caller's read moved it on meanwhile.
+                None if self.deadline(&reader).is_some_and(|at| at > Instant::now()) => continue,
+                None if reader.frame_started.is_some() => {
                     let status = Status::unavailable(format!(
                         "{} sent part of a frame and then nothing for {:?} (read timeout)",
                         self.peer, self.limits.read_timeout
                     ));
                     return (status, true);
                 }
-                Err(_) => {
+                None => {
                     if inbound.idle() && self.outbox.is_empty() {
                         let status = Status::unavailable(format!(
                             "{} was idle for {:?} (idle timeout)",
@@ -387,65 +393,15 @@ impl Conn {
                         return (status, false);
                     }
                     // Calls are running: the peer is waiting for us, not idle.
-                    last_heard = Instant::now();
+                    reader.last_heard = Instant::now();
                     continue;
                 }
             }
-            buf.reserve(decoder.missing(&buf).clamp(read_size, READ_CHUNK));
-            let room = buf.capacity() - buf.len();
-            let read = self.read_some(&mut buf);
-            if let Ok(n) = read {
-                if n == room {
-                    read_size = (read_size * 2).min(READ_CHUNK);
-                } else if n < read_size / 4 {
-                    read_size = (read_size / 2).max(MIN_READ);
-                }
-            }
-            match read {
-                Ok(0) => {
-                    let how = if decoder.mid_frame(&buf) {
-                        "closed the connection mid-frame"
-                    } else {
-                        "closed the connection"
-                    };
-                    return (Status::unavailable(format!("{} {how}", self.peer)), false);
-                }
-                Ok(_) => last_heard = Instant::now(),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return self.failed(e),
+            let read = reader.read(|buf| self.read_some(buf));
+            if let Some(end) = self.after_read(&reader, read) {
+                return end;
             }
         }
-    }
-}
-
-/// Consecutive `Message` and `Messages` frames of one stream, read and not yet handed up.
-#[derive(Debug, Default)]
-struct Run {
-    frames: Vec<InboundFrame>,
-}
-
-impl Run {
-    /// Adds `frame` to the run; gives it back if it belongs to another stream than the run.
-    fn push(&mut self, frame: InboundFrame) -> Option<InboundFrame> {
-        match self.frames.last() {
-            Some(last) if last.header.call_id != frame.header.call_id => Some(frame),
-            _ => {
-                self.frames.push(frame);
-                None
-            }
-        }
-    }
-
-    /// Hands the run up, if there is one: before any other frame, so that frames reach the
-    /// upper layer in the order they came.
-    /// Returns the deliveries made (0 or 1).
-    fn hand_up(&mut self, inbound: &impl Inbound, wakes: &mut Wakes) -> u32 {
-        let Some(first) = self.frames.first() else {
-            return 0;
-        };
-        inbound.on_messages(first.header.call_id, &mut self.frames, wakes);
-        self.frames.clear();
-        1
     }
 }
 
@@ -472,70 +428,12 @@ fn keep_alive(stream: &TcpStream, limits: &ConnectionLimits) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use parking_lot::Mutex;
-    use rpc_core::{FrameKind, Header};
 
-    /// Records what it is handed: `(call id, seqs)` per delivery.
-    #[derive(Default)]
-    struct Recorder(Mutex<Vec<(u64, Vec<u32>)>>);
-
-    impl Inbound for Recorder {
-        fn on_frame(&self, frame: InboundFrame, _: &mut Wakes) -> Result<(), Status> {
-            let seq = frame.header.seq();
-            self.0.lock().push((frame.header.call_id, vec![seq]));
-            Ok(())
-        }
-        fn on_messages(&self, call_id: u64, run: &mut Vec<InboundFrame>, _: &mut Wakes) {
-            let seqs = run.drain(..).map(|f| f.header.seq()).collect();
-            self.0.lock().push((call_id, seqs));
-        }
-        fn on_oversized(&self, _: &Header, _: u64) {}
-        fn on_dropped(&self, _: u64, _: FrameKind) {}
-        fn on_transfer_failed(&self, _: u64, _: FrameKind, _: Status) {}
-        fn idle(&self) -> bool {
-            true
-        }
-        fn on_closed(&self, _: Status) {}
-    }
-
-    fn frame(kind: FrameKind, call_id: u64, seq: u32) -> InboundFrame {
-        InboundFrame {
-            header: Header::stream(kind, call_id, seq),
-            metadata: Default::default(),
-            payload: Default::default(),
-        }
-    }
-
-    /// Messages of one stream that follow each other go up as one run; a message of
-    /// another stream, or any other frame, ends the run first, so every frame reaches the
-    /// upper layer in the order it came.
-    #[test]
-    fn runs_of_one_streams_messages_go_up_together_and_in_order() {
-        let inbound = Recorder::default();
-        let mut wakes = Wakes::new();
-        let mut run = Run::default();
-        let mut delivered = 0;
-        for (call, seq) in [(1, 1), (1, 2), (1, 3), (2, 1), (1, 4)] {
-            if let Some(frame) = run.push(frame(FrameKind::Message, call, seq)) {
-                delivered += run.hand_up(&inbound, &mut wakes);
-                assert!(run.push(frame).is_none(), "an empty run takes any stream");
-            }
-        }
-        delivered += run.hand_up(&inbound, &mut wakes);
-        inbound
-            .on_frame(frame(FrameKind::Trailers, 1, 5), &mut wakes)
-            .unwrap();
-        assert_eq!(
-            run.hand_up(&inbound, &mut wakes),
-            0,
-            "nothing left to hand up"
-        );
-        assert_eq!(delivered, 3);
-        assert_eq!(
-            *inbound.0.lock(),
-            [(1, vec![1, 2, 3]), (2, vec![1]), (1, vec![4]), (1, vec![5]),]
-        );
-    }
+    const POLICY: ReadPolicy = ReadPolicy {
+        max_payload: 1024,
+        idle_timeout: None,
+        pause_when_full: false,
+    };
 
     /// The options a dead peer is noticed by are set on every connection's socket.
     #[test]
@@ -556,7 +454,7 @@ mod tests {
                 keepalive_timeout: Duration::from_secs(9),
                 ..ConnectionLimits::default()
             };
-            let conn = Conn::new(stream, "tcp://test".into(), &limits).expect("conn");
+            let conn = Conn::new(stream, "tcp://test".into(), &limits, POLICY).expect("conn");
             let socket = socket2::SockRef::from(&conn.stream);
             assert!(socket.keepalive().expect("SO_KEEPALIVE"));
             assert_eq!(socket.tcp_keepalive_time().unwrap(), Duration::from_secs(7));
@@ -576,7 +474,7 @@ mod tests {
             let stream = TcpStream::connect(listener.local_addr().unwrap())
                 .await
                 .expect("connect");
-            let conn = Conn::new(stream, "tcp://test".into(), &off).expect("conn");
+            let conn = Conn::new(stream, "tcp://test".into(), &off, POLICY).expect("conn");
             assert!(!socket2::SockRef::from(&conn.stream).keepalive().unwrap());
         });
     }
