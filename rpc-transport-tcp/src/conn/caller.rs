@@ -7,6 +7,7 @@ use std::cell::Cell;
 use std::io;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use rpc_core::stream::Wakes;
 use rpc_core::Inbound;
 use tokio::net::TcpStream;
@@ -67,7 +68,7 @@ impl Conn {
             if !wait_readable(&self.stream, until) {
                 break false;
             }
-            let read = reader.read(|buf| self.recv(buf));
+            let read = reader.read(|buf| self.drain(buf));
             if let Some(end) = self.after_read(&reader, read) {
                 reader.ended = Some(end);
                 break true;
@@ -78,6 +79,17 @@ impl Conn {
         wakes.wake_all();
         self.reader_free.notify_waiters();
         progressed
+    }
+}
+
+impl Conn {
+    /// A caller's read, which empties the socket, clears the event loop's readiness of it
+    /// as the reader task's reads do, so that the task does not wake to read what this
+    /// caller read, nor read the answer of this caller's next call before it does. If the
+    /// event loop has not seen the bytes yet, a plain `recv` reads them (the task then
+    /// wakes once for nothing).
+    fn drain(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        self.read_clearing(buf).unwrap_or_else(|| self.recv(buf))
     }
 }
 

@@ -243,20 +243,30 @@ impl Conn {
     /// socket was drained, so its readiness is cleared right away: the next wait goes
     /// straight to the event loop instead of costing one more `recv` that would find nothing.
     fn read_some(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        self.read_clearing(buf)
+            .unwrap_or_else(|| Err(io::ErrorKind::WouldBlock.into()))
+    }
+
+    /// [`Conn::read_some`]; `None` if the event loop has not seen the socket readable
+    /// (nothing was read, nothing cleared).
+    fn read_clearing(&self, buf: &mut BytesMut) -> Option<io::Result<usize>> {
         let mut short = None;
+        let mut tried = false;
         let read = self.stream.try_io(Interest::READABLE, || {
+            tried = true;
             let n = self.recv(buf)?;
             if n > 0 && buf.len() < buf.capacity() {
-                // tokio clears readiness only as of the event it saw, so data arriving after
-                // this recv still wakes the reader.
+                // tokio clears readiness only as of the event it saw before this recv, so
+                // data arriving after it still wakes the reader.
                 short = Some(n);
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             Ok(n)
         });
         match (read, short) {
-            (_, Some(n)) => Ok(n),
-            (read, None) => read,
+            _ if !tried => None,
+            (_, Some(n)) => Some(Ok(n)),
+            (read, None) => Some(read),
         }
     }
 
@@ -323,6 +333,9 @@ impl Conn {
 
     /// The reader, once no blocking caller holds it. Never held across an await.
     async fn reader(&self) -> MutexGuard<'_, Reader> {
+        if let Some(reader) = self.reader.try_lock() {
+            return reader;
+        }
         loop {
             // Registered before the look, so that a caller giving it back in between is heard.
             let mut freed = std::pin::pin!(self.reader_free.notified());
