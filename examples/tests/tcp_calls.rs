@@ -124,8 +124,19 @@ async fn thousand_concurrent_calls_on_one_connection() {
 /// blocking calls slower than the caller's read (a handler that sleeps) are answered too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocking_and_async_callers_share_a_connection_and_each_gets_its_answer() {
+    share_a_connection(rdma_rpc::client()).await;
+}
+
+/// The same with the event loop reading every answer (`tcp_caller_reads(ZERO)`): blocking
+/// callers park and are woken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_callers_are_woken_when_the_event_loop_reads_every_answer() {
+    share_a_connection(rdma_rpc::client().tcp_caller_reads(Duration::ZERO)).await;
+}
+
+async fn share_a_connection(builder: rdma_rpc::ClientBuilder) {
     let server = start(&Tester::default());
-    let channel = rdma_rpc::connect(server.local_url()).await.unwrap();
+    let channel = builder.connect(server.local_url()).await.unwrap();
     let client = EchoClient::new(channel.clone());
     let blocking: Vec<_> = (0..4u64)
         .map(|thread| {

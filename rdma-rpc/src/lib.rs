@@ -66,6 +66,8 @@ pub struct ClientBuilder {
     connect_timeout: Option<Duration>,
     rdma: RdmaConfig,
     tcp: ConnectionLimits,
+    /// `TcpConfig::caller_reads`; `None`: its default.
+    tcp_caller_reads: Option<Duration>,
     credentials: Option<auth::Credentials>,
     reconnect: ReconnectConfig,
 }
@@ -128,6 +130,14 @@ impl ClientBuilder {
     /// Output queue bound, stall limit and read timeout of `tcp://` connections.
     pub fn tcp_limits(mut self, limits: ConnectionLimits) -> Self {
         self.tcp = limits;
+        self
+    }
+
+    /// Longest a blocking call over `tcp://` reads the socket for its answer itself before
+    /// it parks and the event loop reads and wakes it (default 20 ms; `Duration::ZERO`: the
+    /// event loop reads every answer).
+    pub fn tcp_caller_reads(mut self, wait: Duration) -> Self {
+        self.tcp_caller_reads = Some(wait);
         self
     }
 

@@ -91,6 +91,9 @@ fn connect_tcp(
     if let Some(t) = settings.connect_timeout {
         config.connect_timeout = t;
     }
+    if let Some(wait) = settings.tcp_caller_reads {
+        config.caller_reads = wait;
+    }
     Ok(TcpClient::connect(authority, calls, &config)?)
 }
 

@@ -4,7 +4,9 @@
 //!
 //! * [`TcpClient`]: a frame is written on the caller's thread when the socket takes it at
 //!   once (no hand-off on the latency path), else queued for the client event loop (one
-//!   thread per process), which also reads responses and completes calls.
+//!   thread per process), which also reads responses and completes calls; a blocking
+//!   caller waiting for its answer reads the socket itself while no other thread does
+//!   (`TcpConfig::caller_reads`), so it is not woken by the loop either.
 //! * [`TcpServer`]: its own event loop (`TcpServerConfig::io_threads`) accepts, reads
 //!   requests and writes answers; handlers run on the dispatcher's runtime (or inline, see
 //!   `ServerConfig::inline_handlers`).
