@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{connect_rdma as connect, sleep_for};
+use common::{connect_rdma as connect, echo_blocking_checked, pattern, sleep_for};
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,12 +35,6 @@ fn start(tester: &Tester, rdma: RdmaConfig) -> ServerHandle {
             .add_service(TesterServer::new(tester.clone())),
         rdma,
     )
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u64).wrapping_mul(131).wrapping_add(seed) as u8)
-        .collect()
 }
 
 fn checksum(bytes: &[u8]) -> u64 {
@@ -237,15 +231,7 @@ fn eight_threads_share_one_client() {
             std::thread::spawn(move || {
                 for i in 0..300u64 {
                     let seq = t * 1000 + i;
-                    let payload = pattern(64 + (i as usize % 512), seq);
-                    let reply = client
-                        .echo_blocking(EchoRequest {
-                            payload: payload.clone().into(),
-                            seq,
-                        })
-                        .unwrap()
-                        .into_inner();
-                    assert_eq!((reply.seq, reply.payload), (seq, payload.into()));
+                    echo_blocking_checked(&client, seq, &pattern(64 + (i as usize % 512), seq));
                 }
             })
         })

@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::pattern;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,12 +28,6 @@ fn start(rdma: RdmaConfig) -> ServerHandle {
         Server::builder().add_service(EchoServer::new(EchoService)),
         rdma,
     )
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u64).wrapping_mul(131).wrapping_add(seed) as u8)
-        .collect()
 }
 
 /// A client on its own transport, whose receive slots the test can count.

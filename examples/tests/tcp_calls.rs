@@ -11,8 +11,12 @@ use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::{EchoReply, EchoRequest};
 use rpc_examples::testing::tester_client::TesterClient;
 use rpc_examples::testing::tester_server::TesterServer;
-use rpc_examples::testing::{FailRequest, SleepRequest};
+use rpc_examples::testing::FailRequest;
 use rpc_examples::{EchoService, Tester};
+
+mod common;
+
+use common::{echo_blocking_checked, echo_checked, pattern, sleep_for};
 
 fn start(tester: &Tester) -> ServerHandle {
     Server::builder()
@@ -21,18 +25,6 @@ fn start(tester: &Tester) -> ServerHandle {
         .max_message_size(1 << 20)
         .start("tcp://127.0.0.1:0")
         .expect("server starts")
-}
-
-fn sleep_for(d: Duration) -> SleepRequest {
-    SleepRequest {
-        duration: Some(d.try_into().expect("small duration")),
-    }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8)
-        .collect()
 }
 
 /// Waits for a server-side counter, which moves on a handler thread.
@@ -96,19 +88,7 @@ async fn thousand_concurrent_calls_on_one_connection() {
     let client = EchoClient::new(rdma_rpc::connect(server.local_url()).await.unwrap());
     let calls = (0..1000u64).map(|seq| {
         let client = client.clone();
-        let payload = pattern((seq as usize * 37) % 4000, seq);
-        async move {
-            let reply = client
-                .echo(EchoRequest {
-                    payload: payload.clone().into(),
-                    seq,
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            assert_eq!(reply.seq, seq);
-            assert_eq!(reply.payload, payload, "payload of call {seq}");
-        }
+        async move { echo_checked(&client, seq, &pattern((seq as usize * 37) % 4000, seq)).await }
     });
     // Spawned, so the calls really overlap across the runtime's threads.
     let handles: Vec<_> = calls.map(tokio::spawn).collect();
@@ -144,15 +124,7 @@ async fn share_a_connection(builder: rdma_rpc::ClientBuilder) {
             std::thread::spawn(move || {
                 for i in 0..500u64 {
                     let seq = thread << 32 | i;
-                    let payload = pattern((i as usize * 13) % 3000, seq);
-                    let reply = client
-                        .echo_blocking(EchoRequest {
-                            payload: payload.clone().into(),
-                            seq,
-                        })
-                        .unwrap()
-                        .into_inner();
-                    assert_eq!((reply.seq, reply.payload), (seq, payload.into()));
+                    echo_blocking_checked(&client, seq, &pattern((i as usize * 13) % 3000, seq));
                 }
             })
         })
@@ -169,18 +141,9 @@ async fn share_a_connection(builder: rdma_rpc::ClientBuilder) {
     };
     let calls = (0..400u64).map(|seq| {
         let client = client.clone();
-        tokio::spawn(async move {
-            let payload = pattern(seq as usize % 500, seq);
-            let reply = client
-                .echo(EchoRequest {
-                    payload: payload.clone().into(),
-                    seq,
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            assert_eq!((reply.seq, reply.payload), (seq, payload.into()));
-        })
+        tokio::spawn(
+            async move { echo_checked(&client, seq, &pattern(seq as usize % 500, seq)).await },
+        )
     });
     for result in join_all(calls).await {
         result.unwrap();

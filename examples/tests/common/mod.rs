@@ -7,11 +7,14 @@ pub mod load;
 use std::time::Duration;
 
 use rdma_rpc::{Channel, RdmaConfig, ServeExt, ServeOptions, ServerBuilder, ServerHandle};
+use rpc_examples::echo::echo_client::EchoClient;
+use rpc_examples::echo::EchoRequest;
 use rpc_examples::testing::SleepRequest;
 use rpc_transport_rdma::verbs::test_support::test_addr;
 
 /// Serves `builder`'s services over RDMA on the test device's address (an ephemeral port),
 /// with `rdma`.
+#[allow(dead_code)]
 pub fn start_rdma(builder: ServerBuilder, rdma: RdmaConfig) -> ServerHandle {
     builder
         .start_with(
@@ -49,4 +52,44 @@ pub fn panic_message<'a>(info: &'a std::panic::PanicHookInfo<'_>) -> Option<&'a 
         .downcast_ref::<&str>()
         .copied()
         .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+}
+
+/// `len` bytes that differ with `seed`: a reply carrying another call's payload shows.
+#[allow(dead_code)]
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u64).wrapping_mul(131).wrapping_add(seed) as u8)
+        .collect()
+}
+
+fn echo_request(seq: u64, payload: &[u8]) -> EchoRequest {
+    EchoRequest {
+        payload: payload.to_vec().into(),
+        seq,
+    }
+}
+
+/// Echoes `payload` as call `seq` with the blocking stub; panics unless the reply is that
+/// call's.
+#[allow(dead_code)]
+pub fn echo_blocking_checked(client: &EchoClient, seq: u64, payload: &[u8]) {
+    let request = echo_request(seq, payload);
+    let reply = client.echo_blocking(request).unwrap().into_inner();
+    assert_eq!(
+        (reply.seq, &reply.payload[..]),
+        (seq, payload),
+        "call {seq}"
+    );
+}
+
+/// [`echo_blocking_checked`] with the async stub.
+#[allow(dead_code)]
+pub async fn echo_checked(client: &EchoClient, seq: u64, payload: &[u8]) {
+    let request = echo_request(seq, payload);
+    let reply = client.echo(request).await.unwrap().into_inner();
+    assert_eq!(
+        (reply.seq, &reply.payload[..]),
+        (seq, payload),
+        "call {seq}"
+    );
 }

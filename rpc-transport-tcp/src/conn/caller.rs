@@ -141,6 +141,13 @@ mod tests {
 
     const LONG: Duration = Duration::from_secs(5);
 
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
     /// A client connection with no reader task (nothing reads but the caller), and the
     /// server's end of its socket.
     fn connection(runtime: &tokio::runtime::Runtime) -> (Arc<Conn>, std::net::TcpStream) {
@@ -181,10 +188,7 @@ mod tests {
     /// up the answer that arrives: nobody has to read it for the caller and wake it.
     #[test]
     fn a_blocking_caller_reads_and_hands_up_its_answer_itself() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = runtime();
         let (conn, mut server) = connection(&runtime);
         let recorder = Recorder::default();
         // The first look at a connection on a thread only says to look at the calls again.
@@ -209,10 +213,7 @@ mod tests {
     /// instead of waiting in the socket for an answer that already came.
     #[test]
     fn answers_another_thread_handed_up_send_the_caller_back_to_its_calls() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = runtime();
         let (conn, mut server) = connection(&runtime);
         let recorder = Recorder::default();
         conn.read_for_caller(&recorder, None, LONG);
@@ -243,10 +244,7 @@ mod tests {
     /// A caller waits no longer than its call's deadline, however long its slice.
     #[test]
     fn a_caller_waits_no_longer_than_its_deadline() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = runtime();
         let (conn, _server) = connection(&runtime);
         let recorder = Recorder::default();
         conn.read_for_caller(&recorder, None, LONG);
@@ -264,10 +262,7 @@ mod tests {
     /// event loop's task to close the connection with, and later callers park.
     #[test]
     fn a_closing_peer_ends_the_wait_and_leaves_the_close_to_the_reader_task() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = runtime();
         let (conn, server) = connection(&runtime);
         let recorder = Recorder::default();
         conn.read_for_caller(&recorder, None, LONG);
