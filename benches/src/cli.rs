@@ -210,6 +210,10 @@ pub struct RdmaArgs {
     /// process (default: the library's).
     #[arg(long, value_enum)]
     pub recv: Option<RecvArg>,
+    /// Empty looks at the CQs event polling takes after completions before it sleeps
+    /// (default: the library's).
+    #[arg(long, value_name = "N")]
+    pub linger: Option<u32>,
     /// Receive slots posted at first, the peer's initial credits (default: the library's:
     /// the whole ring, or 4 on a shared receive queue).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(3..=65536))]
@@ -249,6 +253,9 @@ impl RdmaArgs {
         }
         if let Some(slot_size) = self.slot_size {
             config.rings.slot_size = slot_size;
+        }
+        if let Some(linger) = self.linger {
+            config.polling.event_linger = linger;
         }
         if let Some(window) = self.recv_window {
             config.rings.recv_window = Some(window);

@@ -13,7 +13,8 @@ pub enum PollMode {
     /// connection. For benchmarks and dedicated machines.
     Busy,
     /// Arm the completion queue and sleep on its completion channel: an idle connection costs
-    /// no CPU, every message pays a wake-up.
+    /// no CPU; a message that arrives after the poller's short linger
+    /// ([`Polling::event_linger`]) pays a wake-up.
     Event,
     /// Spin for `spin` after the last completion, then sleep as in [`PollMode::Event`]. A
     /// blocking call spins on its own completions for up to `spin` before parking.
@@ -383,6 +384,12 @@ pub struct Polling {
     /// limit permitting). A connection reserves room for its whole send and receive queues
     /// on a CQ; once no CQ has room, another is created. Default 16 Ki.
     pub cq_entries: u32,
+    /// With [`PollMode::Event`]: empty looks at the completion queues the poller takes
+    /// after completions before it arms them and sleeps, so that completions close behind
+    /// (the next messages of a busy connection) cost no wake-up. 0: it sleeps at the first
+    /// empty look, and every message pays a wake-up. Default 64 (a few microseconds).
+    /// Connections with different lingers have pollers of their own.
+    pub event_linger: u32,
 }
 
 impl Default for Polling {
@@ -390,6 +397,7 @@ impl Default for Polling {
         Polling {
             mode: PollMode::default(),
             cq_entries: 16 * 1024,
+            event_linger: 64,
         }
     }
 }
@@ -397,6 +405,7 @@ impl Default for Polling {
 setters!(Polling {
     mode: PollMode,
     cq_entries: u32,
+    event_linger: u32,
 });
 
 impl RdmaConfig {

@@ -108,6 +108,8 @@ pub(crate) enum Polled {
 pub(crate) struct Engine {
     context: Arc<Context>,
     mode: PollMode,
+    /// `Polling::event_linger`.
+    event_linger: u32,
     role: Role,
     pub(crate) pd: Arc<ProtectionDomain>,
     channel: Arc<CompletionChannel>,
@@ -216,6 +218,7 @@ impl Engine {
             let found = engines.iter().find(|e| {
                 e.context.is_same(context)
                     && e.mode == config.polling.mode
+                    && e.event_linger == config.polling.event_linger
                     && e.role == role
                     && !e.retired.load(Ordering::Acquire)
             });
@@ -274,6 +277,7 @@ impl Engine {
         Ok(Arc::new(Engine {
             context: context.clone(),
             mode: config.polling.mode,
+            event_linger: config.polling.event_linger,
             role,
             pd,
             channel,

@@ -43,6 +43,13 @@ pub(super) fn spawn(engine: Arc<Engine>) -> std::io::Result<()> {
         .map(drop)
 }
 
+/// Whether an event-mode poller that found nothing in its last `looks` looks at the CQs
+/// looks again rather than arming and sleeping: completions close behind the last (a busy
+/// connection's next messages) are then taken without a wake-up.
+fn lingers(looks: u32, linger: u32) -> bool {
+    looks <= linger
+}
+
 struct Poller {
     engine: Arc<Engine>,
     cqs: Arc<[Arc<SharedCq>]>,
@@ -107,11 +114,15 @@ impl Poller {
                 continue;
             }
             idle_spins = idle_spins.wrapping_add(1);
+            if event_mode && lingers(idle_spins, self.engine.event_linger) {
+                std::hint::spin_loop();
+                continue;
+            }
             // Clock reads are not free everywhere: look at the time now and then, never
             // right after a completion (the next one may be close behind). Event mode does
-            // not spin at all: it arms and sleeps at the first empty look (every message
-            // pays a wake-up, and an idle or lightly loaded process leaves the CPU to the
-            // threads its completions wake).
+            // not spin past its linger: it arms and sleeps once that many looks found
+            // nothing (an idle or lightly loaded process leaves the CPU to the threads its
+            // completions wake).
             if !event_mode && !idle_spins.is_multiple_of(CLOCK_EVERY) {
                 if should_yield(idle_spins) {
                     std::thread::yield_now();
@@ -211,5 +222,17 @@ impl Poller {
             TOKEN_ASYNC => engine.async_events(),
             tag => engine.cm_ready(tag),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lingers;
+
+    #[test]
+    fn event_polling_sleeps_after_its_linger_and_at_once_without_one() {
+        assert!(!lingers(1, 0), "no linger: the first empty look sleeps");
+        assert!(lingers(1, 64) && lingers(64, 64), "looks within the linger");
+        assert!(!lingers(65, 64), "the look past it sleeps");
     }
 }
