@@ -25,6 +25,12 @@ pub enum PollMode {
 }
 
 impl PollMode {
+    /// Whether the poller sleeps as soon as it finds nothing (after its
+    /// [`Polling::event_linger`]): event polling, or adaptive with no spin.
+    pub(crate) fn sleeps_at_once(self) -> bool {
+        self.spin() == Some(Duration::ZERO)
+    }
+
     /// How long to spin before sleeping; `None` for forever.
     pub(crate) fn spin(self) -> Option<Duration> {
         match self {
@@ -384,11 +390,11 @@ pub struct Polling {
     /// limit permitting). A connection reserves room for its whole send and receive queues
     /// on a CQ; once no CQ has room, another is created. Default 16 Ki.
     pub cq_entries: u32,
-    /// With [`PollMode::Event`]: empty looks at the completion queues the poller takes
-    /// after completions before it arms them and sleeps, so that completions close behind
-    /// (the next messages of a busy connection) cost no wake-up. 0: it sleeps at the first
-    /// empty look, and every message pays a wake-up. Default 64 (a few microseconds).
-    /// Connections with different lingers have pollers of their own.
+    /// With [`PollMode::Event`] (or adaptive with no spin): empty looks at the completion
+    /// queues the poller takes after completions before it arms them and sleeps, so that
+    /// completions close behind (the next messages of a busy connection) cost no wake-up.
+    /// 0: it sleeps at the first empty look, and every message pays a wake-up. Default 64
+    /// (a few microseconds). Connections with different lingers have pollers of their own.
     pub event_linger: u32,
 }
 

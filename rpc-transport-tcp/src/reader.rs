@@ -61,7 +61,7 @@ pub(crate) struct Reader {
     pub(crate) frame_started: Option<Instant>,
     /// When the last bytes arrived (or the idle clock was last restarted).
     pub(crate) last_heard: Instant,
-    /// The connection ended under a caller's read: the reader task reports it.
+    /// The connection ended under a caller's read: the reader task, told so, reports it.
     pub(crate) ended: Option<(Status, bool)>,
     /// Deliveries made so far, by whoever held the reader.
     pub(crate) deliveries: u64,
@@ -130,6 +130,7 @@ impl Reader {
                 }
                 Ok(None) => break,
                 Err(e) => {
+                    self.deliveries += u64::from(delivered);
                     let status = Status::unavailable(format!("{peer} sent garbage: {e}"));
                     return Turn::End(status, true);
                 }

@@ -218,7 +218,7 @@ impl Engine {
             let found = engines.iter().find(|e| {
                 e.context.is_same(context)
                     && e.mode == config.polling.mode
-                    && e.event_linger == config.polling.event_linger
+                    && (!e.mode.sleeps_at_once() || e.event_linger == config.polling.event_linger)
                     && e.role == role
                     && !e.retired.load(Ordering::Acquire)
             });

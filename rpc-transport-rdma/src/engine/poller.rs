@@ -76,7 +76,7 @@ impl Poller {
     /// Runs until the engine has no connection left.
     fn run(&mut self) {
         let mode = self.engine.mode;
-        let event_mode = mode.spin() == Some(Duration::ZERO);
+        let event_mode = mode.sleeps_at_once();
         let mut last_activity = Instant::now();
         let mut last_cm_check = Instant::now();
         let mut idle_spins: u32 = 0;

@@ -2,7 +2,7 @@
 //! that drive them. Clients and servers differ only in what they do with received frames
 //! (their [`Inbound`]).
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,6 +44,9 @@ pub(crate) struct Conn {
     reader: Mutex<Reader>,
     /// A blocking caller gave the reader back: the reader task may take it.
     reader_free: Notify,
+    /// A blocking caller left the reader ended, or with a frame begun: the reader task,
+    /// waiting for the socket, has to report the end or time the frame.
+    reader_changed: Notify,
     /// Its reader ended and told its inbound side.
     ended: AtomicBool,
     /// Names the connection in a caller's `LAST_LOOK`, unique in the process.
@@ -142,6 +145,7 @@ impl Conn {
             policy,
             reader: Mutex::new(Reader::new(policy.max_payload)),
             reader_free: Notify::new(),
+            reader_changed: Notify::new(),
             ended: AtomicBool::new(false),
             serial: NEXT_SERIAL.fetch_add(1, Ordering::Relaxed),
         }))
@@ -331,6 +335,21 @@ impl Conn {
         }
     }
 
+    /// Waits until the socket is readable (`Some`), or until a caller's read left the
+    /// reader in a state the task must act on (`None`): it found the connection ended, or
+    /// it left a frame begun, whose read timeout the task enforces.
+    async fn readable_or_changed(&self) -> Option<io::Result<()>> {
+        let mut readable = std::pin::pin!(self.stream.readable());
+        let mut changed = std::pin::pin!(self.reader_changed.notified());
+        poll_fn(|cx| {
+            if let Poll::Ready(ready) = readable.as_mut().poll(cx) {
+                return Poll::Ready(Some(ready));
+            }
+            changed.as_mut().poll(cx).map(|()| None)
+        })
+        .await
+    }
+
     /// The reader, once no blocking caller holds it. Never held across an await.
     async fn reader(&self) -> MutexGuard<'_, Reader> {
         if let Some(reader) = self.reader.try_lock() {
@@ -380,15 +399,20 @@ impl Conn {
                 return (status, false);
             }
             let readable = match deadline {
-                Some(at) => read_deadline.wait(at, self.stream.readable()).await,
-                None => Some(self.stream.readable().await),
+                Some(at) => read_deadline.wait(at, self.readable_or_changed()).await,
+                None => Some(self.readable_or_changed().await),
             };
             let mut reader = self.reader().await;
+            if let Some(end) = reader.ended.take() {
+                return end;
+            }
             match readable {
-                Some(Ok(())) => {}
-                Some(Err(e)) => return self.failed(e),
+                Some(Some(Ok(()))) => {}
+                Some(Some(Err(e))) => return self.failed(e),
+                // A caller's read changed what to wait for: look again.
+                Some(None) => continue,
                 // The deadline passed, unless a caller's read moved it on meanwhile.
-                None if self.deadline(&reader).is_some_and(|at| at > Instant::now()) => continue,
+                None if self.deadline(&reader).is_none_or(|at| at > Instant::now()) => continue,
                 None if reader.frame_started.is_some() => {
                     let status = Status::unavailable(format!(
                         "{} sent part of a frame and then nothing for {:?} (read timeout)",
