@@ -65,6 +65,7 @@ impl TcpClient {
             max_payload: config.max_message_size,
             idle_timeout: None,
             pause_when_full: false,
+            caller_reads: !config.caller_reads.is_zero(),
         };
         let conn = {
             let _entered = runtime.enter();

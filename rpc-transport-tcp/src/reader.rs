@@ -96,56 +96,65 @@ impl Reader {
         peer: &str,
     ) -> Turn {
         let mut delivered = 0u32;
+        let turn = self.deliver_counting(inbound, wakes, yield_every, room, peer, &mut delivered);
+        self.deliveries += u64::from(delivered);
+        turn
+    }
+
+    /// [`Reader::deliver`], counting its deliveries in `delivered` whichever way it stops.
+    fn deliver_counting(
+        &mut self,
+        inbound: &dyn Inbound,
+        wakes: &mut Wakes,
+        yield_every: Option<u32>,
+        room: impl Fn() -> bool,
+        peer: &str,
+        delivered: &mut u32,
+    ) -> Turn {
         loop {
             if !room() {
                 // Between frames, so that a burst of requests read at once stops at the
                 // first whose answer would find the queue full.
-                delivered += self.run.hand_up(inbound, wakes);
-                self.deliveries += u64::from(delivered);
+                *delivered += self.run.hand_up(inbound, wakes);
                 return Turn::Full;
             }
-            let before = delivered;
+            let before = *delivered;
             match self.decoder.decode(&mut self.buf) {
                 Ok(Some(Decoded::Frame(frame))) if is_message_frame(frame.header.kind) => {
                     if let Some(frame) = self.run.push(frame) {
-                        delivered += self.run.hand_up(inbound, wakes);
+                        *delivered += self.run.hand_up(inbound, wakes);
                         self.run.push(frame);
                     }
                     if self.run.frames.len() >= MAX_RUN {
-                        delivered += self.run.hand_up(inbound, wakes);
+                        *delivered += self.run.hand_up(inbound, wakes);
                     }
                 }
                 Ok(Some(Decoded::Frame(frame))) => {
-                    delivered += self.run.hand_up(inbound, wakes);
-                    delivered += 1;
+                    *delivered += self.run.hand_up(inbound, wakes) + 1;
                     if let Err(status) = inbound.on_frame(frame, wakes) {
-                        self.deliveries += u64::from(delivered);
                         return Turn::End(status, false);
                     }
                 }
                 Ok(Some(Decoded::Oversized { header, declared })) => {
-                    delivered += self.run.hand_up(inbound, wakes);
+                    *delivered += self.run.hand_up(inbound, wakes) + 1;
                     inbound.on_oversized(&header, declared);
-                    delivered += 1;
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    self.deliveries += u64::from(delivered);
                     let status = Status::unavailable(format!("{peer} sent garbage: {e}"));
                     return Turn::End(status, true);
                 }
             }
             self.decoded += 1;
             if let Some(every) = yield_every {
-                if delivered > before && delivered.is_multiple_of(every) {
+                if *delivered > before && delivered.is_multiple_of(every) {
                     // Inline handlers ran: the task lets the other connections of its
                     // thread in.
-                    self.deliveries += u64::from(delivered);
                     return Turn::Yield;
                 }
             }
         }
-        delivered += self.run.hand_up(inbound, wakes);
+        *delivered += self.run.hand_up(inbound, wakes);
         if !self.decoder.mid_frame(&self.buf) {
             self.frame_started = None;
         } else if self.decoded > 0 || self.frame_started.is_none() {
@@ -153,8 +162,9 @@ impl Reader {
             self.frame_started = Some(self.last_heard);
         }
         self.decoded = 0;
-        self.deliveries += u64::from(delivered);
-        Turn::Drained { delivered }
+        Turn::Drained {
+            delivered: *delivered,
+        }
     }
 
     /// Reads what the socket holds with `recv` (into the buffer's spare capacity, returning

@@ -279,6 +279,7 @@ fn start_connection(
         max_payload: shared.dispatcher.config().max_message_size,
         idle_timeout: Some(shared.config.idle_timeout),
         pause_when_full: true,
+        caller_reads: false,
     };
     let conn = Conn::new(stream, who.addr.clone(), &shared.config.limits, policy)?;
     let dispatch = ConnectionDispatch::new(shared.dispatcher.clone(), conn.clone(), who);

@@ -125,6 +125,9 @@ pub(crate) struct ReadPolicy {
     /// Stop reading while the output queue is full (servers: no new requests while their
     /// replies cannot leave).
     pub(crate) pause_when_full: bool,
+    /// Blocking callers may read the socket too (clients with `TcpConfig::caller_reads`):
+    /// the reader task then also listens for what their reads leave it to do.
+    pub(crate) caller_reads: bool,
 }
 
 impl Conn {
@@ -339,6 +342,9 @@ impl Conn {
     /// reader in a state the task must act on (`None`): it found the connection ended, or
     /// it left a frame begun, whose read timeout the task enforces.
     async fn readable_or_changed(&self) -> Option<io::Result<()>> {
+        if !self.policy.caller_reads {
+            return Some(self.stream.readable().await);
+        }
         let mut readable = std::pin::pin!(self.stream.readable());
         let mut changed = std::pin::pin!(self.reader_changed.notified());
         poll_fn(|cx| {
@@ -470,6 +476,7 @@ mod tests {
         max_payload: 1024,
         idle_timeout: None,
         pause_when_full: false,
+        caller_reads: false,
     };
 
     /// The options a dead peer is noticed by are set on every connection's socket.

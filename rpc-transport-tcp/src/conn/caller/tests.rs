@@ -43,6 +43,7 @@ fn connection_with(
         max_payload: 1024,
         idle_timeout: None,
         pause_when_full: false,
+        caller_reads: true,
     };
     let conn = Conn::new(stream, "tcp://test".into(), limits, policy);
     (conn.expect("conn"), server)
