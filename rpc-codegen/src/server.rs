@@ -115,10 +115,7 @@ pub(crate) fn generate(service: &ServiceModel) -> TokenStream {
                     &self,
                     method_id: u32,
                     call: #core::server::ServerCall,
-                ) -> #core::__codegen::BoxFuture<
-                    'static,
-                    ::core::result::Result<#core::server::ServerReply, #core::Status>,
-                > {
+                ) -> #core::server::HandlerFuture {
                     #call_body
                 }
             }
@@ -181,7 +178,7 @@ fn call_body(service: &ServiceModel) -> TokenStream {
     } = service;
     let unknown_message = format!("method id {{method_id:#010x}} is not part of {full_name}");
     let unknown = quote! {
-        ::std::boxed::Box::pin(async move {
+        #core::server::HandlerFuture::new(async move {
             ::core::result::Result::Err(#core::Status::unimplemented(
                 ::std::format!(#unknown_message),
             ))
@@ -209,7 +206,7 @@ fn call_body(service: &ServiceModel) -> TokenStream {
         quote! {
             id if id == #const_ident.id => {
                 let inner = ::std::sync::Arc::clone(&self.inner);
-                ::std::boxed::Box::pin(async move {
+                #core::server::HandlerFuture::new(async move {
                     #core::server::#run(call, |request| inner.#fn_ident(request)).await
                 })
             }

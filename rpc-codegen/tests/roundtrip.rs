@@ -114,7 +114,7 @@ fn encode(frame: &OutgoingFrame<'_>) -> Bytes {
 fn respond(call_id: u64, result: Result<ServerReply, Status>) -> InboundFrame {
     let mut header = Header::new(FrameKind::Response, call_id);
     let bytes = match &result {
-        Ok(reply) => encode(&OutgoingFrame::new(header, &reply.metadata, &*reply.body).unwrap()),
+        Ok(reply) => encode(&OutgoingFrame::new(header, &reply.metadata, reply.body()).unwrap()),
         Err(status) => {
             header.status = status.code();
             let message = RawBody(status.message().as_bytes());
@@ -236,8 +236,8 @@ fn server_decodes_requests_and_encodes_replies() {
         None,
     );
     let reply = futures::executor::block_on(server.call(echo_server::ECHO.id, call)).unwrap();
-    let mut buf = vec![0; reply.body.encoded_len()];
-    reply.body.encode_into(&mut buf);
+    let mut buf = vec![0; reply.body().encoded_len()];
+    reply.body().encode_into(&mut buf);
     assert_eq!(EchoReply::decode(&buf[..]).unwrap().message, "direct");
 
     let garbage = ServerCall::new(MetadataMap::new(), Bytes::from_static(&[0xff, 0xff]), None);

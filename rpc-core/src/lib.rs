@@ -53,7 +53,6 @@ pub use transport::{Inbound, Listener};
 /// Re-exports used by generated code; not part of the public API.
 #[doc(hidden)]
 pub mod __codegen {
-    pub use futures::future::BoxFuture;
     pub use futures::Stream;
     pub use prost;
 }

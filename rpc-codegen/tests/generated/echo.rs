@@ -336,41 +336,38 @@ pub mod echo_server {
             &self,
             method_id: u32,
             call: ::rpc_core::server::ServerCall,
-        ) -> ::rpc_core::__codegen::BoxFuture<
-            'static,
-            ::core::result::Result<::rpc_core::server::ServerReply, ::rpc_core::Status>,
-        > {
+        ) -> ::rpc_core::server::HandlerFuture {
             match method_id {
                 id if id == ECHO.id => {
                     let inner = ::std::sync::Arc::clone(&self.inner);
-                    ::std::boxed::Box::pin(async move {
+                    ::rpc_core::server::HandlerFuture::new(async move {
                         ::rpc_core::server::unary(call, |request| inner.echo(request))
                             .await
                     })
                 }
                 id if id == NOW.id => {
                     let inner = ::std::sync::Arc::clone(&self.inner);
-                    ::std::boxed::Box::pin(async move {
+                    ::rpc_core::server::HandlerFuture::new(async move {
                         ::rpc_core::server::unary(call, |request| inner.now(request))
                             .await
                     })
                 }
                 id if id == PING.id => {
                     let inner = ::std::sync::Arc::clone(&self.inner);
-                    ::std::boxed::Box::pin(async move {
+                    ::rpc_core::server::HandlerFuture::new(async move {
                         ::rpc_core::server::unary(call, |request| inner.ping(request))
                             .await
                     })
                 }
                 id if id == TYPE.id => {
                     let inner = ::std::sync::Arc::clone(&self.inner);
-                    ::std::boxed::Box::pin(async move {
+                    ::rpc_core::server::HandlerFuture::new(async move {
                         ::rpc_core::server::unary(call, |request| inner.r#type(request))
                             .await
                     })
                 }
                 _ => {
-                    ::std::boxed::Box::pin(async move {
+                    ::rpc_core::server::HandlerFuture::new(async move {
                         ::core::result::Result::Err(
                             ::rpc_core::Status::unimplemented(
                                 ::std::format!(

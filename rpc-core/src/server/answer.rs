@@ -19,6 +19,15 @@ pub(crate) enum Answer {
     Status(Status),
 }
 
+impl Answer {
+    /// The answer went (or its connection is gone): a reply's heap block is reused.
+    pub(crate) fn sent(self) {
+        if let Answer::Reply(reply) = self {
+            reply.recycle();
+        }
+    }
+}
+
 impl From<Result<ServerReply, Status>> for Answer {
     fn from(result: Result<ServerReply, Status>) -> Self {
         match result {
@@ -39,13 +48,14 @@ impl ConnectionDispatch {
             .poll_answer(&mut cx, call_id, method_id, &mut answer)
             .is_ready()
         {
-            return;
+            return answer.sent();
         }
         let guard = self.enter();
         let conn = self.clone();
         self.dispatcher.runtime.handle().spawn(async move {
             futures::future::poll_fn(|cx| conn.poll_answer(cx, call_id, method_id, &mut answer))
                 .await;
+            answer.sent();
             drop(guard);
         });
     }

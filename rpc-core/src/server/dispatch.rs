@@ -390,15 +390,19 @@ impl ConnectionDispatch {
             // with the thread it ran on (the transport's receive thread).
             let polled = record.span().in_scope(|| {
                 TraceContext::scope_sync(trace, || {
-                    std::panic::catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(&mut cx)))
+                    std::panic::catch_unwind(AssertUnwindSafe(|| handler.poll_unpin(&mut cx)))
                 })
             });
+            // A handler that panicked is dropped; one that finished gives its block back.
             let done = match polled {
-                Ok(Poll::Ready(result)) => Some(result),
                 Ok(Poll::Pending) => None,
-                Err(_) => Some(panicked()),
+                Ok(Poll::Ready(result)) => Some((result, true)),
+                Err(_) => Some((panicked(), false)),
             };
-            if let Some(result) = done {
+            if let Some((result, finished)) = done {
+                if finished {
+                    handler.finished();
+                }
                 record.end(&result);
                 self.answer(call_id, method_id, result.into());
                 return;
@@ -425,6 +429,7 @@ impl ConnectionDispatch {
             let mut answer = Answer::from(result);
             futures::future::poll_fn(|cx| conn.poll_answer(cx, call_id, method_id, &mut answer))
                 .await;
+            answer.sent();
             drop(guard);
         }
         .instrument(span);

@@ -2,13 +2,9 @@
 
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
-use futures::FutureExt;
-
-use super::{MethodDescriptor, NamedService, ServerCall, ServerReply, Service};
+use super::{HandlerFuture, MethodDescriptor, NamedService, ServerCall, Service};
 use crate::interceptor::{AsyncInterceptor, Intercept, Interceptor};
 use crate::message::Request;
-use crate::Status;
 
 /// A service whose calls pass an interceptor before its handlers run (tonic's
 /// `InterceptedService`); generated servers make one with `FooServer::with_interceptor`.
@@ -56,15 +52,11 @@ impl<S: Service> Service for InterceptedService<S> {
         self.inner.methods()
     }
 
-    fn call(
-        &self,
-        method_id: u32,
-        call: ServerCall,
-    ) -> BoxFuture<'static, Result<ServerReply, Status>> {
+    fn call(&self, method_id: u32, call: ServerCall) -> HandlerFuture {
         let (inner, intercept) = (self.inner.clone(), self.intercept.clone());
         // In the handler's future, so the interceptor runs where a handler does: inside
         // the server's runtime, its panic caught (INTERNAL), its time within the deadline.
-        async move {
+        HandlerFuture::new(async move {
             let mut call = call;
             let mut head =
                 Request::from_parts(std::mem::take(&mut call.metadata), (), call.timeout);
@@ -72,7 +64,6 @@ impl<S: Service> Service for InterceptedService<S> {
             // Only the metadata comes back: the budget is the client's to set.
             call.metadata = intercept.run(head).await?.into_parts().0;
             inner.call(method_id, call).await
-        }
-        .boxed()
+        })
     }
 }

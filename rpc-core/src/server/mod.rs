@@ -17,6 +17,7 @@ mod dispatch;
 mod in_flight;
 mod intercepted;
 mod requests;
+mod reuse;
 mod router;
 mod service;
 mod shutdown;
@@ -34,6 +35,7 @@ pub use dispatch::{
 };
 pub use intercepted::InterceptedService;
 pub use requests::{OnClosed, Requests};
+pub use reuse::{HandlerFuture, ReplyBody};
 pub use service::{
     client_streaming, server_streaming, streaming, unary, MethodDescriptor, NamedService,
     ServerCall, ServerReply, Service,

@@ -4,12 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use prost::Message;
 
 use crate::auth::Peer;
-use crate::body::{EmptyBody, EncodeBody};
 use crate::message::{Request, Response};
+use crate::server::reuse::{self, HandlerFuture, ReplyBody};
 use crate::stream::{Link, MessageStream, StreamShared, Streaming, TypedMessages};
 use crate::MetadataMap;
 use crate::Status;
@@ -116,19 +115,29 @@ pub struct ServerReply {
     /// Response metadata.
     pub metadata: MetadataMap,
     /// The response message, encoded straight into the transport's buffer.
-    pub body: Box<dyn EncodeBody>,
+    pub(crate) body: Box<dyn ReplyBody>,
     /// The messages of a streaming response (whose `body` is empty).
     pub(crate) messages: Option<Box<dyn MessageStream>>,
 }
 
 impl ServerReply {
-    /// A unary reply.
-    pub fn new(metadata: MetadataMap, body: Box<dyn EncodeBody>) -> Self {
+    /// A unary reply: `body` is the response message.
+    pub fn new<M: ReplyBody>(metadata: MetadataMap, body: M) -> Self {
         ServerReply {
             metadata,
-            body,
+            body: reuse::reply_box(body),
             messages: None,
         }
+    }
+
+    /// The response message.
+    pub fn body(&self) -> &dyn crate::body::EncodeBody {
+        &*self.body
+    }
+
+    /// The reply was sent: its message's heap block goes to the thread's next reply.
+    pub(crate) fn recycle(self) {
+        self.body.recycle();
     }
 
     /// A streaming reply: `metadata` goes in the headers, then every message of `stream`.
@@ -140,7 +149,8 @@ impl ServerReply {
         let (metadata, stream) = response.into_parts();
         ServerReply {
             metadata,
-            body: Box::new(EmptyBody),
+            // Zero-sized: no heap block.
+            body: Box::new(()),
             messages: Some(Box::new(TypedMessages::new(stream))),
         }
     }
@@ -155,10 +165,10 @@ impl std::fmt::Debug for ServerReply {
     }
 }
 
-impl<M: Message + 'static> From<Response<M>> for ServerReply {
+impl<M: Message + Default + 'static> From<Response<M>> for ServerReply {
     fn from(response: Response<M>) -> Self {
         let (metadata, message) = response.into_parts();
-        ServerReply::new(metadata, Box::new(message))
+        ServerReply::new(metadata, message)
     }
 }
 
@@ -170,12 +180,9 @@ pub trait Service: Send + Sync + 'static {
     /// Every method the service serves.
     fn methods(&self) -> &'static [MethodDescriptor];
 
-    /// Runs method `method_id` on `call`.
-    fn call(
-        &self,
-        method_id: u32,
-        call: ServerCall,
-    ) -> BoxFuture<'static, Result<ServerReply, Status>>;
+    /// Runs method `method_id` on `call`: the handler's future, made into a
+    /// [`HandlerFuture`] (whose heap block the server reuses from call to call).
+    fn call(&self, method_id: u32, call: ServerCall) -> HandlerFuture;
 }
 
 /// A service's fully qualified name, known from its type (as tonic's `NamedService`): what a
@@ -191,7 +198,7 @@ pub trait NamedService {
 pub async fn unary<Req, Resp, F, Fut>(call: ServerCall, handler: F) -> Result<ServerReply, Status>
 where
     Req: Message + Default,
-    Resp: Message + 'static,
+    Resp: Message + Default + 'static,
     F: FnOnce(Request<Req>) -> Fut,
     Fut: std::future::Future<Output = Result<Response<Resp>, Status>>,
 {
@@ -223,7 +230,7 @@ pub async fn client_streaming<Req, Resp, F, Fut>(
 ) -> Result<ServerReply, Status>
 where
     Req: Message + Default,
-    Resp: Message + 'static,
+    Resp: Message + Default + 'static,
     F: FnOnce(Request<Streaming<Req>>) -> Fut,
     Fut: std::future::Future<Output = Result<Response<Resp>, Status>>,
 {

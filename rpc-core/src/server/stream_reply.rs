@@ -12,6 +12,7 @@ use tracing::Instrument;
 
 use super::dispatch::{Answer, ConnectionDispatch};
 use super::service::ServerReply;
+use super::HandlerFuture;
 use crate::body::EmptyBody;
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
@@ -131,6 +132,7 @@ impl<'a> StreamReply<'a> {
         };
         let conn = self.conn;
         poll_fn(|cx| conn.poll_answer(cx, call_id, method_id, &mut answer)).await;
+        answer.sent();
     }
 }
 
@@ -209,7 +211,7 @@ impl ConnectionDispatch {
         self: &Arc<Self>,
         header: &Header,
         path: &'static str,
-        handler: futures::future::BoxFuture<'static, Result<ServerReply, Status>>,
+        handler: HandlerFuture,
         out: Outgoing,
         record: CallRecord,
     ) {

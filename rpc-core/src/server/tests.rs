@@ -5,11 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use parking_lot::Mutex;
 
 use super::{ConnectionDispatch, Dispatcher, MethodDescriptor, ReplySink, Server, ServerCall};
-use super::{ServerReply, Service};
+use super::{HandlerFuture, ServerReply, Service};
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{FrameKind, Header};
 use crate::stream::Wakes;
@@ -32,9 +31,9 @@ impl Service for Hang {
         &HANG
     }
 
-    fn call(&self, _: u32, _: ServerCall) -> BoxFuture<'static, Result<ServerReply, Status>> {
+    fn call(&self, _: u32, _: ServerCall) -> HandlerFuture {
         let runs = self.runs.clone();
-        Box::pin(async move {
+        HandlerFuture::new(async move {
             runs.fetch_add(1, Ordering::SeqCst);
             futures::future::pending().await
         })
@@ -168,13 +167,8 @@ impl Service for Quick {
         &QUICK
     }
 
-    fn call(&self, _: u32, _: ServerCall) -> BoxFuture<'static, Result<ServerReply, Status>> {
-        Box::pin(async {
-            Ok(ServerReply::new(
-                crate::MetadataMap::new(),
-                Box::new(crate::body::EmptyBody),
-            ))
-        })
+    fn call(&self, _: u32, _: ServerCall) -> HandlerFuture {
+        HandlerFuture::new(async { Ok(ServerReply::new(crate::MetadataMap::new(), ())) })
     }
 }
 
@@ -268,19 +262,16 @@ impl Service for Count {
         &COUNT
     }
 
-    fn call(&self, _: u32, call: ServerCall) -> BoxFuture<'static, Result<ServerReply, Status>> {
+    fn call(&self, _: u32, call: ServerCall) -> HandlerFuture {
         let counts = self.0.clone();
-        Box::pin(async move {
+        HandlerFuture::new(async move {
             let mut messages = call.into_streaming::<()>()?.into_inner();
             let mut n = 0;
             while messages.message().await?.is_some() {
                 n += 1;
             }
             counts.lock().push(n);
-            Ok(ServerReply::new(
-                crate::MetadataMap::new(),
-                Box::new(crate::body::EmptyBody),
-            ))
+            Ok(ServerReply::new(crate::MetadataMap::new(), ()))
         })
     }
 }

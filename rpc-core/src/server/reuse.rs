@@ -1,0 +1,185 @@
+//! The two heap blocks a unary call's handler run needs, reused by the thread that runs it.
+//!
+//! A handler's future is type-erased behind [`Service`](super::Service), and so is its
+//! reply message: each needs a heap block. A call answered inline (its handler finished at
+//! its first poll, on the transport's receive thread) hands both blocks back to that
+//! thread, and the next call of the same method takes them again: a steady stream of calls
+//! allocates nothing. Each thread keeps at most one block of each kind (the last one handed
+//! back), so what is kept is bounded by the largest handler future and reply message; a
+//! block of the wrong size or type is simply replaced. A handler that waits takes its block
+//! with it to the runtime, and the next call allocates anew.
+//!
+//! Neither block keeps what it held: a handler's future is dropped as soon as it finishes
+//! (its allocation stays), and a reply is reset to its default once sent.
+
+use std::any::Any;
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures::FutureExt;
+use tokio_util::sync::ReusableBoxFuture;
+
+use crate::body::EncodeBody;
+use crate::server::ServerReply;
+use crate::Status;
+
+type Output = Result<ServerReply, Status>;
+
+thread_local! {
+    /// The block of the last handler future that finished on this thread.
+    static SPARE_FUTURE: Cell<Option<ReusableBoxFuture<'static, Output>>> =
+        const { Cell::new(None) };
+    /// The block of the last reply sent from this thread, reset to its type's default.
+    static SPARE_REPLY: Cell<Option<Box<dyn Any + Send>>> = const { Cell::new(None) };
+}
+
+/// A handler run: what [`Service::call`](super::Service::call) returns. It runs the future
+/// it is made from, in a heap block the thread reuses from call to call.
+pub struct HandlerFuture(ReusableBoxFuture<'static, Output>);
+
+impl HandlerFuture {
+    /// A handler run of `future`, in the block the thread's last finished run left if it
+    /// fits (else in a new one).
+    pub fn new<F>(future: F) -> HandlerFuture
+    where
+        F: Future<Output = Output> + Send + 'static,
+    {
+        // Fused: the future is dropped when it finishes, not when its block is next reused.
+        let future = future.fuse();
+        match SPARE_FUTURE.take() {
+            Some(mut block) => {
+                block.set(future);
+                HandlerFuture(block)
+            }
+            None => HandlerFuture(ReusableBoxFuture::new(future)),
+        }
+    }
+
+    /// The run finished (its future returned `Ready`): its block goes back to the thread.
+    pub(crate) fn finished(self) {
+        SPARE_FUTURE.set(Some(self.0));
+    }
+
+    /// Where the future lives.
+    #[cfg(test)]
+    fn block(&mut self) -> *const u8 {
+        &*self.0.get_pin() as *const (dyn Future<Output = Output> + Send) as *const u8
+    }
+}
+
+impl Future for HandlerFuture {
+    type Output = Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Output> {
+        self.0.poll(cx)
+    }
+}
+
+impl std::fmt::Debug for HandlerFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandlerFuture").finish_non_exhaustive()
+    }
+}
+
+/// A reply body whose heap block the server reuses: every prost message.
+pub trait ReplyBody: EncodeBody + 'static {
+    /// The reply was sent: empties it and hands its block to the thread's next reply.
+    fn recycle(self: Box<Self>);
+}
+
+impl<M: prost::Message + Default + 'static> ReplyBody for M {
+    fn recycle(mut self: Box<Self>) {
+        if std::mem::size_of::<M>() == 0 {
+            // A zero-sized box owns no block: the spare one is worth more.
+            return;
+        }
+        // What the reply held (a view of a receive buffer, say) is let go now.
+        *self = M::default();
+        SPARE_REPLY.set(Some(self));
+    }
+}
+
+/// `message` in a heap block: the thread's spare one if it holds this type, else a new one.
+pub(crate) fn reply_box<M: ReplyBody + Send>(message: M) -> Box<dyn ReplyBody> {
+    let spare = SPARE_REPLY.take();
+    match spare.map(|block| block.downcast::<M>()) {
+        Some(Ok(mut block)) => {
+            *block = message;
+            block
+        }
+        Some(Err(other)) => {
+            SPARE_REPLY.set(Some(other));
+            Box::new(message)
+        }
+        None => Box::new(message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MetadataMap;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Note {
+        #[prost(bytes = "bytes", tag = "1")]
+        body: bytes::Bytes,
+    }
+
+    fn address(reply: &ServerReply) -> *const u8 {
+        &*reply.body as *const dyn ReplyBody as *const u8
+    }
+
+    #[test]
+    fn a_sent_reply_block_is_reused_and_lets_go_of_what_it_held() {
+        let payload = bytes::Bytes::from(vec![7u8; 64]);
+        let first = ServerReply::new(
+            MetadataMap::new(),
+            Note {
+                body: payload.clone(),
+            },
+        );
+        let block = address(&first);
+        assert!(!payload.is_unique(), "the reply holds the payload");
+        first.recycle();
+        assert!(
+            payload.is_unique(),
+            "a recycled reply must not keep what it held"
+        );
+        let second = ServerReply::new(MetadataMap::new(), Note::default());
+        assert_eq!(address(&second), block, "the block was not reused");
+        // Another type cannot take the block, and does not lose it either.
+        second.recycle();
+        let other = ServerReply::new(MetadataMap::new(), ());
+        assert_ne!(address(&other), block);
+        let third = ServerReply::new(MetadataMap::new(), Note::default());
+        assert_eq!(address(&third), block);
+    }
+
+    /// The same future type each time, holding `held` until it finishes.
+    fn handler(held: std::sync::Arc<()>) -> HandlerFuture {
+        HandlerFuture::new(async move {
+            let _held = held;
+            Err(Status::cancelled("done"))
+        })
+    }
+
+    #[test]
+    fn a_finished_handler_future_is_dropped_and_its_block_reused() {
+        let held = std::sync::Arc::new(());
+        let mut run = handler(held.clone());
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        assert!(Pin::new(&mut run).poll(&mut cx).is_ready());
+        assert_eq!(
+            std::sync::Arc::strong_count(&held),
+            1,
+            "a finished future must not keep what it captured"
+        );
+        let block = run.block();
+        run.finished();
+        let mut again = handler(held.clone());
+        assert_eq!(again.block(), block, "the block was not reused");
+    }
+}
