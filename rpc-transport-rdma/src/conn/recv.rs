@@ -298,15 +298,19 @@ impl Conn {
         // A stream's reader wakes once to all of its messages in the batch.
         let mut wakes = Wakes::new();
         let mut ended = None;
-        self.deliver_batch(inbound, arrivals.drain(..), &mut wakes, &mut ended);
+        let mut held = self.deliver_batch(inbound, arrivals.drain(..), &mut wakes, &mut ended);
         let state = loop {
             let mut state = self.state.lock();
+            // The last frame's slot goes back under the lock that ends the batch.
+            if let Some(slot) = held.take() {
+                slot.release_in(&mut state);
+            }
             if state.hand_ups.deferred.is_empty() {
                 break state;
             }
             let deferred = std::mem::take(&mut state.hand_ups.deferred);
             drop(state);
-            self.deliver_batch(inbound, deferred, &mut wakes, &mut ended);
+            held = self.deliver_batch(inbound, deferred, &mut wakes, &mut ended);
         };
         drop(delivering);
         counted.finish(state, arrivals);
@@ -316,13 +320,16 @@ impl Conn {
         }
     }
 
-    fn deliver_batch(
-        self: &Arc<Self>,
+    /// Hands `received` up in order. Each copied frame's slot is released once its hand-up
+    /// ends, but the last one's is returned, for the caller to release under the lock it
+    /// takes next.
+    fn deliver_batch<'a>(
+        self: &'a Arc<Self>,
         inbound: &dyn Inbound,
         received: impl IntoIterator<Item = Arrival>,
         wakes: &mut Wakes,
         ended: &mut Option<Status>,
-    ) {
+    ) -> Option<HeldSlot<'a>> {
         let mut hand_up = |frame: InboundFrame, wakes: &mut Wakes| {
             // Closed from another thread meanwhile: the upper layer heard its last.
             if self.is_closed() {
@@ -332,7 +339,8 @@ impl Conn {
                 ended.get_or_insert(status);
             }
         };
-        for arrival in received {
+        let mut received = received.into_iter().peekable();
+        while let Some(arrival) = received.next() {
             let (rx, entry) = match arrival {
                 Arrival::Slot(rx, entry) => (rx, entry),
                 Arrival::Placed(header, buffer) => {
@@ -358,30 +366,44 @@ impl Conn {
             // bookkeeping) happens after the response left, not before. A copy's slot goes
             // back here too, whatever the application keeps.
             drop(frame_bytes);
+            if received.peek().is_none() {
+                return slot;
+            }
             drop(slot);
         }
+        None
     }
 
     /// The bytes of a received frame for the upper layer, and the slot to release once it
-    /// is handed up. Past the lend limit: a copy, and the slot goes back once handed up
-    /// (gathered, see [`Conn::release_recv`]). Within it,
-    /// a small frame (`copy_below`) is copied and its slot released after the hand-up; a
-    /// larger one is a zero-copy view that keeps the slot while the application keeps it.
-    fn frame_bytes(self: &Arc<Self>, rx: &Received, entry: u32) -> (Bytes, Option<RecvSlot>) {
-        let owner = RecvSlot {
-            conn: Arc::clone(self),
+    /// is handed up. Past the lend limit: a copy, and the slot goes back at once (gathered,
+    /// see [`Conn::release_recv`]). Within it, a small frame (`copy_below`) is copied and
+    /// its slot released after the hand-up; a larger one is a zero-copy view that keeps the
+    /// slot while the application keeps it.
+    fn frame_bytes<'a>(
+        self: &'a Arc<Self>,
+        rx: &Received,
+        entry: u32,
+    ) -> (Bytes, Option<HeldSlot<'a>>) {
+        let len = rx.len as usize;
+        if rx.lend && rx.len > self.limits.copy_below {
+            let owner = RecvSlot {
+                conn: Arc::clone(self),
+                slot: rx.slot,
+                entry,
+                len,
+            };
+            return (Bytes::from_owner(owner), None);
+        }
+        let held = HeldSlot {
+            conn: self,
             slot: rx.slot,
             entry,
-            len: rx.len as usize,
+            len,
+            released: false,
         };
-        if !rx.lend {
-            // Dropping the owner releases the slot, after the copy.
-            (copies::copy(owner.as_ref()), None)
-        } else if rx.len <= self.limits.copy_below {
-            (copies::copy(owner.as_ref()), Some(owner))
-        } else {
-            (Bytes::from_owner(owner), None)
-        }
+        let copy = copies::copy(held.bytes());
+        // Past the lend limit the slot goes back now, after the copy.
+        (copy, rx.lend.then_some(held))
     }
 
     /// The upper layer dropped the last view of a received frame.
@@ -399,17 +421,22 @@ impl Conn {
         // no callbacks from here.
         let outer = UPPER_LAYER_LOCKED.replace(true);
         let mut state = self.state.lock();
-        if DELIVERING.get() != self.serial && DRIVER.get() != self.serial {
-            self.release_one(&mut state, slot, entry);
-            self.run_actions(&mut state);
-        } else {
-            state.hand_ups.released.push((slot, entry));
-            if state.hand_ups.released.len() >= self.release_batch(&state) {
-                self.release_deferred(&mut state);
-            }
-        }
+        self.release_locked(&mut state, slot, entry);
         self.unlock(state);
         UPPER_LAYER_LOCKED.set(outer);
+    }
+
+    /// [`Conn::release_recv`] by a holder of the state lock.
+    fn release_locked(&self, state: &mut State, slot: u32, entry: u32) {
+        if DELIVERING.get() != self.serial && DRIVER.get() != self.serial {
+            self.release_one(state, slot, entry);
+            self.run_actions(state);
+        } else {
+            state.hand_ups.released.push((slot, entry));
+            if state.hand_ups.released.len() >= self.release_batch(state) {
+                self.release_deferred(state);
+            }
+        }
     }
 
     /// How many released slots are re-posted together: as many as the protocol allows
@@ -527,6 +554,40 @@ impl Conn {
             state.closing = Closing::Open;
         }
         self.unlock(state);
+    }
+}
+
+/// The receive slot of a frame handed up as a copy, out of the ring until the hand-up ends:
+/// released under a lock its holder takes anyway ([`HeldSlot::release_in`]), or by the
+/// drop (a frame that is not the batch's last, or a handler that panicked).
+struct HeldSlot<'a> {
+    conn: &'a Conn,
+    slot: u32,
+    /// Where it landed: the ring slot, or the shared receive queue's buffer.
+    entry: u32,
+    len: usize,
+    released: bool,
+}
+
+impl HeldSlot<'_> {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the entry stays un-posted until this slot is released.
+        let bytes = unsafe { self.conn.res.recv_entry(self.entry) };
+        &bytes[..self.len]
+    }
+
+    /// Releases the slot under the state lock, which the caller holds.
+    fn release_in(mut self, state: &mut State) {
+        self.released = true;
+        self.conn.release_locked(state, self.slot, self.entry);
+    }
+}
+
+impl Drop for HeldSlot<'_> {
+    fn drop(&mut self) {
+        if !self.released {
+            self.conn.release_recv(self.slot, self.entry);
+        }
     }
 }
 
