@@ -208,6 +208,11 @@ impl<W: Write> FrameWriter<W> {
         }
         result
     }
+
+    /// The stream.
+    pub fn into_inner(self) -> W {
+        self.stream
+    }
 }
 
 #[cfg(test)]

@@ -79,6 +79,17 @@ pub(crate) fn client(
         }
     }
     stream.set_read_timeout(None).map_err(io_error)?;
+    check_answer(&answer, credentials, &hello, peer)
+}
+
+/// The client's reading of what the server at `peer` answered its `hello` with: its proof,
+/// or the status of its refusal. Any bytes give one or the other.
+pub fn check_answer(
+    answer: &[u8],
+    credentials: &Credentials,
+    hello: &[u8; HELLO_LEN],
+    peer: &str,
+) -> Result<(), Status> {
     if answer.starts_with(&AUTH_MAGIC) && answer.len() >= ANSWER_LEN && answer[4] == 0 {
         if answer.len() > ANSWER_LEN {
             return Err(Status::unavailable(format!(
@@ -86,10 +97,10 @@ pub(crate) fn client(
             )));
         }
         return credentials
-            .check_proof(&hello, &answer[8..ANSWER_LEN])
+            .check_proof(hello, &answer[8..ANSWER_LEN])
             .map_err(|s| Status::unauthenticated(format!("{peer}: {}", s.message())));
     }
-    Err(refusal(&answer, peer))
+    Err(refusal(answer, peer))
 }
 
 /// What a server that did not answer with a proof said instead.
@@ -160,12 +171,25 @@ pub(crate) async fn server(
             )))
         }
     };
-    let hello = match preface[4] {
-        _ if !has_preface => None,
-        AUTH_VERSION => Some(&preface[8..]),
-        version => {
+    let preface = has_preface.then_some(&preface);
+    check_preface(preface, checker, peer)
+}
+
+/// The server's reading of the `preface` the client at `peer` sent (`None`: it started with
+/// frames instead): who it is and the answer to send, or the status to refuse it with. Any
+/// bytes give one or the other.
+pub fn check_preface(
+    preface: Option<&[u8; PREFACE_LEN]>,
+    checker: &Checker,
+    peer: &str,
+) -> Result<(Peer, [u8; ANSWER_LEN]), Status> {
+    let hello = match preface {
+        None => None,
+        Some(preface) if preface[4] == AUTH_VERSION => Some(&preface[8..]),
+        Some(preface) => {
             return Err(Status::unauthenticated(format!(
-                "authentication preface version {version}; this server speaks {AUTH_VERSION}"
+                "authentication preface version {}; this server speaks {AUTH_VERSION}",
+                preface[4]
             )))
         }
     };

@@ -1,0 +1,4 @@
+//! The `tcp_preface` target of `rpc-fuzz` (see its documentation there), under libFuzzer.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| rpc_fuzz::run("tcp_preface", data));
