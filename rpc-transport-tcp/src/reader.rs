@@ -25,6 +25,9 @@ const READ_CHUNK: usize = 64 * 1024;
 /// half as much again when a read brings less than a quarter: busy connections take a
 /// burst of small frames in one system call, idle ones keep small buffers.
 const MIN_READ: usize = 4 * 1024;
+/// Room a quiet connection's read makes do with when the buffer cannot be reclaimed for
+/// more.
+const MIN_ROOM: usize = 512;
 /// Frames the reader task delivers (running inline handlers) before it lets the other
 /// tasks of its thread run; a run of stream messages counts as one.
 pub(crate) const FRAMES_PER_TURN: u32 = 16;
@@ -178,11 +181,20 @@ impl Reader {
             .decoder
             .missing(&self.buf)
             .clamp(self.read_size, READ_CHUNK);
-        self.buf.reserve(want);
+        // Frames handed up may still hold the buffer (an answer its caller is reading): a
+        // quiet connection (reads at their smallest) reads into the room left while it
+        // holds a header and a small message, rather than taking a new buffer for every
+        // read meanwhile. A busy one takes a new buffer of the full read size.
+        let room = self.buf.capacity() - self.buf.len();
+        let make_do = self.read_size == MIN_READ && room >= MIN_ROOM.min(want);
+        if room < want && !self.buf.try_reclaim(want) && !make_do {
+            self.buf.reserve(want);
+        }
         let room = self.buf.capacity() - self.buf.len();
         let read = recv(&mut self.buf);
         if let Ok(n) = read {
-            if n == room {
+            // A read into less room than it asked for says nothing of the read size.
+            if n == room && room >= want {
                 self.read_size = (self.read_size * 2).min(READ_CHUNK);
             } else if n < self.read_size / 4 {
                 self.read_size = (self.read_size / 2).max(MIN_READ);
@@ -302,5 +314,62 @@ pub(crate) mod tests {
             *inbound.0.lock(),
             [(1, vec![1, 2, 3]), (2, vec![1]), (1, vec![4]), (1, vec![5]),]
         );
+    }
+
+    /// Bytes of a request frame with `payload`.
+    fn encoded(payload: &[u8]) -> Vec<u8> {
+        let mut header = Header::new(FrameKind::Request, 1);
+        header.payload_len = payload.len() as u32;
+        let mut bytes = vec![0u8; rpc_core::HEADER_LEN];
+        let len = header.encode(&mut bytes);
+        bytes.truncate(len);
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    /// A read while the last frame is still held (an answer its caller reads) goes into the
+    /// room the buffer has left, not into a new buffer; one with less room than
+    /// [`MIN_ROOM`] left takes a new one.
+    #[test]
+    fn a_held_frame_costs_no_new_buffer_while_room_is_left() {
+        let mut reader = Reader::new(1 << 20);
+        let first = encoded(&[1; 32]);
+        let read = |bytes: &[u8]| {
+            let bytes = bytes.to_vec();
+            move |buf: &mut BytesMut| {
+                buf.extend_from_slice(&bytes);
+                Ok(bytes.len())
+            }
+        };
+        reader.read(read(&first)).unwrap();
+        let Ok(Some(Decoded::Frame(held))) = reader.decoder.decode(&mut reader.buf) else {
+            panic!("a whole frame was read");
+        };
+        let next = reader.buf.as_ptr();
+        reader.read(read(&encoded(&[2; 32]))).unwrap();
+        assert_eq!(
+            reader.buf.as_ptr(),
+            next,
+            "the read took a new buffer though the held one had room"
+        );
+        // Fill the buffer up to less than MIN_ROOM: then a new buffer is taken.
+        let room = reader.buf.capacity() - reader.buf.len();
+        let filler = encoded(&vec![3; room - rpc_core::COMPACT_HEADER_LEN - MIN_ROOM / 2]);
+        let filler_len = filler.len();
+        reader
+            .read(move |buf: &mut BytesMut| {
+                buf.extend_from_slice(&filler);
+                Ok(filler_len)
+            })
+            .unwrap();
+        assert!(reader.buf.capacity() - reader.buf.len() < MIN_ROOM);
+        let before = reader.buf.as_ptr();
+        reader.read(|_: &mut BytesMut| Ok(0)).unwrap();
+        assert_ne!(
+            reader.buf.as_ptr(),
+            before,
+            "no room left, and none reclaimed"
+        );
+        drop(held);
     }
 }
