@@ -125,7 +125,10 @@ impl Credentials {
         self.hello_at(unix_seconds(), random_nonce())
     }
 
-    fn hello_at(&self, time: u32, nonce: [u8; 8]) -> [u8; HELLO_LEN] {
+    /// The hello of a client at `time` (seconds since the Unix epoch) with `nonce`: what
+    /// [`Credentials::hello`] makes from the clock and a random nonce, made reproducible
+    /// (tests, fuzzing).
+    pub fn hello_at(&self, time: u32, nonce: [u8; 8]) -> [u8; HELLO_LEN] {
         let mut hello = [0; HELLO_LEN];
         hello[..4].copy_from_slice(&self.key_id.to_le_bytes());
         hello[4..8].copy_from_slice(&time.to_le_bytes());

@@ -109,8 +109,12 @@ impl std::fmt::Display for Finding {
     }
 }
 
+/// Longest one input may run: past it the run is stuck (an endless loop), and the process
+/// ends after printing the input.
+pub const STALL_LIMIT: Duration = Duration::from_secs(10);
+
 /// Feeds `target` the saved inputs in `corpus` (its files, if the directory exists) and
-/// its seeds, then random inputs from `seed` until `budget` has passed.
+/// its seeds, then random inputs from `seed` until `budget` has passed (at least one).
 pub fn fuzz(
     target: &Target,
     corpus: Option<&Path>,
@@ -123,8 +127,12 @@ pub fn fuzz(
         pool.extend(read_dir(dir));
     }
     let given = pool.len();
+    let watchdog = Watchdog::start(target.name, seed);
     let mut inputs = 0u64;
-    let feed = |input: Vec<u8>, index: u64| {
+    let mut feed = |input: Vec<u8>| {
+        let index = inputs;
+        inputs += 1;
+        watchdog.feeding(index, &input);
         feed(target, &input).map_err(|message| Finding {
             target: target.name,
             seed,
@@ -134,13 +142,12 @@ pub fn fuzz(
         })
     };
     for input in pool.clone() {
-        feed(input, inputs)?;
-        inputs += 1;
+        feed(input)?;
     }
     let mut rng = fastrand::Rng::with_seed(seed);
-    loop {
+    for random in 0u64.. {
         // The clock is read once every 64 inputs.
-        if inputs.is_multiple_of(64) && started.elapsed() >= budget {
+        if random > 0 && random.is_multiple_of(64) && started.elapsed() >= budget {
             break;
         }
         let input = match pool.len() {
@@ -151,8 +158,7 @@ pub fn fuzz(
             }
             _ => mutate::fresh(&mut rng),
         };
-        feed(input, inputs)?;
-        inputs += 1;
+        feed(input)?;
     }
     Ok(Report {
         target: target.name,
@@ -161,6 +167,83 @@ pub fn fuzz(
         inputs,
         elapsed: started.elapsed(),
     })
+}
+
+impl Finding {
+    /// Saves the input in `dir` (made if missing), named after the target, seed and index.
+    pub fn save(&self, dir: &Path) -> std::io::Result<std::path::PathBuf> {
+        let path = dir.join(format!("{}-{}-{}", self.target, self.seed, self.index));
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(&path, &self.input)?;
+        Ok(path)
+    }
+}
+
+/// Watches a run for an input that never returns ([`STALL_LIMIT`]).
+struct Watchdog {
+    shared: std::sync::Arc<Watched>,
+}
+
+struct Watched {
+    /// The input being fed, and its index.
+    current: std::sync::Mutex<(u64, Vec<u8>)>,
+    fed: std::sync::atomic::AtomicU64,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl Watchdog {
+    fn start(target: &'static str, seed: u64) -> Watchdog {
+        use std::sync::atomic::Ordering::Relaxed;
+        let shared = std::sync::Arc::new(Watched {
+            current: std::sync::Mutex::new((0, Vec::new())),
+            fed: 0.into(),
+            done: false.into(),
+        });
+        let watched = shared.clone();
+        std::thread::spawn(move || {
+            let mut last = u64::MAX;
+            let mut since = Instant::now();
+            while !watched.done.load(Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                let fed = watched.fed.load(Relaxed);
+                if fed != last {
+                    (last, since) = (fed, Instant::now());
+                } else if since.elapsed() > STALL_LIMIT {
+                    let (index, input) =
+                        &*watched.current.lock().unwrap_or_else(|e| e.into_inner());
+                    let hex: String = input.iter().map(|b| format!("{b:02x}")).collect();
+                    eprintln!(
+                        "FINDING {target}: input {index} of seed {seed} ran for more than                          {STALL_LIMIT:?}; input (hex): {hex}"
+                    );
+                    std::process::exit(3);
+                }
+            }
+        });
+        Watchdog { shared }
+    }
+
+    fn feeding(&self, index: u64, input: &[u8]) {
+        let mut current = self
+            .shared
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        current.0 = index;
+        current.1.clear();
+        current.1.extend_from_slice(input);
+        drop(current);
+        self.shared
+            .fed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.shared
+            .done
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Feeds one input; a panic's message is the error.

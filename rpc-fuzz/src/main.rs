@@ -1,5 +1,6 @@
 //! `rpc-fuzz`: runs every fuzz target (or one) on the stable toolchain for a time each,
 //! and prints what it fed them; `--replay FILE` feeds one saved input again.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -81,14 +82,8 @@ fn main() -> ExitCode {
             ),
             Err(finding) => {
                 eprintln!("FINDING {finding}");
-                let saved = args.findings.join(format!(
-                    "{}-{}-{}",
-                    finding.target, finding.seed, finding.index
-                ));
-                match std::fs::create_dir_all(&args.findings)
-                    .and_then(|()| std::fs::write(&saved, &finding.input))
-                {
-                    Ok(()) => eprintln!(
+                match finding.save(&args.findings) {
+                    Ok(saved) => eprintln!(
                         "saved to {0}; replay with: cargo run -p rpc-fuzz -- --target {1} --replay {0}",
                         saved.display(),
                         finding.target

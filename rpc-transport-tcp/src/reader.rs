@@ -183,10 +183,13 @@ impl Reader {
             .clamp(self.read_size, READ_CHUNK);
         // Frames handed up may still hold the buffer (an answer its caller is reading): a
         // quiet connection (reads at their smallest) reads into the room left while it
-        // holds a header and a small message, rather than taking a new buffer for every
-        // read meanwhile. A busy one takes a new buffer of the full read size.
+        // holds a header and a small message and the frame being received fits, rather
+        // than taking a new buffer for every read meanwhile. A busy one takes a new buffer
+        // of the full read size.
         let room = self.buf.capacity() - self.buf.len();
-        let make_do = self.read_size == MIN_READ && room >= MIN_ROOM.min(want);
+        let make_do = self.read_size == MIN_READ
+            && room >= MIN_ROOM
+            && self.decoder.missing(&self.buf) <= room;
         if room < want && !self.buf.try_reclaim(want) && !make_do {
             self.buf.reserve(want);
         }

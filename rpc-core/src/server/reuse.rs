@@ -4,16 +4,18 @@
 //! reply message: each needs a heap block. A call answered inline (its handler finished at
 //! its first poll, on the transport's receive thread) hands both blocks back to that
 //! thread, and the next call of the same method takes them again: a steady stream of calls
-//! allocates nothing. Each thread keeps at most one block of each kind (the last one handed
-//! back), so what is kept is bounded by the largest handler future and reply message; a
-//! block of the wrong size or type is simply replaced. A handler that waits takes its block
-//! with it to the runtime, and the next call allocates anew.
+//! allocates nothing. Each thread keeps at most [`SPARE_FUTURES`] future blocks (a handler
+//! run inside another, as an interceptor's, takes the second: the last handed back is the
+//! first taken) and one reply block, so what is kept is bounded by the largest handler
+//! futures and reply message; a block of the wrong size or type is simply replaced. A
+//! handler that waits takes its block with it to the runtime, and the next call allocates
+//! anew.
 //!
 //! Neither block keeps what it held: a handler's future is dropped as soon as it finishes
 //! (its allocation stays), and a reply is reset to its default once sent.
 
 use std::any::Any;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -27,10 +29,14 @@ use crate::Status;
 
 type Output = Result<ServerReply, Status>;
 
+/// Most handler future blocks a thread keeps for reuse.
+pub const SPARE_FUTURES: usize = 4;
+
 thread_local! {
-    /// The block of the last handler future that finished on this thread.
-    static SPARE_FUTURE: Cell<Option<ReusableBoxFuture<'static, Output>>> =
-        const { Cell::new(None) };
+    /// The blocks of the last handler futures that finished on this thread, the last one
+    /// last.
+    static SPARE_FUTURE: RefCell<Vec<ReusableBoxFuture<'static, Output>>> =
+        const { RefCell::new(Vec::new()) };
     /// The block of the last reply sent from this thread, reset to its type's default.
     static SPARE_REPLY: Cell<Option<Box<dyn Any + Send>>> = const { Cell::new(None) };
 }
@@ -48,7 +54,7 @@ impl HandlerFuture {
     {
         // Fused: the future is dropped when it finishes, not when its block is next reused.
         let future = future.fuse();
-        match SPARE_FUTURE.take() {
+        match SPARE_FUTURE.with_borrow_mut(Vec::pop) {
             Some(mut block) => {
                 block.set(future);
                 HandlerFuture(block)
@@ -59,7 +65,19 @@ impl HandlerFuture {
 
     /// The run finished (its future returned `Ready`): its block goes back to the thread.
     pub(crate) fn finished(self) {
-        SPARE_FUTURE.set(Some(self.0));
+        SPARE_FUTURE.with_borrow_mut(|spare| {
+            if spare.len() < SPARE_FUTURES {
+                spare.push(self.0);
+            }
+        });
+    }
+
+    /// Runs to the end, then gives the block back: for a handler run inside another's (a
+    /// service that wraps a service).
+    pub async fn run(mut self) -> Output {
+        let output = (&mut self).await;
+        self.finished();
+        output
     }
 
     /// Where the future lives.
@@ -181,5 +199,28 @@ mod tests {
         run.finished();
         let mut again = handler(held.clone());
         assert_eq!(again.block(), block, "the block was not reused");
+    }
+
+    /// A run nested in another (an interceptor's service around the handler's) finishes
+    /// first and is made second: the last block handed back is the first taken, so each
+    /// gets its own back.
+    #[test]
+    fn nested_runs_each_get_their_own_block_back() {
+        let held = std::sync::Arc::new(());
+        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+        let outer_of =
+            |held: std::sync::Arc<()>| HandlerFuture::new(async move { handler(held).run().await });
+        let mut outer = outer_of(held.clone());
+        let outer_block = outer.block();
+        assert!(Pin::new(&mut outer).poll(&mut cx).is_ready());
+        outer.finished();
+        // Two blocks are kept now; the next nested pair takes both.
+        let mut outer = outer_of(held.clone());
+        assert_eq!(outer.block(), outer_block, "the outer block was not reused");
+        assert!(Pin::new(&mut outer).poll(&mut cx).is_ready());
+        let inner_spare = SPARE_FUTURE.with_borrow(|spare| spare.len());
+        assert_eq!(inner_spare, 1, "the inner run gave its block back");
+        outer.finished();
+        assert_eq!(SPARE_FUTURE.with_borrow(|spare| spare.len()), 2);
     }
 }

@@ -6,6 +6,8 @@
 //!
 //! Input: a byte that picks the end, then what its peer sent.
 
+use std::time::Duration;
+
 use rpc_core::auth::{AuthConfig, Checker, Credentials, SharedSecrets, HELLO_LEN};
 use rpc_core::{Code, FrameKind, Header, HEADER_LEN};
 use rpc_transport_tcp::handshake::{
@@ -27,8 +29,7 @@ pub(crate) fn run(data: &[u8]) {
 }
 
 fn server(sent: &[u8]) {
-    let config = AuthConfig::new(SharedSecrets::new().with_key(KEY, SECRET, "fuzzer"));
-    let checker = Checker::new(config);
+    let checker = checker();
     let preface = <&[u8; PREFACE_LEN]>::try_from(sent.get(..PREFACE_LEN).unwrap_or(&[])).ok();
     if let Ok((peer, answer)) = check_preface(preface, &checker, "fuzzer") {
         let hello: &[u8; HELLO_LEN] = preface
@@ -44,7 +45,7 @@ fn server(sent: &[u8]) {
 
 fn client(sent: &[u8]) {
     let credentials = Credentials::new(KEY, SECRET);
-    let hello = [0x5a; HELLO_LEN];
+    let hello = hello();
     let accepted = check_answer(sent, &credentials, &hello, "fuzzed server").is_ok();
     if accepted {
         // Then it is the proof of this very hello, and nothing more.
@@ -55,25 +56,37 @@ fn client(sent: &[u8]) {
     }
 }
 
-/// To mutate: a client's preface (to the server); a server's answer with a wrong proof,
-/// and a server's refusal (to the client).
+/// A server that knows the key, and takes hellos of any time: what an input reaches does
+/// not depend on the clock.
+fn checker() -> Checker {
+    let mut config = AuthConfig::new(SharedSecrets::new().with_key(KEY, SECRET, "fuzzer"));
+    config.max_clock_skew = Duration::MAX;
+    Checker::new(config)
+}
+
+/// The hello of the seeds, and the one the client sends.
+fn hello() -> [u8; HELLO_LEN] {
+    Credentials::new(KEY, SECRET).hello_at(1_800_000_000, *b"rpc-fuzz")
+}
+
+/// To mutate: a client's preface (to the server); a server's answer with the proof, one
+/// with a wrong proof, and a server's refusal (to the client).
 pub(crate) fn seeds() -> Vec<Vec<u8>> {
-    let credentials = Credentials::new(KEY, SECRET);
-    let mut preface = vec![0u8];
-    preface.extend_from_slice(&AUTH_MAGIC);
-    preface.extend_from_slice(&[AUTH_VERSION, 0, 0, 0]);
-    preface.extend_from_slice(&credentials.hello());
-    let mut answer = vec![1u8];
-    answer.extend_from_slice(&AUTH_MAGIC);
-    answer.extend_from_slice(&[0; ANSWER_LEN - 4]);
-    let mut refusal = vec![1u8];
+    let mut preface = [0u8; PREFACE_LEN];
+    preface[..4].copy_from_slice(&AUTH_MAGIC);
+    preface[4] = AUTH_VERSION;
+    preface[8..].copy_from_slice(&hello());
+    let (_, answer) = check_preface(Some(&preface), &checker(), "seed").expect("a valid hello");
+    let to_server = [&[0u8][..], &preface].concat();
+    let to_client = [&[1u8][..], &answer].concat();
+    let mut wrong = to_client.clone();
+    *wrong.last_mut().expect("a proof") ^= 1;
     let mut header = Header::new(FrameKind::Response, 0);
     header.status = Code::Unauthenticated;
     let reason = b"unknown key 9";
     header.payload_len = reason.len() as u32;
     let mut buf = [0u8; HEADER_LEN];
     let len = header.encode(&mut buf);
-    refusal.extend_from_slice(&buf[..len]);
-    refusal.extend_from_slice(reason);
-    vec![preface, answer, refusal]
+    let refusal = [&[1u8][..], &buf[..len], reason].concat();
+    vec![to_server, to_client, wrong, refusal]
 }

@@ -309,7 +309,7 @@ impl Conn {
                 break state;
             }
             let deferred = std::mem::take(&mut state.hand_ups.deferred);
-            drop(state);
+            self.unlock(state);
             held = self.deliver_batch(inbound, deferred, &mut wakes, &mut ended);
         };
         drop(delivering);
