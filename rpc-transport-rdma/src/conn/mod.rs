@@ -33,6 +33,7 @@ mod keepalive;
 mod large;
 mod recv;
 mod send;
+mod slots;
 mod teardown;
 
 use keepalive::Keepalive;

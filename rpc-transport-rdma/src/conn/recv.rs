@@ -15,6 +15,7 @@ use smallvec::SmallVec;
 
 use super::copies;
 use super::large::{placed_frame, Arrival};
+use super::slots::{HeldSlot, RecvSlot};
 use super::teardown::Closing;
 use super::{Conn, State, Upcalls};
 use crate::engine::{Polled, SharedCq};
@@ -394,13 +395,7 @@ impl Conn {
             };
             return (Bytes::from_owner(owner), None);
         }
-        let held = HeldSlot {
-            conn: self,
-            slot: rx.slot,
-            entry,
-            len,
-            released: false,
-        };
+        let held = HeldSlot::new(self, rx.slot, entry, len);
         let copy = copies::copy(held.bytes());
         // Past the lend limit the slot goes back now, after the copy.
         (copy, rx.lend.then_some(held))
@@ -416,7 +411,7 @@ impl Conn {
     /// leaves the peer a credit for the frame whose release completes it, and on a
     /// connection that goes quiet the poller's keepalive tick (every 250 ms) re-posts what
     /// waits. Other threads release at once.
-    fn release_recv(&self, slot: u32, entry: u32) {
+    pub(super) fn release_recv(&self, slot: u32, entry: u32) {
         // Buffers are dropped wherever the upper layer drops them, possibly under its locks:
         // no callbacks from here.
         let outer = UPPER_LAYER_LOCKED.replace(true);
@@ -427,7 +422,7 @@ impl Conn {
     }
 
     /// [`Conn::release_recv`] by a holder of the state lock.
-    fn release_locked(&self, state: &mut State, slot: u32, entry: u32) {
+    pub(super) fn release_locked(&self, state: &mut State, slot: u32, entry: u32) {
         if DELIVERING.get() != self.serial && DRIVER.get() != self.serial {
             self.release_one(state, slot, entry);
             self.run_actions(state);
@@ -554,63 +549,5 @@ impl Conn {
             state.closing = Closing::Open;
         }
         self.unlock(state);
-    }
-}
-
-/// The receive slot of a frame handed up as a copy, out of the ring until the hand-up ends:
-/// released under a lock its holder takes anyway ([`HeldSlot::release_in`]), or by the
-/// drop (a frame that is not the batch's last, or a handler that panicked).
-struct HeldSlot<'a> {
-    conn: &'a Conn,
-    slot: u32,
-    /// Where it landed: the ring slot, or the shared receive queue's buffer.
-    entry: u32,
-    len: usize,
-    released: bool,
-}
-
-impl HeldSlot<'_> {
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: the entry stays un-posted until this slot is released.
-        let bytes = unsafe { self.conn.res.recv_entry(self.entry) };
-        &bytes[..self.len]
-    }
-
-    /// Releases the slot under the state lock, which the caller holds.
-    fn release_in(mut self, state: &mut State) {
-        self.released = true;
-        self.conn.release_locked(state, self.slot, self.entry);
-    }
-}
-
-impl Drop for HeldSlot<'_> {
-    fn drop(&mut self) {
-        if !self.released {
-            self.conn.release_recv(self.slot, self.entry);
-        }
-    }
-}
-
-/// Keeps a receive slot out of the ring while the upper layer reads the frame in it; the
-/// `Bytes` views of metadata and payload share it and release the slot when the last drops.
-struct RecvSlot {
-    conn: Arc<Conn>,
-    slot: u32,
-    /// Where it landed: the ring slot, or the shared receive queue's buffer.
-    entry: u32,
-    len: usize,
-}
-
-impl AsRef<[u8]> for RecvSlot {
-    fn as_ref(&self) -> &[u8] {
-        // SAFETY: the entry stays un-posted until this owner's drop releases it.
-        let bytes = unsafe { self.conn.res.recv_entry(self.entry) };
-        &bytes[..self.len]
-    }
-}
-
-impl Drop for RecvSlot {
-    fn drop(&mut self) {
-        self.conn.release_recv(self.slot, self.entry);
     }
 }
