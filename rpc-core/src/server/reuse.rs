@@ -119,6 +119,23 @@ impl<M: prost::Message + Default + 'static> ReplyBody for M {
     }
 }
 
+/// A reply body of any type (a pre-encoded message, a shared one): its block is not reused.
+pub(crate) struct AnyBody(pub(crate) Box<dyn EncodeBody>);
+
+impl EncodeBody for AnyBody {
+    fn encoded_len(&self) -> usize {
+        self.0.encoded_len()
+    }
+
+    fn encode_into(&self, dst: &mut [u8]) {
+        self.0.encode_into(dst);
+    }
+}
+
+impl ReplyBody for AnyBody {
+    fn recycle(self: Box<Self>) {}
+}
+
 /// `message` in a heap block: the thread's spare one if it holds this type, else a new one.
 pub(crate) fn reply_box<M: ReplyBody + Send>(message: M) -> Box<dyn ReplyBody> {
     let spare = SPARE_REPLY.take();
@@ -199,6 +216,26 @@ mod tests {
         run.finished();
         let mut again = handler(held.clone());
         assert_eq!(again.block(), block, "the block was not reused");
+    }
+
+    /// A reply of any body encodes it, and leaves the thread's spare block alone.
+    #[test]
+    fn a_reply_of_any_body_encodes_it_and_keeps_no_block() {
+        use crate::body::SharedBody;
+        let note = Note {
+            body: bytes::Bytes::from_static(b"pre-encoded"),
+        };
+        let body = Box::new(SharedBody::new(note.clone()));
+        let reply = ServerReply::from_body(MetadataMap::new(), body);
+        let mut encoded = vec![0; reply.body().encoded_len()];
+        reply.body().encode_into(&mut encoded);
+        assert_eq!(encoded, prost::Message::encode_to_vec(&note));
+        SPARE_REPLY.set(None);
+        reply.recycle();
+        assert!(
+            SPARE_REPLY.take().is_none(),
+            "a reply of any body keeps no block"
+        );
     }
 
     /// A run nested in another (an interceptor's service around the handler's) finishes

@@ -130,6 +130,17 @@ impl ServerReply {
         }
     }
 
+    /// A unary reply whose body is any [`EncodeBody`](crate::body::EncodeBody): a message
+    /// encoded already, or a [`SharedBody`](crate::body::SharedBody). Unlike
+    /// [`ServerReply::new`]'s, its heap block is not reused from call to call.
+    pub fn from_body(metadata: MetadataMap, body: Box<dyn crate::body::EncodeBody>) -> Self {
+        ServerReply {
+            metadata,
+            body: Box::new(reuse::AnyBody(body)),
+            messages: None,
+        }
+    }
+
     /// The response message.
     pub fn body(&self) -> &dyn crate::body::EncodeBody {
         &*self.body
