@@ -98,48 +98,37 @@ impl Reader {
         room: impl Fn() -> bool,
         peer: &str,
     ) -> Turn {
-        let mut delivered = 0u32;
-        let turn = self.deliver_counting(inbound, wakes, yield_every, room, peer, &mut delivered);
-        self.deliveries += u64::from(delivered);
-        turn
-    }
-
-    /// [`Reader::deliver`], counting its deliveries in `delivered` whichever way it stops.
-    fn deliver_counting(
-        &mut self,
-        inbound: &dyn Inbound,
-        wakes: &mut Wakes,
-        yield_every: Option<u32>,
-        room: impl Fn() -> bool,
-        peer: &str,
-        delivered: &mut u32,
-    ) -> Turn {
+        // This turn's deliveries, counted in `deliveries` whichever way the turn stops.
+        let start = self.deliveries;
+        let delivered = |reader: &Reader| (reader.deliveries - start) as u32;
         loop {
             if !room() {
                 // Between frames, so that a burst of requests read at once stops at the
                 // first whose answer would find the queue full.
-                *delivered += self.run.hand_up(inbound, wakes);
+                self.hand_up_run(inbound, wakes);
                 return Turn::Full;
             }
-            let before = *delivered;
+            let before = delivered(self);
             match self.decoder.decode(&mut self.buf) {
                 Ok(Some(Decoded::Frame(frame))) if is_message_frame(frame.header.kind) => {
                     if let Some(frame) = self.run.push(frame) {
-                        *delivered += self.run.hand_up(inbound, wakes);
+                        self.hand_up_run(inbound, wakes);
                         self.run.push(frame);
                     }
                     if self.run.frames.len() >= MAX_RUN {
-                        *delivered += self.run.hand_up(inbound, wakes);
+                        self.hand_up_run(inbound, wakes);
                     }
                 }
                 Ok(Some(Decoded::Frame(frame))) => {
-                    *delivered += self.run.hand_up(inbound, wakes) + 1;
+                    self.hand_up_run(inbound, wakes);
+                    self.deliveries += 1;
                     if let Err(status) = inbound.on_frame(frame, wakes) {
                         return Turn::End(status, false);
                     }
                 }
                 Ok(Some(Decoded::Oversized { header, declared })) => {
-                    *delivered += self.run.hand_up(inbound, wakes) + 1;
+                    self.hand_up_run(inbound, wakes);
+                    self.deliveries += 1;
                     inbound.on_oversized(&header, declared);
                 }
                 Ok(None) => break,
@@ -150,14 +139,15 @@ impl Reader {
             }
             self.decoded += 1;
             if let Some(every) = yield_every {
-                if *delivered > before && delivered.is_multiple_of(every) {
+                let now = delivered(self);
+                if now > before && now.is_multiple_of(every) {
                     // Inline handlers ran: the task lets the other connections of its
                     // thread in.
                     return Turn::Yield;
                 }
             }
         }
-        *delivered += self.run.hand_up(inbound, wakes);
+        self.hand_up_run(inbound, wakes);
         if !self.decoder.mid_frame(&self.buf) {
             self.frame_started = None;
         } else if self.decoded > 0 || self.frame_started.is_none() {
@@ -166,8 +156,13 @@ impl Reader {
         }
         self.decoded = 0;
         Turn::Drained {
-            delivered: *delivered,
+            delivered: delivered(self),
         }
+    }
+
+    /// Hands up the run of stream messages gathered, counting it in `deliveries`.
+    fn hand_up_run(&mut self, inbound: &dyn Inbound, wakes: &mut Wakes) {
+        self.deliveries += u64::from(self.run.hand_up(inbound, wakes));
     }
 
     /// Reads what the socket holds with `recv` (into the buffer's spare capacity, returning
