@@ -9,7 +9,10 @@
 use std::time::Duration;
 
 use rpc_core::auth::{AuthConfig, Checker, Credentials, SharedSecrets, HELLO_LEN};
-use rpc_core::{Code, FrameKind, Header, HEADER_LEN};
+use rpc_core::body::RawBody;
+use rpc_core::frame::OutgoingFrame;
+use rpc_core::{Code, FrameKind, Header, MetadataMap};
+use rpc_transport_tcp::codec::FrameWriter;
 use rpc_transport_tcp::handshake::{
     check_answer, check_preface, ANSWER_LEN, AUTH_MAGIC, AUTH_VERSION, PREFACE_LEN,
 };
@@ -83,10 +86,10 @@ pub(crate) fn seeds() -> Vec<Vec<u8>> {
     *wrong.last_mut().expect("a proof") ^= 1;
     let mut header = Header::new(FrameKind::Response, 0);
     header.status = Code::Unauthenticated;
-    let reason = b"unknown key 9";
-    header.payload_len = reason.len() as u32;
-    let mut buf = [0u8; HEADER_LEN];
-    let len = header.encode(&mut buf);
-    let refusal = [&[1u8][..], &buf[..len], reason].concat();
-    vec![to_server, to_client, wrong, refusal]
+    let reason = RawBody(b"unknown key 9");
+    let metadata = MetadataMap::new();
+    let refusal = OutgoingFrame::new(header, &metadata, &reason).expect("fits");
+    let mut writer = FrameWriter::new(vec![1u8]);
+    writer.write(&refusal).expect("a Vec takes every write");
+    vec![to_server, to_client, wrong, writer.into_inner()]
 }
