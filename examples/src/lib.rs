@@ -39,7 +39,9 @@ mod services;
 mod streamer;
 
 pub use kv_store::{KvLimits, KvStore};
-pub use services::{bulk_pattern, EchoService, Tester, TesterStats};
+pub use services::{
+    asked_trailers, bulk_pattern, EchoService, Tester, TesterStats, TRAILER_PREFIX,
+};
 pub use streamer::{ChunkStream, Streamer, StreamerStats, FAIL_WITH, STOP_AFTER};
 
 /// Logs to stderr, filtered by `RUST_LOG` (as the example binaries do).

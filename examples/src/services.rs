@@ -2,7 +2,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use rdma_rpc::{Code, Request, Response, Status};
+use rdma_rpc::{Code, MetadataMap, Request, Response, Status};
 
 use crate::echo::{echo_server, EchoReply, EchoRequest};
 use crate::testing::{tester_server, BulkReply, BulkRequest, FailRequest, SleepRequest};
@@ -52,10 +52,29 @@ impl Drop for SleepGuard<'_> {
     }
 }
 
+/// Request metadata keys that start with this come back as the response's trailers (the
+/// [`Tester`]'s `Echo`, and every method of the [`Streamer`](crate::Streamer)).
+pub const TRAILER_PREFIX: &str = "trailer-";
+
+/// The trailers a request asks for: its metadata entries under [`TRAILER_PREFIX`].
+pub fn asked_trailers(metadata: &MetadataMap) -> MetadataMap {
+    let mut trailers = MetadataMap::new();
+    for (key, value) in metadata.iter() {
+        if key.starts_with(TRAILER_PREFIX) {
+            trailers
+                .insert(key, value)
+                .expect("an entry of a valid map is valid");
+        }
+    }
+    trailers
+}
+
 impl tester_server::Tester for Tester {
     /// Echoes the message and returns the request's metadata as the response's, with the
-    /// peer's address (`peer-addr`) and authenticated identity (`peer-identity`) added.
+    /// peer's address (`peer-addr`) and authenticated identity (`peer-identity`) added,
+    /// and the trailers asked for ([`TRAILER_PREFIX`]).
     async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        let trailers = asked_trailers(request.metadata());
         let mut metadata = request.metadata().clone();
         if let Some(peer) = request.peer() {
             let added =
@@ -69,6 +88,7 @@ impl tester_server::Tester for Tester {
         }
         let mut response = EchoService.echo_inner(request)?;
         *response.metadata_mut() = metadata;
+        *response.trailers_mut() = trailers;
         Ok(response)
     }
 
@@ -89,13 +109,22 @@ impl tester_server::Tester for Tester {
         Ok(Response::new(()))
     }
 
+    /// Fails with the status asked for: its code, message and details, and the request's
+    /// metadata as its metadata.
     async fn fail(&self, request: Request<FailRequest>) -> Result<Response<()>, Status> {
-        let FailRequest { code, message } = request.into_inner();
+        let metadata = request.metadata().clone();
+        let FailRequest {
+            code,
+            message,
+            details,
+        } = request.into_inner();
         let code = u16::try_from(code)
             .ok()
             .and_then(Code::from_wire)
             .ok_or_else(|| Status::invalid_argument(format!("{code} is not a status code")))?;
-        Err(Status::new(code, message))
+        Err(Status::with_details_and_metadata(
+            code, message, details, metadata,
+        ))
     }
 
     async fn bulk(&self, request: Request<BulkRequest>) -> Result<Response<BulkReply>, Status> {

@@ -9,8 +9,8 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use rdma_rpc::{Code, Request, Response, Status, Streaming};
 
-use crate::bulk_pattern;
 use crate::streaming::{streamer_server, Chunk, ConsumeSummary, ProduceRequest};
+use crate::{asked_trailers, bulk_pattern};
 
 /// Request metadata for `Consume`: answer after this many chunks, reading no more.
 pub const STOP_AFTER: &str = "stop-after";
@@ -69,6 +69,7 @@ impl streamer_server::Streamer for Streamer {
         &self,
         request: Request<ProduceRequest>,
     ) -> Result<Response<ChunkStream>, Status> {
+        let trailers = asked_trailers(request.metadata());
         let ask = request.into_inner();
         let payload = Bytes::from(bulk_pattern(ask.size as usize, 0));
         let interval = ask.interval.map(|d| {
@@ -84,8 +85,14 @@ impl streamer_server::Streamer for Streamer {
         // Chunks until the end or the asked failure (at index `after`, if within the count).
         let failure = fail.filter(|(after, _)| *after <= ask.count);
         let last = failure.map_or(ask.count, |(after, _)| after);
-        let failure = failure
-            .map(|(after, code)| Err(Status::new(code, format!("failed after {after} chunks"))));
+        let failure = failure.map(|(after, code)| {
+            let details = Bytes::copy_from_slice(&after.to_le_bytes());
+            Err(Status::with_details(
+                code,
+                format!("failed after {after} chunks"),
+                details,
+            ))
+        });
         let stats = self.stats.clone();
         let chunks = futures::stream::iter(0..last)
             .map(move |index| {
@@ -123,7 +130,9 @@ impl streamer_server::Streamer for Streamer {
             }
             next
         });
-        Ok(Response::new(Box::pin(counted)))
+        let mut response = Response::new(Box::pin(counted) as ChunkStream);
+        *response.trailers_mut() = trailers;
+        Ok(response)
     }
 
     async fn consume(
@@ -135,6 +144,7 @@ impl streamer_server::Streamer for Streamer {
             .get(STOP_AFTER)
             .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
             .unwrap_or(u64::MAX);
+        let trailers = asked_trailers(request.metadata());
         let mut chunks = request.into_inner();
         let mut summary = ConsumeSummary {
             in_order: true,
@@ -153,7 +163,9 @@ impl streamer_server::Streamer for Streamer {
             summary.chunks += 1;
             summary.bytes += chunk.payload.len() as u64;
         }
-        Ok(Response::new(summary))
+        let mut response = Response::new(summary);
+        *response.trailers_mut() = trailers;
+        Ok(response)
     }
 
     async fn chat(
@@ -164,14 +176,17 @@ impl streamer_server::Streamer for Streamer {
             .metadata()
             .get(FAIL_WITH)
             .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u16>().ok());
+        let trailers = asked_trailers(request.metadata());
         if let Some(code) = fail_with {
             let code = Code::from_wire(code).unwrap_or(Code::Unknown);
-            return Err(Status::new(code, "asked to fail"));
+            return Err(Status::with_metadata(code, "asked to fail", trailers));
         }
         let stats = self.stats.clone();
         let echoed = request.into_inner().inspect(move |_| {
             stats.consumed.fetch_add(1, Ordering::Relaxed);
         });
-        Ok(Response::new(Box::pin(echoed)))
+        let mut response = Response::new(Box::pin(echoed) as ChunkStream);
+        *response.trailers_mut() = trailers;
+        Ok(response)
     }
 }

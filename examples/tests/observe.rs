@@ -176,6 +176,7 @@ async fn counted_and_traced(rdma: bool, start: impl Fn(ServerBuilder) -> ServerH
         let fail = FailRequest {
             code: Code::NotFound as u32,
             message: "no such thing".into(),
+            ..Default::default()
         };
         assert_eq!(tester.fail(fail).await.unwrap_err().code(), Code::NotFound);
     }

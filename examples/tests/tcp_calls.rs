@@ -258,6 +258,7 @@ async fn handler_errors_reach_the_client_as_their_status() {
             .fail(FailRequest {
                 code: code as u32,
                 message: format!("no luck: {code}"),
+                ..Default::default()
             })
             .await
             .unwrap_err();

@@ -225,12 +225,7 @@ impl CallTable {
         let early_error = (header.kind == FrameKind::Trailers
             && awaiting_headers
             && header.status != crate::Code::Ok)
-            .then(|| {
-                Status::new(
-                    header.status,
-                    String::from_utf8_lossy(&frame.payload).into_owned(),
-                )
-            });
+            .then(|| frame.status());
         if let Err(status) = stream.on_frame(frame, wakes) {
             self.complete(id, Err(status));
         } else if let Some(status) = early_error {

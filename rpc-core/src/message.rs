@@ -117,25 +117,42 @@ impl<T> From<T> for Request<T> {
     }
 }
 
-/// A response message with its metadata.
+/// A response message with its metadata: the headers, and the trailers the server sends
+/// after the message.
+///
+/// On the server a handler sets both; on the client a unary or client-streaming call's
+/// response holds what the server sent. A streaming response's trailers end its stream
+/// ([`Streaming::trailers`](crate::Streaming::trailers)), so they are not in its
+/// `Response`. Unlike tonic, which merges a unary call's trailers into its metadata, the two
+/// stay apart, as gRPC sends them.
+///
+/// ```
+/// let mut response = rpc_core::Response::new("done");
+/// response.metadata_mut().insert("x-shard", "7").unwrap();
+/// response.trailers_mut().insert("x-rows-scanned", "1204").unwrap();
+/// assert_eq!(response.trailers().get("x-rows-scanned"), Some(&b"1204"[..]));
+/// assert_eq!(response.metadata().get("x-rows-scanned"), None);
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct Response<T> {
     metadata: MetadataMap,
     message: T,
+    trailers: MetadataMap,
 }
 
 impl<T> Response<T> {
     /// A response with no metadata.
     pub fn new(message: T) -> Self {
-        Response {
-            metadata: MetadataMap::new(),
-            message,
-        }
+        Response::from_parts(MetadataMap::new(), message)
     }
 
-    /// Builds a response from its parts.
+    /// Builds a response from its metadata and message, with no trailers.
     pub fn from_parts(metadata: MetadataMap, message: T) -> Self {
-        Response { metadata, message }
+        Response {
+            metadata,
+            message,
+            trailers: MetadataMap::new(),
+        }
     }
 
     /// The message.
@@ -153,7 +170,7 @@ impl<T> Response<T> {
         self.message
     }
 
-    /// Response metadata.
+    /// Response metadata (the headers).
     pub fn metadata(&self) -> &MetadataMap {
         &self.metadata
     }
@@ -163,9 +180,39 @@ impl<T> Response<T> {
         &mut self.metadata
     }
 
-    /// Splits into metadata and message.
+    /// The trailers: metadata sent after the message.
+    pub fn trailers(&self) -> &MetadataMap {
+        &self.trailers
+    }
+
+    /// The trailers, mutably.
+    pub fn trailers_mut(&mut self) -> &mut MetadataMap {
+        &mut self.trailers
+    }
+
+    /// Splits into metadata and message, dropping the trailers.
     pub fn into_parts(self) -> (MetadataMap, T) {
         (self.metadata, self.message)
+    }
+
+    /// The same response around another message (metadata and trailers go along).
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Response<U> {
+        Response {
+            metadata: self.metadata,
+            message: f(self.message),
+            trailers: self.trailers,
+        }
+    }
+
+    /// Splits into metadata, message and trailers.
+    pub(crate) fn into_all_parts(self) -> (MetadataMap, T, MetadataMap) {
+        (self.metadata, self.message, self.trailers)
+    }
+
+    /// Sets the trailers.
+    pub(crate) fn with_trailers(mut self, trailers: MetadataMap) -> Self {
+        self.trailers = trailers;
+        self
     }
 }
 

@@ -5,6 +5,7 @@ use bytes::{Bytes, BytesMut};
 use crate::body::{EmptyBody, EncodeBody};
 use crate::header::Header;
 use crate::metadata::MetadataMap;
+use crate::status::Status;
 
 /// A frame about to be written by a transport into its own memory.
 ///
@@ -144,5 +145,21 @@ impl InboundFrame {
     /// Decodes the metadata.
     pub fn decode_metadata(&self) -> Result<MetadataMap, crate::Error> {
         MetadataMap::decode_from(&self.metadata)
+    }
+
+    /// The status a response or trailers frame ends its call with: the header's code, the
+    /// payload as its message, and its metadata and details ([`Status::from_wire`]).
+    /// Metadata that cannot be read leaves the code, and the message says why.
+    pub fn status(&self) -> Status {
+        match self.decode_metadata() {
+            Ok(metadata) => Status::from_wire(self.header.status, &self.payload, metadata),
+            Err(e) => Status::new(
+                self.header.status,
+                format!(
+                    "{} (its metadata could not be read: {e})",
+                    String::from_utf8_lossy(&self.payload)
+                ),
+            ),
+        }
     }
 }

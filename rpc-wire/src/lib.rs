@@ -25,5 +25,5 @@ mod status;
 pub use error::{Error, HeaderError};
 pub use frame::{FrameTooLarge, InboundFrame, OutgoingFrame};
 pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};
-pub use metadata::{MetadataMap, MAX_METADATA_LEN};
-pub use status::{Code, Status, MAX_STATUS_MESSAGE};
+pub use metadata::{MetadataMap, ResponseMetadata, BINARY_SUFFIX, MAX_METADATA_LEN};
+pub use status::{Code, Status, WireStatus, MAX_STATUS_MESSAGE, STATUS_DETAILS_KEY};

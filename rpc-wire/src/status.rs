@@ -1,6 +1,11 @@
 //! gRPC-compatible status codes and the [`Status`] every failed call ends with.
 
+use std::borrow::Cow;
 use std::fmt;
+
+use bytes::Bytes;
+
+use crate::metadata::MetadataMap;
 
 /// The gRPC status code set, with the same numeric values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -101,19 +106,61 @@ impl fmt::Display for Code {
 /// is cut.
 pub const MAX_STATUS_MESSAGE: usize = 4096;
 
-/// The outcome of a failed call: a [`Code`] and a human-readable message.
+/// The metadata key a status's [details](Status::details) travel under, as in gRPC.
+pub const STATUS_DETAILS_KEY: &str = "grpc-status-details-bin";
+
+/// The outcome of a failed call: a [`Code`], a human-readable message, and optionally
+/// details and metadata (tonic's `Status::with_details` and `with_metadata`).
+///
+/// The details are opaque bytes, by convention an encoded `google.rpc.Status` (gRPC's rich
+/// error model); they travel as the metadata entry [`STATUS_DETAILS_KEY`]. Metadata and
+/// details together are bounded by [`MAX_METADATA_LEN`](crate::MAX_METADATA_LEN): a
+/// status whose extras do not fit reaches its peer without them, its message saying so.
 ///
 /// ```
-/// use rpc_wire::{Code, Status};
+/// use rpc_wire::{Code, MetadataMap, Status};
 /// let status = Status::not_found("no such user: 42");
 /// assert_eq!(status.code(), Code::NotFound);
 /// assert_eq!(status.to_string(), "NOT_FOUND: no such user: 42");
+///
+/// let mut metadata = MetadataMap::new();
+/// metadata.insert("x-retry-after-ms", "250").unwrap();
+/// let status = Status::with_details_and_metadata(
+///     Code::Unavailable,
+///     "draining",
+///     &b"encoded google.rpc.Status"[..],
+///     metadata,
+/// );
+/// assert_eq!(status.details(), b"encoded google.rpc.Status");
+/// assert_eq!(status.metadata().get("x-retry-after-ms"), Some(&b"250"[..]));
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct Status {
     code: Code,
     message: String,
+    /// Details and metadata; boxed so that a status without them (nearly every one) stays
+    /// small.
+    extra: Option<Box<Extra>>,
 }
+
+/// What few statuses carry.
+#[derive(Clone, PartialEq, Eq, Default)]
+struct Extra {
+    details: Bytes,
+    metadata: MetadataMap,
+}
+
+/// A status as the frame that ends a call carries it ([`Status::to_wire`]).
+#[derive(Debug, Clone)]
+pub struct WireStatus<'a> {
+    /// The message, the frame's payload.
+    pub message: Cow<'a, str>,
+    /// The metadata, details included.
+    pub metadata: Cow<'a, MetadataMap>,
+}
+
+/// The metadata of a status without any.
+static NO_METADATA: MetadataMap = MetadataMap::new();
 
 macro_rules! status_constructors {
     ($($(#[$doc:meta])* $name:ident => $code:ident,)*) => {
@@ -132,7 +179,53 @@ impl Status {
         Status {
             code,
             message: message.into(),
+            extra: None,
         }
+    }
+
+    /// A status with `code`, `message` and `details` (opaque bytes, by convention an
+    /// encoded `google.rpc.Status`).
+    pub fn with_details(
+        code: Code,
+        message: impl Into<String>,
+        details: impl Into<Bytes>,
+    ) -> Status {
+        Status::with_details_and_metadata(code, message, details, MetadataMap::new())
+    }
+
+    /// A status with `code`, `message` and `metadata`.
+    pub fn with_metadata(code: Code, message: impl Into<String>, metadata: MetadataMap) -> Status {
+        Status::with_details_and_metadata(code, message, Bytes::new(), metadata)
+    }
+
+    /// A status with `code`, `message`, `details` and `metadata`.
+    pub fn with_details_and_metadata(
+        code: Code,
+        message: impl Into<String>,
+        details: impl Into<Bytes>,
+        metadata: MetadataMap,
+    ) -> Status {
+        let extra = Extra {
+            details: details.into(),
+            metadata,
+        };
+        Status {
+            code,
+            message: message.into(),
+            extra: (extra != Extra::default()).then(|| Box::new(extra)),
+        }
+    }
+
+    /// The status a peer sent: its code, its message (invalid UTF-8 replaced), and its
+    /// metadata, out of which the entry [`STATUS_DETAILS_KEY`] is taken as the details.
+    pub fn from_wire(code: Code, message: &[u8], mut metadata: MetadataMap) -> Status {
+        let details = metadata.remove(STATUS_DETAILS_KEY).unwrap_or_default();
+        Status::with_details_and_metadata(
+            code,
+            String::from_utf8_lossy(message).into_owned(),
+            details,
+            metadata,
+        )
     }
 
     status_constructors! {
@@ -180,6 +273,54 @@ impl Status {
         &self.message
     }
 
+    /// The details: empty unless set.
+    pub fn details(&self) -> &[u8] {
+        self.extra.as_ref().map_or(&[], |extra| &extra.details)
+    }
+
+    /// The metadata: empty unless set.
+    pub fn metadata(&self) -> &MetadataMap {
+        self.extra
+            .as_ref()
+            .map_or(&NO_METADATA, |extra| &extra.metadata)
+    }
+
+    /// The metadata, mutably.
+    pub fn metadata_mut(&mut self) -> &mut MetadataMap {
+        &mut self.extra.get_or_insert_with(Box::default).metadata
+    }
+
+    /// What the frame that ends a call with this status carries: its message, cut to
+    /// [`MAX_STATUS_MESSAGE`] bytes, and as metadata `trailers`, then the status's own
+    /// metadata, then its details under [`STATUS_DETAILS_KEY`]. Metadata beyond
+    /// [`MAX_METADATA_LEN`](crate::MAX_METADATA_LEN) is left out whole, and the message
+    /// says so.
+    pub fn to_wire<'a>(&'a self, trailers: &'a MetadataMap) -> WireStatus<'a> {
+        let message = self.wire_message();
+        let metadata = match &self.extra {
+            None => Cow::Borrowed(trailers),
+            Some(extra) => {
+                let mut all = trailers.clone();
+                all.extend(&extra.metadata);
+                if !extra.details.is_empty() {
+                    all.insert(STATUS_DETAILS_KEY, &extra.details)
+                        .expect("the details key is a binary key");
+                }
+                Cow::Owned(all)
+            }
+        };
+        match metadata.checked_encoded_len() {
+            Ok(_) => WireStatus {
+                message: Cow::Borrowed(message),
+                metadata,
+            },
+            Err(e) => WireStatus {
+                message: Cow::Owned(format!("{message} [details and metadata left out: {e}]")),
+                metadata: Cow::Owned(MetadataMap::new()),
+            },
+        }
+    }
+
     /// The message as it goes on the wire: cut to [`MAX_STATUS_MESSAGE`] bytes, at a
     /// character boundary.
     pub fn wire_message(&self) -> &str {
@@ -204,10 +345,13 @@ impl Status {
 
 impl fmt::Debug for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Status")
-            .field("code", &self.code)
-            .field("message", &self.message)
-            .finish()
+        let mut f = f.debug_struct("Status");
+        f.field("code", &self.code).field("message", &self.message);
+        if let Some(extra) = &self.extra {
+            f.field("details_len", &extra.details.len())
+                .field("metadata", &extra.metadata);
+        }
+        f.finish()
     }
 }
 
@@ -245,6 +389,65 @@ mod tests {
         let long = Status::internal(format!("{}é", "x".repeat(MAX_STATUS_MESSAGE - 1)));
         assert_eq!(long.wire_message().len(), MAX_STATUS_MESSAGE - 1);
         assert!(long.wire_message().bytes().all(|b| b == b'x'));
+    }
+
+    #[test]
+    fn details_and_metadata_cross_the_wire_as_metadata() {
+        let mut metadata = MetadataMap::new();
+        metadata.insert("x-shard", "7").unwrap();
+        let status = Status::with_details_and_metadata(
+            Code::FailedPrecondition,
+            "r\u{e9}sum\u{e9} locked",
+            &[0u8, 1, 2][..],
+            metadata,
+        );
+        let mut trailers = MetadataMap::new();
+        trailers.insert("x-sent", "3").unwrap();
+        let wire = status.to_wire(&trailers);
+        let keys: Vec<_> = wire.metadata.iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["x-sent", "x-shard", STATUS_DETAILS_KEY]);
+        assert_eq!(
+            wire.metadata.get(STATUS_DETAILS_KEY),
+            Some(&[0u8, 1, 2][..])
+        );
+        let none = MetadataMap::new();
+        let wire = status.to_wire(&none);
+        let back = Status::from_wire(
+            status.code(),
+            wire.message.as_bytes(),
+            wire.metadata.into_owned(),
+        );
+        assert_eq!(back, status);
+        assert_eq!(back.metadata().get(STATUS_DETAILS_KEY), None);
+    }
+
+    #[test]
+    fn extras_beyond_the_metadata_limit_are_left_out_and_the_message_says_so() {
+        let huge = vec![1u8; crate::MAX_METADATA_LEN];
+        let status = Status::with_details(Code::Aborted, "conflict", huge);
+        let wire = status.to_wire(&NO_METADATA);
+        assert!(wire.metadata.is_empty());
+        assert!(wire.message.starts_with("conflict ["), "{}", wire.message);
+        assert!(wire.message.contains("16384"), "{}", wire.message);
+    }
+
+    #[test]
+    fn a_plain_status_stays_small_and_borrows_what_it_sends() {
+        let status = Status::internal("x");
+        assert!(status.details().is_empty() && status.metadata().is_empty());
+        let mut trailers = MetadataMap::new();
+        trailers.insert("x-t", "1").unwrap();
+        let wire = status.to_wire(&trailers);
+        assert!(matches!(wire.metadata, Cow::Borrowed(m) if *m == trailers));
+        assert!(matches!(wire.message, Cow::Borrowed("x")));
+        assert!(std::mem::size_of::<Status>() <= 40);
+        assert_eq!(
+            Status::with_details(Code::Internal, "x", Bytes::new()),
+            status
+        );
+        let mut tagged = status.clone();
+        tagged.metadata_mut().insert("x-a", "1").unwrap();
+        assert_ne!(tagged, status);
     }
 
     #[test]

@@ -46,8 +46,8 @@ use crate::interceptor::{
 use crate::message::{Request, Response};
 use crate::observe::{CallRecord, MethodRef};
 use crate::stream::{Window, DEFAULT_STREAM_WINDOW};
-use crate::MetadataMap;
 use crate::{Code, Status};
+use crate::{MetadataMap, ResponseMetadata};
 
 pub use crate::message::DEFAULT_MAX_MESSAGE_SIZE;
 
@@ -458,25 +458,20 @@ pub(crate) fn decode_response<Resp: Message + Default>(
 
 /// A response frame's status, or its metadata and still encoded message.
 fn encoded_response(frame: InboundFrame) -> Result<Response<Bytes>, Status> {
-    let status = frame.header.status;
-    if status != Code::Ok {
-        return Err(Status::new(
-            status,
-            String::from_utf8_lossy(&frame.payload).into_owned(),
-        ));
+    if frame.header.status != Code::Ok {
+        return Err(frame.status());
     }
-    let metadata = frame
-        .decode_metadata()
+    let (metadata, trailers) = ResponseMetadata::decode_from(&frame.metadata)
         .map_err(|e| Status::internal(format!("response {e}")))?;
-    Ok(Response::from_parts(metadata, frame.payload))
+    Ok(Response::from_parts(metadata, frame.payload).with_trailers(trailers))
 }
 
 /// Decodes a response's message.
 pub(crate) fn decode_message<Resp: Message + Default>(
     response: Response<Bytes>,
 ) -> Result<Response<Resp>, Status> {
-    let (metadata, payload) = response.into_parts();
+    let (metadata, payload, trailers) = response.into_all_parts();
     let message = Resp::decode(payload)
         .map_err(|e| Status::internal(format!("failed to decode the response message: {e}")))?;
-    Ok(Response::from_parts(metadata, message))
+    Ok(Response::from_parts(metadata, message).with_trailers(trailers))
 }

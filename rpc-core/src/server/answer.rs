@@ -79,8 +79,8 @@ impl ConnectionDispatch {
                 let sent = match self.check_reply(reply) {
                     Err(status) => Err(status),
                     Ok(()) => {
-                        let metadata: &MetadataMap = &reply.metadata;
-                        match OutgoingFrame::new(header, metadata, &*reply.body) {
+                        let metadata = reply.wire_metadata();
+                        match OutgoingFrame::new(header, &metadata, &*reply.body) {
                             Ok(mut frame) => match self.sink.poll_send(cx, &mut frame) {
                                 Poll::Pending => return Poll::Pending,
                                 // Too large for what the transport can carry (an RDMA slot,
@@ -114,10 +114,10 @@ impl ConnectionDispatch {
                 } else {
                     status.code()
                 };
-                let message = status.wire_message();
-                let body = RawBody(message.as_bytes());
-                let empty = MetadataMap::new();
-                match OutgoingFrame::new(header, &empty, &body) {
+                let no_trailers = MetadataMap::new();
+                let wire = status.to_wire(&no_trailers);
+                let body = RawBody(wire.message.as_bytes());
+                match OutgoingFrame::new(header, &*wire.metadata, &body) {
                     Ok(mut frame) => match self.sink.poll_send(cx, &mut frame) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Err(status)) => {
@@ -146,7 +146,7 @@ impl ConnectionDispatch {
             ));
         }
         reply
-            .metadata
+            .wire_metadata()
             .checked_encoded_len()
             .map(drop)
             .map_err(|e| Status::internal(format!("response {e}")))

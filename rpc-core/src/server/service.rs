@@ -10,8 +10,8 @@ use crate::auth::Peer;
 use crate::message::{Request, Response};
 use crate::server::reuse::{self, HandlerFuture, ReplyBody};
 use crate::stream::{Link, MessageStream, StreamShared, Streaming, TypedMessages};
-use crate::MetadataMap;
 use crate::Status;
+use crate::{MetadataMap, ResponseMetadata};
 
 /// A method a service serves: its path and the id derived from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,8 +112,11 @@ impl ServerCall {
 
 /// A handler's successful answer, type-erased so any message type can be sent.
 pub struct ServerReply {
-    /// Response metadata.
+    /// Response metadata (the headers).
     pub metadata: MetadataMap,
+    /// The trailers: sent with a unary reply's message, or after a streaming reply's last
+    /// message (with the status that ends it).
+    pub trailers: MetadataMap,
     /// The response message, encoded straight into the transport's buffer.
     pub(crate) body: Box<dyn ReplyBody>,
     /// The messages of a streaming response (whose `body` is empty).
@@ -125,6 +128,7 @@ impl ServerReply {
     pub fn new<M: ReplyBody>(metadata: MetadataMap, body: M) -> Self {
         ServerReply {
             metadata,
+            trailers: MetadataMap::new(),
             body: reuse::reply_box(body),
             messages: None,
         }
@@ -136,6 +140,7 @@ impl ServerReply {
     pub fn from_body(metadata: MetadataMap, body: Box<dyn crate::body::EncodeBody>) -> Self {
         ServerReply {
             metadata,
+            trailers: MetadataMap::new(),
             body: Box::new(reuse::AnyBody(body)),
             messages: None,
         }
@@ -146,20 +151,30 @@ impl ServerReply {
         &*self.body
     }
 
+    /// The metadata section of a unary reply: headers and trailers.
+    pub(crate) fn wire_metadata(&self) -> ResponseMetadata<'_> {
+        ResponseMetadata {
+            headers: &self.metadata,
+            trailers: &self.trailers,
+        }
+    }
+
     /// The reply was sent: its message's heap block goes to the thread's next reply.
     pub(crate) fn recycle(self) {
         self.body.recycle();
     }
 
-    /// A streaming reply: `metadata` goes in the headers, then every message of `stream`.
+    /// A streaming reply: `metadata` goes in the headers, then every message of `stream`,
+    /// then the trailers.
     pub fn streaming<S, M>(response: Response<S>) -> Self
     where
         S: futures::Stream<Item = Result<M, Status>> + Send + 'static,
         M: Message + Send + Sync + 'static,
     {
-        let (metadata, stream) = response.into_parts();
+        let (metadata, stream, trailers) = response.into_all_parts();
         ServerReply {
             metadata,
+            trailers,
             // Zero-sized: no heap block.
             body: Box::new(()),
             messages: Some(Box::new(TypedMessages::new(stream))),
@@ -171,6 +186,7 @@ impl std::fmt::Debug for ServerReply {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerReply")
             .field("metadata", &self.metadata)
+            .field("trailers", &self.trailers)
             .field("body_len", &self.body.encoded_len())
             .finish()
     }
@@ -178,8 +194,11 @@ impl std::fmt::Debug for ServerReply {
 
 impl<M: Message + Default + 'static> From<Response<M>> for ServerReply {
     fn from(response: Response<M>) -> Self {
-        let (metadata, message) = response.into_parts();
-        ServerReply::new(metadata, message)
+        let (metadata, message, trailers) = response.into_all_parts();
+        ServerReply {
+            trailers,
+            ..ServerReply::new(metadata, message)
+        }
     }
 }
 

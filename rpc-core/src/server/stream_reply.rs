@@ -37,6 +37,8 @@ pub(crate) struct StreamReply<'a> {
     out: &'a mut Outgoing,
     /// The headers went out: the call ends with trailers from now on.
     headers_sent: bool,
+    /// The trailers the handler's reply set, sent however its stream ends.
+    trailers: MetadataMap,
 }
 
 impl<'a> StreamReply<'a> {
@@ -45,6 +47,7 @@ impl<'a> StreamReply<'a> {
             conn,
             out,
             headers_sent: false,
+            trailers: MetadataMap::new(),
         }
     }
 
@@ -85,10 +88,11 @@ impl<'a> StreamReply<'a> {
         &mut self,
         handler: impl std::future::Future<Output = Result<ServerReply, Status>>,
     ) -> Result<Finished, Status> {
-        let reply = handler.await?;
-        let Some(mut messages) = reply.messages else {
+        let mut reply = handler.await?;
+        let Some(mut messages) = reply.messages.take() else {
             return Ok(Finished::Unary(reply));
         };
+        self.trailers = std::mem::take(&mut reply.trailers);
         reply
             .metadata
             .checked_encoded_len()
@@ -123,8 +127,8 @@ impl<'a> StreamReply<'a> {
                     .err()
                     .unwrap_or_else(|| Status::new(crate::Code::Ok, ""));
                 let out = &mut *self.out;
-                let empty = MetadataMap::new();
-                if let Err(e) = poll_fn(|cx| out.poll_trailers(cx, &status, &empty)).await {
+                let trailers = &self.trailers;
+                if let Err(e) = poll_fn(|cx| out.poll_trailers(cx, &status, trailers)).await {
                     tracing::debug!(call_id, %e, "trailers not sent: connection gone");
                 }
                 return;

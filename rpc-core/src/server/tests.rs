@@ -424,3 +424,20 @@ fn a_waiting_handler_counts_as_in_flight_throughout() {
     );
     conn.close();
 }
+
+#[test]
+fn a_request_with_a_value_its_key_may_not_carry_is_refused_without_running() {
+    let (dispatcher, runs) = server(4, 4);
+    let (conn, answers) = connection(&dispatcher);
+    // One entry, `x-text` → [0]: bytes under a key that does not end in `-bin`.
+    let entry = [&[0x0a, 6][..], b"x-text", &[0x12, 1, 0]].concat();
+    let metadata = [&[0x0a, entry.len() as u8][..], &entry].concat();
+    let mut bad = frame(FrameKind::Request, 1);
+    bad.header.metadata_len = metadata.len() as u32;
+    bad.metadata = Bytes::from(metadata);
+    conn.on_frame(bad, &mut Wakes::new());
+    wait_for("the refusal", || !answers.0.lock().is_empty());
+    assert_eq!(*answers.0.lock(), [(1, Code::InvalidArgument)]);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    conn.close();
+}

@@ -234,23 +234,19 @@ impl Outgoing {
         Header::stream(FrameKind::HalfClose, self.call_id, self.next_seq)
     }
 
-    /// Sends the server's trailers: `status` and `metadata` after the last message.
+    /// Sends the server's trailers after the last message: `status`, with `trailers` and
+    /// the status's own metadata and details ([`Status::to_wire`]).
     pub(crate) fn poll_trailers(
         &mut self,
         cx: &mut Context<'_>,
         status: &Status,
-        metadata: &MetadataMap,
+        trailers: &MetadataMap,
     ) -> Poll<Result<(), Status>> {
         let mut header = Header::stream(FrameKind::Trailers, self.call_id, self.next_seq);
         header.status = status.code();
-        let message = status.wire_message();
-        let body = RawBody(message.as_bytes());
-        let metadata = if metadata.checked_encoded_len().is_ok() {
-            metadata
-        } else {
-            &MetadataMap::new()
-        };
-        let mut frame = OutgoingFrame::new(header, metadata, &body)
+        let wire = status.to_wire(trailers);
+        let body = RawBody(wire.message.as_bytes());
+        let mut frame = OutgoingFrame::new(header, &*wire.metadata, &body)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         ready!(self.poll_hand_over(cx))?;
         self.link.poll_send(cx, &mut frame)

@@ -105,8 +105,15 @@ impl StreamShared {
                         )
                     }
                 };
-                let message = String::from_utf8_lossy(&frame.payload).into_owned();
-                let status = Status::new(header.status, message);
+                // An error's metadata is its status's too (less the details).
+                let (status, metadata) = match header.status {
+                    Code::Ok => (Status::new(Code::Ok, ""), metadata),
+                    code => {
+                        let status = Status::from_wire(code, &frame.payload, metadata);
+                        let metadata = status.metadata().clone();
+                        (status, metadata)
+                    }
+                };
                 let code = status.code();
                 let fed = state
                     .inbox
