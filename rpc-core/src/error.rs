@@ -40,3 +40,22 @@ impl From<Error> for Status {
         }
     }
 }
+
+/// The [`Status`] a tower service's error ends its call with, on a client's layers or a
+/// server's: the status itself, or for tower's own errors `DEADLINE_EXCEEDED` (a timeout
+/// layer elapsed) and `UNAVAILABLE` (a load-shed layer refused: the service was not ready);
+/// `UNKNOWN` with its message for any other.
+pub fn status_from_error(error: impl Into<tower::BoxError>) -> Status {
+    let error = error.into();
+    let error = match error.downcast::<Status>() {
+        Ok(status) => return *status,
+        Err(error) => error,
+    };
+    if error.is::<tower::timeout::error::Elapsed>() {
+        Status::deadline_exceeded(format!("the call's timeout layer: {error}"))
+    } else if error.is::<tower::load_shed::error::Overloaded>() {
+        Status::unavailable(format!("the call's load-shed layer: {error}"))
+    } else {
+        Status::unknown(error.to_string())
+    }
+}

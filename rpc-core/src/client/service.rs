@@ -32,6 +32,8 @@ use crate::message::{Request, Response};
 use crate::observe::{Method, MethodRef};
 use crate::Status;
 
+pub use crate::error::status_from_error;
+
 /// A unary call on its way through a [`tower::Service`]: the method and the request, its
 /// message type-erased (it still encodes itself straight into the transport's memory).
 /// Cheap to clone, so a retry layer can send it again.
@@ -165,22 +167,4 @@ where
         return channel.unary_blocking(method, request);
     }
     crate::blocking::run("a tower service", unary(service, method, request))
-}
-
-/// The [`Status`] a service's error reaches the caller as: the status itself, or for tower's
-/// own errors `DEADLINE_EXCEEDED` (a timeout layer elapsed) and `UNAVAILABLE` (a load-shed
-/// layer refused: the service was not ready); `UNKNOWN` with its message for any other.
-pub fn status_from_error(error: impl Into<BoxError>) -> Status {
-    let error = error.into();
-    let error = match error.downcast::<Status>() {
-        Ok(status) => return *status,
-        Err(error) => error,
-    };
-    if error.is::<tower::timeout::error::Elapsed>() {
-        Status::deadline_exceeded(format!("the call's timeout layer: {error}"))
-    } else if error.is::<tower::load_shed::error::Overloaded>() {
-        Status::unavailable(format!("the call's load-shed layer: {error}"))
-    } else {
-        Status::unknown(error.to_string())
-    }
 }

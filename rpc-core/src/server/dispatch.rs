@@ -27,8 +27,9 @@ pub use crate::server::config::{
     ServerConfig, DEFAULT_MAX_CALLS, DEFAULT_MAX_CALLS_PER_CONNECTION,
 };
 use crate::server::in_flight::InFlight;
+use crate::server::layer::Layers;
 use crate::server::router::Router;
-use crate::server::service::{InboundStream, ServerCall};
+use crate::server::service::{InboundStream, MethodDescriptor, ServerCall};
 pub use crate::server::sink::ReplySink;
 use crate::server::streams::Streams;
 use crate::stream::Outgoing;
@@ -75,7 +76,9 @@ impl Drop for InFlightGuard {
 
 /// The transport-independent server: routing, limits, the handler runtime.
 pub struct Dispatcher {
-    router: Router,
+    router: Arc<Router>,
+    /// The tower layers every call passes through, if the server has any.
+    layers: Option<Layers>,
     config: ServerConfig,
     pub(super) runtime: RuntimeSlot,
     in_flight: InFlight,
@@ -92,7 +95,8 @@ impl std::fmt::Debug for Dispatcher {
 
 impl Dispatcher {
     pub(crate) fn new(
-        router: Router,
+        router: Arc<Router>,
+        layers: Option<Layers>,
         config: ServerConfig,
         runtime: Option<tokio::runtime::Handle>,
     ) -> Result<Dispatcher, Error> {
@@ -108,6 +112,7 @@ impl Dispatcher {
         };
         Ok(Dispatcher {
             router,
+            layers,
             config,
             runtime,
             in_flight: InFlight::default(),
@@ -361,15 +366,22 @@ impl ConnectionDispatch {
         let outgoing = stream
             .as_ref()
             .map(|s| Outgoing::new(s.shared.clone(), s.link.clone(), call_id, limit));
+        let path = route.path;
         let call = ServerCall {
             metadata,
             payload: frame.payload,
             timeout,
             peer: Some(self.peer.clone()),
+            method: Some(MethodDescriptor {
+                path,
+                id: header.method_id,
+            }),
             stream,
         };
-        let mut handler = route.service.call(header.method_id, call);
-        let path = route.path;
+        let mut handler = match &dispatcher.layers {
+            None => route.service.call(header.method_id, call),
+            Some(layers) => layers.call(call),
+        };
         let panicked = move || Err(Status::internal(format!("{path} panicked")));
 
         if let Some(out) = outgoing {
@@ -393,16 +405,13 @@ impl ConnectionDispatch {
                     std::panic::catch_unwind(AssertUnwindSafe(|| handler.poll_unpin(&mut cx)))
                 })
             });
-            // A handler that panicked is dropped; one that finished gives its block back.
+            // A handler that finished gave its block back; one that panicked is dropped.
             let done = match polled {
                 Ok(Poll::Pending) => None,
-                Ok(Poll::Ready(result)) => Some((result, true)),
-                Err(_) => Some((panicked(), false)),
+                Ok(Poll::Ready(result)) => Some(result),
+                Err(_) => Some(panicked()),
             };
-            if let Some((result, finished)) = done {
-                if finished {
-                    handler.finished();
-                }
+            if let Some(result) = done {
                 record.end(&result);
                 self.answer(call_id, method_id, result.into());
                 return;

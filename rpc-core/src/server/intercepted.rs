@@ -63,7 +63,7 @@ impl<S: Service> Service for InterceptedService<S> {
             head.peer = call.peer.clone();
             // Only the metadata comes back: the budget is the client's to set.
             call.metadata = intercept.run(head).await?.into_parts().0;
-            inner.call(method_id, call).run().await
+            inner.call(method_id, call).await
         })
     }
 }

@@ -16,6 +16,7 @@ mod config;
 mod dispatch;
 mod in_flight;
 mod intercepted;
+mod layer;
 mod requests;
 mod reuse;
 mod router;
@@ -34,6 +35,7 @@ pub use dispatch::{
     DEFAULT_MAX_CALLS_PER_CONNECTION,
 };
 pub use intercepted::InterceptedService;
+pub use layer::CallStack;
 pub use requests::{OnClosed, Requests};
 pub use reuse::{HandlerFuture, ReplyBody};
 pub use service::{
@@ -43,6 +45,7 @@ pub use service::{
 pub use shutdown::{shut_down, Served, ServedLink, FLUSH_AT_LEAST};
 
 use crate::error::Error;
+use layer::{Layers, Wrap};
 use router::Router;
 
 /// Entry point of the server API.
@@ -60,6 +63,7 @@ impl Server {
 #[derive(Default)]
 pub struct ServerBuilder {
     services: Vec<Arc<dyn Service>>,
+    layers: Vec<Wrap>,
     config: ServerConfig,
     runtime: Option<tokio::runtime::Handle>,
 }
@@ -71,6 +75,7 @@ impl std::fmt::Debug for ServerBuilder {
                 "services",
                 &self.services.iter().map(|s| s.name()).collect::<Vec<_>>(),
             )
+            .field("layers", &self.layers.len())
             .field("config", &self.config)
             .finish()
     }
@@ -80,6 +85,44 @@ impl ServerBuilder {
     /// Hosts `service` (a generated `FooServer`).
     pub fn add_service(mut self, service: impl Service) -> Self {
         self.services.push(Arc::new(service));
+        self
+    }
+
+    /// Wraps every call the server runs, unary and streaming, in `layer` (tonic's
+    /// `Server::builder().layer(...)`): tower's timeout, concurrency limit and load shed,
+    /// or any layer over a [`CallStack`]. Layers added first are outermost, as in
+    /// `tower::ServiceBuilder`. A layer's error ends the call with the status
+    /// [`status_from_error`](crate::error::status_from_error) gives it (`DEADLINE_EXCEEDED`
+    /// for a timeout, `UNAVAILABLE` for a load shed). A call waiting in a layer (for a
+    /// concurrency limit's permit, say) counts against the server's call limits and runs
+    /// under its deadline like a handler.
+    ///
+    /// ```no_run
+    /// # fn demo(echo: impl rpc_core::server::Service) -> Result<(), rpc_core::Error> {
+    /// use std::time::Duration;
+    /// let dispatcher = rpc_core::Server::builder()
+    ///     .layer(
+    ///         tower::ServiceBuilder::new()
+    ///             .load_shed()
+    ///             .concurrency_limit(64)
+    ///             .timeout(Duration::from_secs(2))
+    ///             .into_inner(),
+    ///     )
+    ///     .add_service(echo)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn layer<L>(mut self, layer: L) -> Self
+    where
+        L: tower::Layer<CallStack> + Send + 'static,
+        L::Service:
+            tower::Service<ServerCall, Response = ServerReply> + Clone + Send + Sync + 'static,
+        <L::Service as tower::Service<ServerCall>>::Error: Into<tower::BoxError>,
+        <L::Service as tower::Service<ServerCall>>::Future: Send + 'static,
+    {
+        self.layers.push(Box::new(move |inner| {
+            CallStack::new(tower::ServiceExt::map_err(layer.layer(inner), Into::into))
+        }));
         self
     }
 
@@ -157,8 +200,11 @@ impl ServerBuilder {
             router.add(service)?;
         }
         tracing::debug!(methods = ?router.paths().collect::<Vec<_>>(), "server routes");
+        let router = Arc::new(router);
+        let layers = Layers::new(router.clone(), self.layers);
         Ok(Arc::new(Dispatcher::new(
             router,
+            layers,
             self.config,
             self.runtime,
         )?))

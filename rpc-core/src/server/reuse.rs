@@ -1,15 +1,16 @@
 //! The two heap blocks a unary call's handler run needs, reused by the thread that runs it.
 //!
 //! A handler's future is type-erased behind [`Service`](super::Service), and so is its
-//! reply message: each needs a heap block. A call answered inline (its handler finished at
-//! its first poll, on the transport's receive thread) hands both blocks back to that
-//! thread, and the next call of the same method takes them again: a steady stream of calls
-//! allocates nothing. Each thread keeps at most [`SPARE_FUTURES`] future blocks (a handler
-//! run inside another, as an interceptor's, takes the second: the last handed back is the
-//! first taken) and one reply block, so what is kept is bounded by the largest handler
-//! futures and reply message; a block of the wrong size or type is simply replaced. A
-//! handler that waits takes its block with it to the runtime, and the next call allocates
-//! anew.
+//! reply message: each needs a heap block. A handler run gives its block back to the thread
+//! that polled it when it finishes, and a reply's once it is sent; a call answered inline
+//! (its handler finished at its first poll, on the transport's receive thread) so hands
+//! both blocks back to that thread, and the next call of the same method takes them again:
+//! a steady stream of calls allocates nothing. Each thread keeps at most [`SPARE_FUTURES`]
+//! future blocks (a handler run inside another, as an interceptor's, takes the second: the
+//! last handed back is the first taken) and one reply block, so what is kept is bounded by
+//! the largest handler futures and reply message; a block of the wrong size or type is
+//! simply replaced. A handler that waits finishes on the runtime, whose thread keeps its
+//! block, and the next call on the receive thread allocates anew.
 //!
 //! Neither block keeps what it held: a handler's future is dropped as soon as it finishes
 //! (its allocation stays), and a reply is reset to its default once sent.
@@ -42,8 +43,9 @@ thread_local! {
 }
 
 /// A handler run: what [`Service::call`](super::Service::call) returns. It runs the future
-/// it is made from, in a heap block the thread reuses from call to call.
-pub struct HandlerFuture(ReusableBoxFuture<'static, Output>);
+/// it is made from, in a heap block the thread reuses from call to call: when the future
+/// finishes, its block goes back to the thread that polled it last.
+pub struct HandlerFuture(Option<ReusableBoxFuture<'static, Output>>);
 
 impl HandlerFuture {
     /// A handler run of `future`, in the block the thread's last finished run left if it
@@ -57,41 +59,43 @@ impl HandlerFuture {
         match SPARE_FUTURE.with_borrow_mut(Vec::pop) {
             Some(mut block) => {
                 block.set(future);
-                HandlerFuture(block)
+                HandlerFuture(Some(block))
             }
-            None => HandlerFuture(ReusableBoxFuture::new(future)),
+            None => HandlerFuture(Some(ReusableBoxFuture::new(future))),
         }
-    }
-
-    /// The run finished (its future returned `Ready`): its block goes back to the thread.
-    pub(crate) fn finished(self) {
-        SPARE_FUTURE.with_borrow_mut(|spare| {
-            if spare.len() < SPARE_FUTURES {
-                spare.push(self.0);
-            }
-        });
-    }
-
-    /// Runs to the end, then gives the block back: for a handler run inside another's (a
-    /// service that wraps a service).
-    pub async fn run(mut self) -> Output {
-        let output = (&mut self).await;
-        self.finished();
-        output
     }
 
     /// Where the future lives.
     #[cfg(test)]
     fn block(&mut self) -> *const u8 {
-        &*self.0.get_pin() as *const (dyn Future<Output = Output> + Send) as *const u8
+        let block = self.0.as_mut().expect("the run has not finished");
+        &*block.get_pin() as *const (dyn Future<Output = Output> + Send) as *const u8
     }
+}
+
+/// The block of a run that finished goes back to this thread.
+fn give_back(block: ReusableBoxFuture<'static, Output>) {
+    SPARE_FUTURE.with_borrow_mut(|spare| {
+        if spare.len() < SPARE_FUTURES {
+            spare.push(block);
+        }
+    });
 }
 
 impl Future for HandlerFuture {
     type Output = Output;
 
+    /// Panics if polled after it returned `Ready`.
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Output> {
-        self.0.poll(cx)
+        let block = self
+            .0
+            .as_mut()
+            .expect("a HandlerFuture polled after it finished");
+        let output = std::task::ready!(block.poll(cx));
+        if let Some(block) = self.0.take() {
+            give_back(block);
+        }
+        Poll::Ready(output)
     }
 }
 
@@ -205,6 +209,7 @@ mod tests {
     fn a_finished_handler_future_is_dropped_and_its_block_reused() {
         let held = std::sync::Arc::new(());
         let mut run = handler(held.clone());
+        let block = run.block();
         let mut cx = Context::from_waker(futures::task::noop_waker_ref());
         assert!(Pin::new(&mut run).poll(&mut cx).is_ready());
         assert_eq!(
@@ -212,8 +217,6 @@ mod tests {
             1,
             "a finished future must not keep what it captured"
         );
-        let block = run.block();
-        run.finished();
         let mut again = handler(held.clone());
         assert_eq!(again.block(), block, "the block was not reused");
     }
@@ -246,18 +249,15 @@ mod tests {
         let held = std::sync::Arc::new(());
         let mut cx = Context::from_waker(futures::task::noop_waker_ref());
         let outer_of =
-            |held: std::sync::Arc<()>| HandlerFuture::new(async move { handler(held).run().await });
+            |held: std::sync::Arc<()>| HandlerFuture::new(async move { handler(held).await });
         let mut outer = outer_of(held.clone());
         let outer_block = outer.block();
         assert!(Pin::new(&mut outer).poll(&mut cx).is_ready());
-        outer.finished();
         // Two blocks are kept now; the next nested pair takes both.
+        assert_eq!(SPARE_FUTURE.with_borrow(|spare| spare.len()), 2);
         let mut outer = outer_of(held.clone());
         assert_eq!(outer.block(), outer_block, "the outer block was not reused");
         assert!(Pin::new(&mut outer).poll(&mut cx).is_ready());
-        let inner_spare = SPARE_FUTURE.with_borrow(|spare| spare.len());
-        assert_eq!(inner_spare, 1, "the inner run gave its block back");
-        outer.finished();
         assert_eq!(SPARE_FUTURE.with_borrow(|spare| spare.len()), 2);
     }
 }

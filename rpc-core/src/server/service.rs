@@ -43,6 +43,8 @@ pub struct ServerCall {
     pub timeout: Option<Duration>,
     /// Who sent it (`None` outside a server, in tests).
     pub peer: Option<Arc<Peer>>,
+    /// The method called (`None` outside a server, in tests).
+    pub(crate) method: Option<MethodDescriptor>,
     /// The request messages of a streaming call (which carries no `payload`).
     pub(crate) stream: Option<InboundStream>,
 }
@@ -63,8 +65,14 @@ impl ServerCall {
             payload,
             timeout,
             peer: None,
+            method: None,
             stream: None,
         }
+    }
+
+    /// The method called: its path and id (`None` for a call made outside a server).
+    pub fn method(&self) -> Option<MethodDescriptor> {
+        self.method
     }
 
     /// Whether the client opened the call as a stream.
