@@ -30,8 +30,9 @@ pub use balance::Discovery;
 pub use endpoint::{Endpoint, TransportKind};
 pub use error::Error;
 pub use rpc_core::*;
+pub use rpc_transport_rdma::verbs::{fork_init, fork_status, ForkStatus};
 pub use rpc_transport_rdma::{
-    LargeBodies, Liveness, PollMode, Polling, RdmaConfig, Receives, Rings, SharedRecvConfig,
+    LargeBodies, Liveness, Nic, PollMode, Polling, RdmaConfig, Receives, Rings, SharedRecvConfig,
     DEFAULT_KEEPALIVE, DEFAULT_SHARED_WINDOW,
 };
 pub use rpc_transport_tcp::{ConnectionLimits, TcpServerConfig};

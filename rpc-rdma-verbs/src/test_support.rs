@@ -15,6 +15,12 @@ pub const TEST_ADDR_ENV: &str = "RDMA_RPC_TEST_ADDR";
 /// [`TEST_ADDR_ENV`]'s default: veth0 in the soft-RoCE VM.
 pub const DEFAULT_TEST_ADDR: &str = "192.168.77.1";
 
+/// Environment variable naming the test device's IPv6 address.
+pub const TEST_ADDR6_ENV: &str = "RDMA_RPC_TEST_ADDR6";
+
+/// [`TEST_ADDR6_ENV`]'s default: veth0's IPv6 address in the soft-RoCE VM.
+pub const DEFAULT_TEST_ADDR6: &str = "fd77::1";
+
 /// Whether [`REQUIRE_DEVICE_ENV`] asks for a device.
 pub fn device_required() -> bool {
     std::env::var(REQUIRE_DEVICE_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
@@ -49,6 +55,16 @@ pub fn require_device() -> Option<DeviceInfo> {
             );
             None
         }
+    }
+}
+
+/// The IPv6 address of the test device: [`TEST_ADDR6_ENV`] or [`DEFAULT_TEST_ADDR6`].
+/// Panics on an unparsable value.
+pub fn test_addr6() -> IpAddr {
+    let text = std::env::var(TEST_ADDR6_ENV).unwrap_or_else(|_| DEFAULT_TEST_ADDR6.to_string());
+    match text.parse() {
+        Ok(addr) => addr,
+        Err(e) => panic!("{TEST_ADDR6_ENV}={text:?} is not an IP address: {e}"),
     }
 }
 

@@ -86,12 +86,30 @@ impl RdmaClient {
             .set_nonblocking(true)
             .map_err(|e| verbs_status(&what, e))?;
         let id = CmId::new(&channel).map_err(|e| verbs_status(&what, e))?;
-        id.resolve_addr(None, dst, config.liveness.connect_timeout)
-            .map_err(|e| verbs_status(&what, e))?;
-        expect_event(&channel, CmEventKind::AddrResolved, deadline, &what)?;
+        let nic_status =
+            |status: Status| Status::new(status.code(), format!("{what}: {}", status.message()));
+        let src = config.nic.local_address(&dst).map_err(nic_status)?;
+        let from = |status: Status| match src {
+            Some(src) => Status::new(
+                status.code(),
+                format!(
+                    "{} (from {src}: is it an address of an RDMA device?)",
+                    status.message()
+                ),
+            ),
+            None => status,
+        };
+        id.resolve_addr(
+            src.map(|ip| SocketAddr::new(ip, 0)),
+            dst,
+            config.liveness.connect_timeout,
+        )
+        .map_err(|e| from(verbs_status(&what, e)))?;
+        expect_event(&channel, CmEventKind::AddrResolved, deadline, &what).map_err(from)?;
         id.resolve_route(config.liveness.connect_timeout)
             .map_err(|e| verbs_status(&what, e))?;
         expect_event(&channel, CmEventKind::RouteResolved, deadline, &what)?;
+        config.nic.check(&id).map_err(nic_status)?;
 
         let res = Resources::create(&id, config, Role::Client, slot)?;
         let slot_body = u64::from(res.protocol.recv_slot_size).saturating_sub(HEADER_LEN as u64);

@@ -5,6 +5,7 @@ use std::time::Duration;
 use rpc_core::auth::Credentials;
 
 use crate::engine::Role;
+use crate::nic::Nic;
 
 /// How a connection's completions are processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,6 +157,9 @@ pub struct RdmaConfig {
     /// Clients: what to authenticate with ([`rpc_core::auth`]); the server must prove it
     /// holds the same secret. `None`: connect without credentials.
     pub credentials: Option<Credentials>,
+    /// The device, port and address connections go through; by default rdma_cm's choice
+    /// by route.
+    pub nic: Nic,
 }
 
 setters!(RdmaConfig {
@@ -164,6 +168,7 @@ setters!(RdmaConfig {
     liveness: Liveness,
     polling: Polling,
     credentials: Option<Credentials>,
+    nic: Nic,
 });
 
 /// The send and receive rings of a connection ([`RdmaConfig::rings`]).

@@ -24,6 +24,7 @@ mod events;
 mod kick;
 mod large_pool;
 mod metrics;
+mod nic;
 mod reaper;
 mod resources;
 mod response_sizes;
@@ -40,4 +41,5 @@ pub use config::{
     LargeBodies, Liveness, PollMode, Polling, RdmaConfig, Receives, Rings, SharedRecvConfig,
     DEFAULT_KEEPALIVE, DEFAULT_SEND_WINDOW, DEFAULT_SHARED_WINDOW,
 };
+pub use nic::Nic;
 pub use server::RdmaServer;

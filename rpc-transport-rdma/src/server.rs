@@ -65,13 +65,22 @@ impl RdmaServer {
         config: RdmaConfig,
     ) -> Result<RdmaServer, Status> {
         let what = format!("cannot listen on rdma://{addr}");
-        let local = resolve(addr)?;
+        let nic_status =
+            |status: Status| Status::new(status.code(), format!("{what}: {}", status.message()));
+        let mut local = resolve(addr)?;
+        // A listener on every address of a named device listens on the device's address.
+        if local.ip().is_unspecified() {
+            if let Some(ip) = config.nic.local_address(&local).map_err(nic_status)? {
+                local.set_ip(ip);
+            }
+        }
         let channel = EventChannel::new().map_err(|e| verbs_status(&what, e))?;
         channel
             .set_nonblocking(true)
             .map_err(|e| verbs_status(&what, e))?;
         let id = CmId::new(&channel).map_err(|e| verbs_status(&what, e))?;
         id.bind_addr(local).map_err(|e| verbs_status(&what, e))?;
+        config.nic.check(&id).map_err(nic_status)?;
         id.listen(LISTEN_BACKLOG)
             .map_err(|e| verbs_status(&what, e))?;
         let local_addr = id.local_addr().unwrap_or(local);

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 /// The guest's RDMA address: veth0, with soft-RoCE device `rxe0` on it.
 pub const GUEST_ADDR: &str = "192.168.77.1";
+/// The guest's IPv6 RDMA address, on veth0 too (RoCE over IPv6).
+pub const GUEST_ADDR6: &str = "fd77::1";
 /// The soft-RoCE device on [`GUEST_ADDR`].
 pub const GUEST_DEVICE: &str = "rxe0";
 
@@ -295,7 +297,7 @@ limit() {
 }
 "#;
 
-/// Loads soft-RoCE and creates `rxe0` on veth0 with [`GUEST_ADDR`].
+/// Loads soft-RoCE and creates `rxe0` on veth0 with [`GUEST_ADDR`] and [`GUEST_ADDR6`].
 fn render_setup() -> String {
     let mut s = String::from(
         "\nmark setup\n\
@@ -309,6 +311,12 @@ fn render_setup() -> String {
     let _ = writeln!(
         s,
         "ip addr add {GUEST_ADDR}/24 dev veth0 || die 'ip addr add'"
+    );
+    // No duplicate address detection: the address is usable (and in rxe0's GID table) at
+    // once.
+    let _ = writeln!(
+        s,
+        "ip -6 addr add {GUEST_ADDR6}/64 dev veth0 nodad || die 'ip -6 addr add'"
     );
     s.push_str("ip link set veth0 up || die 'ip link set veth0 up'\n");
     // One rxe device only. A second one on veth1 in this netns would not work (the kernel
@@ -403,6 +411,7 @@ mod tests {
         assert!(script.contains("mark end 1 $rc"));
         assert!(script.contains("'x y'"));
         assert!(script.contains("rdma link add rxe0 type rxe netdev veth0"));
+        assert!(script.contains("ip -6 addr add fd77::1/64 dev veth0 nodad"));
         assert!(script.trim_end().ends_with("mark done"));
     }
 }
