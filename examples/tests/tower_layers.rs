@@ -1,21 +1,25 @@
 //! Generated clients over tower layers (over TCP): a timeout, a concurrency limit with load
 //! shedding, and retries within a budget compose with a channel as they do with tonic's,
-//! their errors reaching the caller as statuses.
+//! their errors reaching the caller as statuses; streaming calls pass layers too.
 
 use std::future::Ready;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use rdma_rpc::prelude::*;
-use rdma_rpc::{ServerHandle, UnaryCall};
+use rdma_rpc::{ServerHandle, StreamCall, StreamShape, UnaryCall};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::{Echo, EchoServer};
 use rpc_examples::echo::{EchoReply, EchoRequest};
+use rpc_examples::streaming::streamer_client::StreamerClient;
+use rpc_examples::streaming::streamer_server::StreamerServer;
+use rpc_examples::streaming::{Chunk, ProduceRequest};
 use rpc_examples::testing::tester_client::TesterClient;
 use rpc_examples::testing::tester_server::TesterServer;
 use rpc_examples::testing::SleepRequest;
-use rpc_examples::Tester;
+use rpc_examples::{Streamer, Tester};
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::retry::Policy;
 use tower::ServiceBuilder;
@@ -173,4 +177,126 @@ async fn retries_within_a_budget() {
         }
         server.shutdown(Duration::ZERO).await;
     }
+}
+
+async fn streamer() -> (ServerHandle, Channel, Streamer) {
+    let streamer = Streamer::default();
+    let server = Server::builder()
+        .add_service(StreamerServer::new(streamer.clone()))
+        .start("tcp://127.0.0.1:0")
+        .unwrap();
+    let channel = rdma_rpc::connect(server.local_url()).await.unwrap();
+    (server, channel, streamer)
+}
+
+fn chunks(count: u64) -> impl futures::Stream<Item = Chunk> + Send + 'static {
+    futures::stream::iter((0..count).map(|index| Chunk {
+        index,
+        payload: rpc_examples::bulk_pattern(16, 0).into(),
+    }))
+}
+
+/// Every shape of streaming call goes through the client's layers, which see its method
+/// and shape; the calls work as over the channel itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_calls_pass_the_layers() {
+    let (server, channel, _) = streamer().await;
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let recorded = seen.clone();
+    let client = StreamerClient::new(
+        ServiceBuilder::new()
+            .map_request(move |call: StreamCall| {
+                recorded.lock().push((call.method().path(), call.shape()));
+                call
+            })
+            .service(channel),
+    );
+    let produce = ProduceRequest {
+        count: 5,
+        size: 8,
+        ..Default::default()
+    };
+    let mut produced = client.produce(produce).await.unwrap().into_inner();
+    let mut read = 0;
+    while let Some(chunk) = produced.message().await.unwrap() {
+        assert_eq!(chunk.index, read);
+        read += 1;
+    }
+    assert_eq!(read, 5);
+    let summary = client.consume(chunks(7)).await.unwrap().into_inner();
+    assert_eq!((summary.chunks, summary.in_order), (7, true));
+    let echoed: Vec<_> = client
+        .chat(chunks(3))
+        .await
+        .unwrap()
+        .into_inner()
+        .collect()
+        .await;
+    assert_eq!(echoed.len(), 3);
+    assert!(echoed.iter().all(Result::is_ok));
+    let failing = ProduceRequest {
+        fail_code: Code::Aborted as u32,
+        fail_after: 1,
+        ..produce
+    };
+    let items: Vec<_> = client
+        .produce(failing)
+        .await
+        .unwrap()
+        .into_inner()
+        .collect()
+        .await;
+    assert_eq!(
+        items.last().unwrap().as_ref().unwrap_err().code(),
+        Code::Aborted
+    );
+
+    let path = |method: &str| format!("/rpc.streaming.Streamer/{method}");
+    let expected = [
+        (path("Produce"), StreamShape::Server),
+        (path("Consume"), StreamShape::Client),
+        (path("Chat"), StreamShape::Bidirectional),
+        (path("Produce"), StreamShape::Server),
+    ];
+    let seen: Vec<_> = seen
+        .lock()
+        .iter()
+        .map(|(p, s)| (p.to_string(), *s))
+        .collect();
+    assert_eq!(seen, expected);
+    server.shutdown(Duration::ZERO).await;
+}
+
+/// A timeout layer ends a client-streaming call whose answer does not come in time (its
+/// request stream never ends) `DEADLINE_EXCEEDED`, and the server's handler stops reading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_layer_ends_a_stream_that_takes_too_long() {
+    let (server, channel, streamer) = streamer().await;
+    let client = StreamerClient::new(
+        ServiceBuilder::new()
+            .timeout(Duration::from_millis(300))
+            .service(channel),
+    );
+    let endless = chunks(2).chain(futures::stream::pending());
+    let started = Instant::now();
+    let status = client.consume(endless).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status}");
+    assert!(status.message().contains("timeout layer"), "{status}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The server read what came, and the call is over there too: a shutdown finds no
+    // handler to wait for.
+    let until = Instant::now() + Duration::from_secs(10);
+    while streamer.stats.consumed.load(Ordering::SeqCst) < 2 {
+        assert!(
+            Instant::now() < until,
+            "the server never read the two chunks"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let shutting = Instant::now();
+    server.shutdown(Duration::from_secs(20)).await;
+    assert!(
+        shutting.elapsed() < Duration::from_secs(10),
+        "the handler still ran"
+    );
 }

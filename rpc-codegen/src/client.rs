@@ -21,22 +21,36 @@ pub(crate) fn generate(service: &ServiceModel) -> TokenStream {
     let struct_docs = doc_attrs(
         &format!(
             "Client for `{full_name}`: one async and one blocking method per RPC. \
-             Cheap to clone; every clone shares the channel. Unary methods call over any \
-             `CallService` (a channel, or tower layers over one); streaming methods over \
-             a `Channel`."
+             Cheap to clone; every clone shares the channel. Async methods call over any \
+             `CallService` (unary) or `StreamService` (streaming): a channel, or tower \
+             layers over one; blocking streaming methods over a `Channel`."
         ),
         &[],
     );
-    let unary = service
+    let methods: Vec<_> = service
         .methods
         .iter()
-        .filter(|method| method.kind == MethodKind::Unary)
-        .map(|method| generate_method(service, method));
-    let streaming = service
-        .methods
-        .iter()
-        .filter(|method| method.kind != MethodKind::Unary)
-        .map(|method| generate_method(service, method));
+        .map(|method| (method.kind, generate_method(service, method)))
+        .collect();
+    let of = |unary: bool| {
+        methods
+            .iter()
+            .filter(move |(kind, _)| (*kind == MethodKind::Unary) == unary)
+            .map(|(_, generated)| generated)
+    };
+    let unary = of(true).map(|m| {
+        let (call, blocking) = (&m.call, &m.blocking);
+        quote!(#call #blocking)
+    });
+    let streaming_calls: Vec<_> = of(false).map(|m| &m.call).collect();
+    let streaming_impl = (!streaming_calls.is_empty()).then(|| {
+        quote! {
+            impl<S: #core::StreamService> #client_ident<S> {
+                #(#streaming_calls)*
+            }
+        }
+    });
+    let streaming_blocking = of(false).map(|m| &m.blocking);
 
     quote! {
         #mod_docs
@@ -85,17 +99,25 @@ pub(crate) fn generate(service: &ServiceModel) -> TokenStream {
                     &self.service
                 }
 
-                #(#streaming)*
+                #(#streaming_blocking)*
             }
 
             impl<S: #core::CallService> #client_ident<S> {
                 #(#unary)*
             }
+
+            #streaming_impl
         }
     }
 }
 
-fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream {
+/// A method's async form, and its blocking form (empty where there is none).
+struct Generated {
+    call: TokenStream,
+    blocking: TokenStream,
+}
+
+fn generate_method(service: &ServiceModel, method: &MethodModel) -> Generated {
     let ServiceModel {
         core, client_ident, ..
     } = service;
@@ -147,6 +169,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
     let many = quote!(#core::IntoStreamingRequest<Message = #input>);
     let into_many = quote!(#core::IntoStreamingRequest::into_streaming_request(request));
     let streaming_out = quote!(#core::Streaming<#output>);
+    let stream_service = quote!(#core::client::stream_service);
     match method.kind {
         MethodKind::Unary => {
             let call = async_fn(
@@ -155,9 +178,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
                 single,
                 quote!(#output),
             );
-            quote! {
-                #call
-
+            let blocking = quote! {
                 #blocking_docs
                 pub fn #blocking_ident(
                     &self,
@@ -170,18 +191,17 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
                         #core::IntoRequest::<#input>::into_request(request),
                     )
                 }
-            }
+            };
+            Generated { call, blocking }
         }
         MethodKind::ServerStreaming => {
             let call = async_fn(
-                quote!(self.service.server_streaming(&METHOD, #into_single)),
-                quote!(R),
+                quote!(#stream_service::server_streaming(&self.service, &METHOD, #into_single)),
+                quote!(R, S),
                 single,
                 streaming_out,
             );
-            quote! {
-                #call
-
+            let blocking = quote! {
                 #blocking_docs
                 pub fn #blocking_ident(
                     &self,
@@ -196,18 +216,17 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
                         #core::IntoRequest::<#input>::into_request(request),
                     )
                 }
-            }
+            };
+            Generated { call, blocking }
         }
         MethodKind::ClientStreaming => {
             let call = async_fn(
-                quote!(self.service.client_streaming(&METHOD, #into_many)),
-                quote!(R),
+                quote!(#stream_service::client_streaming(&self.service, &METHOD, #into_many)),
+                quote!(R, S),
                 many,
                 quote!(#output),
             );
-            quote! {
-                #call
-
+            let blocking = quote! {
                 #blocking_docs
                 pub fn #blocking_ident<I: ::core::iter::IntoIterator<Item = #input>>(
                     &self,
@@ -219,14 +238,18 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> TokenStream 
                         #core::IntoRequest::<I>::into_request(request),
                     )
                 }
-            }
+            };
+            Generated { call, blocking }
         }
         // No blocking form: one thread cannot both wait for responses and produce requests.
-        MethodKind::Bidi => async_fn(
-            quote!(self.service.streaming(&METHOD, #into_many)),
-            quote!(R),
-            many,
-            streaming_out,
-        ),
+        MethodKind::Bidi => Generated {
+            call: async_fn(
+                quote!(#stream_service::streaming(&self.service, &METHOD, #into_many)),
+                quote!(R, S),
+                many,
+                streaming_out,
+            ),
+            blocking: TokenStream::new(),
+        },
     }
 }

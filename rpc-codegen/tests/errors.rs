@@ -113,7 +113,11 @@ service S {
         "::rpc_core::server::streaming(call,|request|inner.chat(request),)",
         // Client: streams in, streams out, blocking iterators.
         "pubfnchat<R:::rpc_core::IntoStreamingRequest<Message=super::M>>",
-        "self.service.server_streaming(&METHOD,",
+        // Async streaming calls over any stream service; blocking ones over a channel.
+        "impl<S:::rpc_core::StreamService>SClient<S>",
+        "::rpc_core::client::stream_service::server_streaming(&self.service,&METHOD,",
+        "::rpc_core::client::stream_service::streaming(&self.service,&METHOD,",
+        "self.service.server_streaming_blocking(&METHOD,",
         "pubfnlisten_blocking(",
         "::rpc_core::stream::BlockingStreaming<super::M>",
         "pubfnupload_blocking<I:::core::iter::IntoIterator<Item=super::M>>",

@@ -33,7 +33,7 @@ pub use rpc_wire::{body, header};
 pub use call_table::{CallTable, MAX_CALLS_IN_FLIGHT};
 pub use client::{
     CallService, Channel, ChannelConfig, ClientTransport, Connection, Connectivity, Connector,
-    Drive, ReconnectConfig, UnaryCall,
+    Drive, ReconnectConfig, StreamCall, StreamService, StreamShape, UnaryCall,
 };
 pub use error::{Error, HeaderError};
 pub use frame::FrameSender;

@@ -28,7 +28,7 @@ pub struct EchoReply {
 ///
 /// See [the docs](<https://example.invalid/echo>) for details.
 pub mod echo_client {
-    /// Client for `echo.Echo`: one async and one blocking method per RPC. Cheap to clone; every clone shares the channel. Unary methods call over any `CallService` (a channel, or tower layers over one); streaming methods over a `Channel`.
+    /// Client for `echo.Echo`: one async and one blocking method per RPC. Cheap to clone; every clone shares the channel. Async methods call over any `CallService` (unary) or `StreamService` (streaming): a channel, or tower layers over one; blocking streaming methods over a `Channel`.
     #[derive(Debug, Clone)]
     pub struct EchoClient<S = ::rpc_core::Channel> {
         service: S,

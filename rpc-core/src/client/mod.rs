@@ -12,6 +12,7 @@ mod reconnect;
 mod reconnect_tests;
 mod responses;
 pub mod service;
+pub mod stream_service;
 mod streaming;
 #[cfg(test)]
 mod streaming_tests;
@@ -35,6 +36,7 @@ use reconnect::{ConnectWait, Healing};
 pub use reconnect::{Connectivity, Connector, ReconnectConfig};
 pub use responses::Responses;
 pub use service::{CallService, UnaryCall};
+pub use stream_service::{StreamCall, StreamService, StreamShape};
 
 use crate::body::EncodeBody;
 use crate::call_table::CallTable;
@@ -457,7 +459,7 @@ pub(crate) fn decode_response<Resp: Message + Default>(
 }
 
 /// A response frame's status, or its metadata and still encoded message.
-fn encoded_response(frame: InboundFrame) -> Result<Response<Bytes>, Status> {
+pub(crate) fn encoded_response(frame: InboundFrame) -> Result<Response<Bytes>, Status> {
     if frame.header.status != Code::Ok {
         return Err(frame.status());
     }

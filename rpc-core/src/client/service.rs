@@ -13,9 +13,8 @@
 //! let client = EchoClient::new(service);
 //! ```
 //!
-//! A unary call goes through the service; streaming calls need the channel itself
-//! (`FooClient<Channel>`). A layer's own errors reach the caller as a [`Status`]
-//! ([`status_from_error`]).
+//! Streaming calls go through a service too ([`super::stream_service`]). A layer's own
+//! errors reach the caller as a [`Status`] ([`status_from_error`]).
 
 use std::any::Any;
 use std::future::Future;

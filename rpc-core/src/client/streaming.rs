@@ -6,11 +6,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use bytes::Bytes;
 use futures::{FutureExt, Stream, StreamExt};
 use prost::Message;
 use tracing::Instrument;
 
-use super::{decode_response, Channel, Connection, PendingCall};
+use super::{decode_response, encoded_response, Channel, Connection, PendingCall};
+use crate::body::EncodeBody;
 use crate::frame::{InboundFrame, OutgoingFrame};
 use crate::header::{Flags, FrameKind, Header};
 use crate::message::{Request, Response};
@@ -144,7 +146,7 @@ impl Channel {
     ) -> Result<(PendingCall, Sending, StreamGuard), Status>
     where
         S: Stream<Item = Req> + Send + 'static,
-        Req: Message + Send + Sync + 'static,
+        Req: EncodeBody + 'static,
     {
         let (metadata, messages, timeout) = self.intercept(request).await?.into_parts();
         let deadline = self.deadline(timeout);
@@ -164,8 +166,7 @@ impl Channel {
         mut request: Request<Req>,
     ) -> impl Future<Output = Result<Response<Streaming<Resp>>, Status>> + Send + 'static
     where
-        Req: Message + Send + Sync + 'static,
-        Resp: Message + Default + Send + 'static,
+        Req: EncodeBody + 'static,
     {
         let channel = self.clone();
         let method = method.into();
@@ -190,12 +191,41 @@ impl Channel {
     pub fn client_streaming<S, Req, Resp>(
         &self,
         method: impl Into<MethodRef>,
-        mut request: Request<S>,
+        request: Request<S>,
     ) -> impl Future<Output = Result<Response<Resp>, Status>> + Send + 'static
     where
         S: Stream<Item = Req> + Send + 'static,
-        Req: Message + Send + Sync + 'static,
+        Req: EncodeBody + 'static,
         Resp: Message + Default + Send + 'static,
+    {
+        self.client_streaming_with(method, request, decode_response)
+    }
+
+    /// [`Channel::client_streaming`] whose response message is left encoded (for a tower
+    /// service).
+    pub(crate) fn client_streaming_encoded<S, Req>(
+        &self,
+        method: impl Into<MethodRef>,
+        request: Request<S>,
+    ) -> impl Future<Output = Result<Response<Bytes>, Status>> + Send + 'static
+    where
+        S: Stream<Item = Req> + Send + 'static,
+        Req: EncodeBody + 'static,
+    {
+        self.client_streaming_with(method, request, encoded_response)
+    }
+
+    /// A client-streaming call whose response frame `finish` turns into its answer.
+    fn client_streaming_with<S, Req, T>(
+        &self,
+        method: impl Into<MethodRef>,
+        mut request: Request<S>,
+        finish: fn(InboundFrame) -> Result<Response<T>, Status>,
+    ) -> impl Future<Output = Result<Response<T>, Status>> + Send + 'static
+    where
+        S: Stream<Item = Req> + Send + 'static,
+        Req: EncodeBody + 'static,
+        T: Send + 'static,
     {
         let channel = self.clone();
         let method = method.into();
@@ -206,7 +236,7 @@ impl Channel {
                 let (mut call, sending, guard) = channel.start_stream(method.id(), request).await?;
                 let frame = await_headers(&mut call, &mut Some(sending)).await;
                 guard.finish_quietly();
-                decode_response(frame?)
+                finish(frame?)
             }
             .instrument(span)
             .await;
@@ -226,8 +256,7 @@ impl Channel {
     ) -> impl Future<Output = Result<Response<Streaming<Resp>>, Status>> + Send + 'static
     where
         S: Stream<Item = Req> + Send + 'static,
-        Req: Message + Send + Sync + 'static,
-        Resp: Message + Default + Send + 'static,
+        Req: EncodeBody + 'static,
     {
         let channel = self.clone();
         let method = method.into();
@@ -280,7 +309,7 @@ impl Channel {
         mut request: Request<Req>,
     ) -> Result<Response<BlockingStreaming<Resp>>, Status>
     where
-        Req: Message + Send + Sync + 'static,
+        Req: EncodeBody + 'static,
         Resp: Message + Default + Send + 'static,
     {
         let method = method.into();
@@ -410,7 +439,7 @@ fn pump<S, Req>(
 ) -> futures::future::BoxFuture<'static, Result<(), Status>>
 where
     S: Stream<Item = Req> + Send + 'static,
-    Req: Message + Send + Sync + 'static,
+    Req: EncodeBody + 'static,
 {
     async move {
         let mut messages = TypedMessages::new(messages.map(Ok::<Req, Status>));

@@ -310,7 +310,7 @@ impl<S, M> TypedMessages<S, M> {
 impl<S, M> MessageStream for TypedMessages<S, M>
 where
     S: Stream<Item = Result<M, Status>> + Send + 'static,
-    M: prost::Message + Send + Sync + 'static,
+    M: EncodeBody + 'static,
 {
     fn poll_next_message(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<(), Status>>> {
         Poll::Ready(match ready!(self.stream.as_mut().poll_next(cx)) {

@@ -84,6 +84,28 @@ impl<T> Streaming<T> {
         }
     }
 
+    /// The same stream, its messages read as `U`: for one that went through a tower service
+    /// type-erased.
+    pub(crate) fn retype<U>(mut self) -> Streaming<U> {
+        let retyped = Streaming {
+            shared: self.shared.clone(),
+            link: self.link.clone(),
+            call_id: self.call_id,
+            unsent: self.unsent.take(),
+            batch: std::mem::take(&mut self.batch),
+            taken: std::mem::take(&mut self.taken),
+            done: self.done,
+            trailers: self.trailers.take(),
+            driving: std::mem::take(&mut self.driving),
+            pump: self.pump.take(),
+            on_drop: self.on_drop.take(),
+            _message: PhantomData,
+        };
+        // What is left of this one ends quietly: the new one reads on.
+        self.done = true;
+        retyped
+    }
+
     /// Also drives `pump` whenever the stream is polled.
     pub(crate) fn with_pump(mut self, pump: Pump) -> Self {
         self.pump = Some(pump);
