@@ -49,6 +49,11 @@ impl<K: Hash + Eq + Clone + Send + 'static> Discovery<K> {
         self.send(Change::Remove(key))
     }
 
+    /// Whether the balanced channel is gone (nothing takes the changes any more).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.changes.lock().is_closed()
+    }
+
     fn send(&self, change: Change<K, Channel>) -> Result<(), Error> {
         self.changes.lock().try_send(Ok(change)).map_err(|e| {
             Error::Connect(if e.is_full() {

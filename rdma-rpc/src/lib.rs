@@ -16,6 +16,7 @@
 
 mod balance;
 mod connector;
+mod dns;
 mod endpoint;
 mod error;
 mod schemes;
@@ -27,6 +28,7 @@ use std::time::Duration;
 use connector::UrlConnector;
 
 pub use balance::Discovery;
+pub use dns::{Resolve, SystemResolver, DEFAULT_DNS_REFRESH, MAX_RESOLVED_ADDRESSES};
 pub use endpoint::{Endpoint, TransportKind};
 pub use error::Error;
 pub use rpc_core::*;
