@@ -106,7 +106,7 @@ async fn statuses_carry_details_and_metadata(url: &str) {
     assert!(
         status
             .message()
-            .starts_with("conflict [details and metadata left out"),
+            .starts_with("conflict [trailing metadata and details left out"),
         "{status}"
     );
     // The connection carries on.
@@ -172,6 +172,73 @@ async fn streams_end_with_trailers(url: &str) {
         .unwrap_err();
     assert_eq!(status.code(), Code::PermissionDenied);
     assert_eq!(status.metadata(), &asked);
+}
+
+/// Trailers larger than the transport carries in one frame (an RDMA ring slot, 8 KiB by
+/// default) are left out and the stream still ends, an error's message saying so; TCP
+/// carries them whole.
+async fn trailers_beyond_a_frame(url: &str, carried: bool) {
+    let client = StreamerClient::new(rdma_rpc::connect(url).await.unwrap());
+    let big = metadata(&[("trailer-big-bin", &[7; 10 * 1024])]);
+    let produce = ProduceRequest {
+        count: 2,
+        size: 8,
+        ..Default::default()
+    };
+    let mut stream = client
+        .produce(with_metadata(produce, &big))
+        .await
+        .unwrap()
+        .into_inner();
+    let items: Vec<_> = stream.by_ref().collect().await;
+    assert_eq!(items.len(), 2);
+    assert!(items.iter().all(Result::is_ok));
+    let expected = if carried {
+        big.clone()
+    } else {
+        MetadataMap::new()
+    };
+    assert_eq!(stream.trailers(), Some(&expected));
+
+    let failing = ProduceRequest {
+        fail_code: Code::DataLoss as u32,
+        fail_after: 1,
+        ..produce
+    };
+    let items: Vec<_> = client
+        .produce(with_metadata(failing, &big))
+        .await
+        .unwrap()
+        .into_inner()
+        .collect()
+        .await;
+    let status = items.last().unwrap().as_ref().unwrap_err();
+    assert_eq!(status.code(), Code::DataLoss);
+    if carried {
+        assert_eq!(status.metadata(), &big);
+        assert_eq!(status.details(), 1u64.to_le_bytes());
+    } else {
+        assert!(status.metadata().is_empty() && status.details().is_empty());
+        assert!(
+            status
+                .message()
+                .starts_with("failed after 1 chunks [trailing metadata and details left out"),
+            "{status}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_trailers_beyond_a_frame() {
+    let server = tcp_server();
+    trailers_beyond_a_frame(server.local_url(), true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+async fn rdma_trailers_beyond_a_frame() {
+    let server = rdma_server();
+    trailers_beyond_a_frame(server.local_url(), false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

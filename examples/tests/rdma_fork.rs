@@ -1,7 +1,9 @@
-//! A process whose connections carry calls forks and execs children (soft-RoCE VM): the
-//! children run, and every call, small and large (RDMA WRITE into registered memory),
-//! keeps its right answer. One test in the binary: `fork_init` must come before any other
-//! verb.
+//! A process whose connections carry calls forks children that live a while before they
+//! exec (soft-RoCE VM): the children run, and every call, small and large (RDMA WRITE into
+//! registered memory), keeps its right answer while the parent goes on writing registered
+//! memory under them: with fork protection (`fork_init`, or a kernel that copies pinned
+//! pages at fork) the device and the parent keep seeing the same pages. One test in the
+//! binary: `fork_init` must come before any other verb.
 
 mod common;
 
@@ -18,17 +20,26 @@ use rpc_transport_rdma::verbs::test_support::require_device;
 
 use common::{echo_blocking_checked, pattern};
 
-/// Forks; the child execs `program` at once, the parent waits for it and returns its exit
-/// code.
+/// How long a child lives before it execs, while the parent's calls write registered
+/// memory: copy-on-write would move the parent's pages away from the device then.
+const CHILD_LINGERS: libc::timespec = libc::timespec {
+    tv_sec: 0,
+    tv_nsec: 20_000_000,
+};
+
+/// Forks; the child waits [`CHILD_LINGERS`] then execs `program`, the parent waits for it
+/// and returns its exit code.
 fn fork_exec(program: &CString) -> i32 {
     let argv = [program.as_ptr(), std::ptr::null()];
-    // SAFETY: the child calls only async-signal-safe functions (`execv`, `_exit`) before it
-    // is replaced, with arguments prepared before the fork.
+    // SAFETY: the child calls only async-signal-safe functions (`nanosleep`, `execv`,
+    // `_exit`) before it is replaced, with arguments prepared before the fork.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
     if pid == 0 {
-        // SAFETY: `argv` is a NULL-terminated array of valid C strings.
+        // SAFETY: `CHILD_LINGERS` is a valid timespec; `argv` is a NULL-terminated array of
+        // valid C strings.
         unsafe {
+            libc::nanosleep(&CHILD_LINGERS, std::ptr::null_mut());
             libc::execv(program.as_ptr(), argv.as_ptr());
             libc::_exit(127);
         }

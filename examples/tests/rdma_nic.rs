@@ -1,6 +1,7 @@
 //! Choosing the NIC (`RdmaConfig::nic`) on real verbs (soft-RoCE VM): a client and a
 //! server named by device reach each other through it, over IPv4 and IPv6; a source
-//! address, a device, a port or a GID that cannot be used fails with its name.
+//! address, a device, a port or a GID that cannot be used fails with its name, and so does
+//! a server given a device and an address that is not on it.
 
 mod common;
 
@@ -119,6 +120,12 @@ fn a_device_port_or_gid_that_cannot_be_used_is_named() {
     assert!(
         refused.to_string().contains("no RDMA device mlx5_9"),
         "{refused}"
+    );
+    let off_device = server_on("rdma://127.0.0.1:0", Nic::default().device(&name)).unwrap_err();
+    let message = off_device.to_string();
+    assert!(
+        message.contains("127.0.0.1 is not an address of an RDMA device"),
+        "{message}"
     );
     // The server on the right device still answers.
     echoes(&connect(target, Nic::default().device(&name)).expect("connects"));

@@ -129,7 +129,8 @@ async fn every_call_passes_the_layers_in_order(transport: &str) {
                     let status = Status::permission_denied("denied by the gate layer");
                     return Err(tower::BoxError::from(status));
                 }
-                tower::Service::call(&mut inner, call).await
+                let ready = tower::ServiceExt::ready(&mut inner).await?;
+                tower::Service::call(ready, call).await
             }
         })
     });

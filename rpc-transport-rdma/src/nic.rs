@@ -3,15 +3,17 @@
 //! device by route when nothing is set.
 //!
 //! On RoCE every GID table entry of a port is an address of its network device (an
-//! IPv4-mapped one for IPv4), so naming a device and a GID index names a source address,
-//! and rdma_cm binds to the device that owns it. After the route is resolved, the device and
-//! port it leaves through are checked against the ones named.
+//! IPv4-mapped one for IPv4), so naming a device (and a GID index) names a source address,
+//! and rdma_cm binds to the device that owns it; it then picks the GID entry and RoCE
+//! version for that address itself. On InfiniBand GIDs are not IP addresses: name the
+//! IPoIB address as the source instead. After the route is resolved, the device and port
+//! it leaves through are checked against the ones named.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use rpc_core::Status;
 
-use crate::verbs::{devices, CmId, Context, PortState};
+use crate::verbs::{devices, CmId, Context, LinkLayer, PortState};
 
 /// Which RDMA device and port a client's connections leave through, and a server listens on
 /// ([`RdmaConfig::nic`](crate::RdmaConfig::nic)).
@@ -20,7 +22,7 @@ use crate::verbs::{devices, CmId, Context, PortState};
 /// use rpc_transport_rdma::Nic;
 /// // The address of mlx5_1's port 1 (its first GID that is an IPv4 or global IPv6 address).
 /// let nic = Nic::default().device("mlx5_1");
-/// // Port 2's GID 3.
+/// // The address in port 2's GID 3.
 /// let nic = Nic::default().device("mlx5_1").port(2).gid_index(3);
 /// // Or an address of the NIC itself.
 /// let nic = Nic::default().source("192.168.77.2".parse().unwrap());
@@ -38,9 +40,10 @@ pub struct Nic {
     pub device: Option<String>,
     /// The device's port (default 1); checked only with `device`.
     pub port: u8,
-    /// The GID table entry of `device`'s port whose address to use; `None`: the first
-    /// entry holding an address of the peer's family (IPv4, or global IPv6). Link-local
-    /// entries are never used: they name no interface to connect through.
+    /// The GID table entry of `device`'s port whose address to use (RoCE); `None`: the
+    /// first entry holding an address of the peer's family (IPv4, or global IPv6).
+    /// Link-local entries are never used: they name no interface to connect through. It
+    /// chooses the address: rdma_cm picks the entry (and RoCE version) for it.
     pub gid_index: Option<u32>,
 }
 
@@ -98,6 +101,13 @@ impl Nic {
         let port = context.query_port(self.port).map_err(|e| {
             Status::invalid_argument(format!("device {name} has no port {}: {e}", self.port))
         })?;
+        if port.link_layer == LinkLayer::InfiniBand {
+            return Err(Status::invalid_argument(format!(
+                "device {name} port {} is InfiniBand, whose GIDs are not IP addresses: \
+                 name its IPoIB address as the source instead",
+                self.port
+            )));
+        }
         if port.state != PortState::Active {
             return Err(Status::unavailable(format!(
                 "port {} of device {name} is not active ({:?})",
@@ -139,9 +149,16 @@ impl Nic {
         let Some(name) = &self.device else {
             return Ok(());
         };
+        let address = id
+            .local_addr()
+            .map_or("it".to_owned(), |a| a.ip().to_string());
         let used = id
             .context()
-            .map_err(|e| Status::internal(format!("the connection's device: {e}")))?
+            .map_err(|_| {
+                Status::invalid_argument(format!(
+                    "{address} is not an address of an RDMA device, so not of device {name}"
+                ))
+            })?
             .name();
         let port = id.port_num();
         if used != *name || port != self.port {

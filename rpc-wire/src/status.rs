@@ -134,7 +134,7 @@ pub const STATUS_DETAILS_KEY: &str = "grpc-status-details-bin";
 /// assert_eq!(status.details(), b"encoded google.rpc.Status");
 /// assert_eq!(status.metadata().get("x-retry-after-ms"), Some(&b"250"[..]));
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Status {
     code: Code,
     message: String,
@@ -157,6 +157,18 @@ pub struct WireStatus<'a> {
     pub message: Cow<'a, str>,
     /// The metadata, details included.
     pub metadata: Cow<'a, MetadataMap>,
+}
+
+/// `text` cut to at most `limit` bytes, at a character boundary.
+fn cut(text: &str, limit: usize) -> &str {
+    if text.len() <= limit {
+        return text;
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// The metadata of a status without any.
@@ -292,17 +304,18 @@ impl Status {
 
     /// What the frame that ends a call with this status carries: its message, cut to
     /// [`MAX_STATUS_MESSAGE`] bytes, and as metadata `trailers`, then the status's own
-    /// metadata, then its details under [`STATUS_DETAILS_KEY`]. Metadata beyond
-    /// [`MAX_METADATA_LEN`](crate::MAX_METADATA_LEN) is left out whole, and the message
-    /// says so.
+    /// metadata, then its details under [`STATUS_DETAILS_KEY`] (an entry under that key in
+    /// `trailers` or the metadata gives way to them). Metadata beyond
+    /// [`MAX_METADATA_LEN`](crate::MAX_METADATA_LEN) is left out whole, as
+    /// [`Status::to_wire_bare`] says.
     pub fn to_wire<'a>(&'a self, trailers: &'a MetadataMap) -> WireStatus<'a> {
-        let message = self.wire_message();
         let metadata = match &self.extra {
             None => Cow::Borrowed(trailers),
             Some(extra) => {
                 let mut all = trailers.clone();
                 all.extend(&extra.metadata);
                 if !extra.details.is_empty() {
+                    all.remove(STATUS_DETAILS_KEY);
                     all.insert(STATUS_DETAILS_KEY, &extra.details)
                         .expect("the details key is a binary key");
                 }
@@ -311,28 +324,36 @@ impl Status {
         };
         match metadata.checked_encoded_len() {
             Ok(_) => WireStatus {
-                message: Cow::Borrowed(message),
+                message: Cow::Borrowed(self.wire_message()),
                 metadata,
             },
-            Err(e) => WireStatus {
-                message: Cow::Owned(format!("{message} [details and metadata left out: {e}]")),
-                metadata: Cow::Owned(MetadataMap::new()),
-            },
+            Err(e) => self.to_wire_bare(&e.to_string()),
+        }
+    }
+
+    /// The frame that ends a call with this status when its trailing metadata and details
+    /// cannot go (`why`): no metadata, and a message that says so, within
+    /// [`MAX_STATUS_MESSAGE`] bytes.
+    pub fn to_wire_bare(&self, why: &str) -> WireStatus<'static> {
+        let note = format!("[trailing metadata and details left out: {why}]");
+        let note = cut(&note, MAX_STATUS_MESSAGE);
+        let room = MAX_STATUS_MESSAGE.saturating_sub(note.len() + 1);
+        let message = cut(&self.message, room);
+        let message = if message.is_empty() {
+            note.to_owned()
+        } else {
+            format!("{message} {note}")
+        };
+        WireStatus {
+            message: Cow::Owned(message),
+            metadata: Cow::Owned(MetadataMap::new()),
         }
     }
 
     /// The message as it goes on the wire: cut to [`MAX_STATUS_MESSAGE`] bytes, at a
     /// character boundary.
     pub fn wire_message(&self) -> &str {
-        let message = self.message.as_str();
-        if message.len() <= MAX_STATUS_MESSAGE {
-            return message;
-        }
-        let mut end = MAX_STATUS_MESSAGE;
-        while !message.is_char_boundary(end) {
-            end -= 1;
-        }
-        &message[..end]
+        cut(&self.message, MAX_STATUS_MESSAGE)
     }
 
     /// The status for a message of `actual` bytes against a limit of `limit` bytes.
@@ -342,6 +363,19 @@ impl Status {
         ))
     }
 }
+
+/// Statuses are equal when their code, message, details and metadata are (an empty
+/// metadata set through [`Status::metadata_mut`] is no metadata).
+impl PartialEq for Status {
+    fn eq(&self, other: &Status) -> bool {
+        self.code == other.code
+            && self.message == other.message
+            && self.details() == other.details()
+            && self.metadata() == other.metadata()
+    }
+}
+
+impl Eq for Status {}
 
 impl fmt::Debug for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -424,11 +458,35 @@ mod tests {
     #[test]
     fn extras_beyond_the_metadata_limit_are_left_out_and_the_message_says_so() {
         let huge = vec![1u8; crate::MAX_METADATA_LEN];
-        let status = Status::with_details(Code::Aborted, "conflict", huge);
+        let status = Status::with_details(Code::Aborted, "conflict", huge.clone());
         let wire = status.to_wire(&NO_METADATA);
         assert!(wire.metadata.is_empty());
-        assert!(wire.message.starts_with("conflict ["), "{}", wire.message);
+        assert!(wire
+            .message
+            .starts_with("conflict [trailing metadata and details left out"));
         assert!(wire.message.contains("16384"), "{}", wire.message);
+        // A long message leaves room for the note, within the limit.
+        let long = Status::with_details(Code::Aborted, "x".repeat(MAX_STATUS_MESSAGE), huge);
+        let wire = long.to_wire(&NO_METADATA);
+        assert!(wire.message.len() <= MAX_STATUS_MESSAGE);
+        assert!(wire.message.ends_with(" bytes]"), "{}", wire.message);
+        assert!(Status::new(Code::Ok, "")
+            .to_wire_bare("too large")
+            .message
+            .starts_with("[trailing"));
+    }
+
+    #[test]
+    fn the_details_win_over_an_entry_under_their_key() {
+        let mut trailers = MetadataMap::new();
+        trailers.insert(STATUS_DETAILS_KEY, b"forged").unwrap();
+        let mut metadata = MetadataMap::new();
+        metadata.insert(STATUS_DETAILS_KEY, b"copied").unwrap();
+        let status = Status::with_details_and_metadata(Code::Internal, "x", &b"real"[..], metadata);
+        let wire = status.to_wire(&trailers);
+        let back = Status::from_wire(Code::Internal, b"x", wire.metadata.into_owned());
+        assert_eq!(back.details(), b"real");
+        assert_eq!(back.metadata().get(STATUS_DETAILS_KEY), None);
     }
 
     #[test]
@@ -445,6 +503,9 @@ mod tests {
             Status::with_details(Code::Internal, "x", Bytes::new()),
             status
         );
+        let mut touched = status.clone();
+        touched.metadata_mut();
+        assert_eq!(touched, status, "empty metadata is no metadata");
         let mut tagged = status.clone();
         tagged.metadata_mut().insert("x-a", "1").unwrap();
         assert_ne!(tagged, status);

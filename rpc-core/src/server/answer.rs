@@ -10,6 +10,7 @@ use crate::server::dispatch::ConnectionDispatch;
 use crate::server::service::ServerReply;
 use crate::MetadataMap;
 use crate::{Code, Status};
+use rpc_wire::WireStatus;
 
 /// What a call is answered with.
 pub(crate) enum Answer {
@@ -116,22 +117,42 @@ impl ConnectionDispatch {
                 };
                 let no_trailers = MetadataMap::new();
                 let wire = status.to_wire(&no_trailers);
-                let body = RawBody(wire.message.as_bytes());
-                match OutgoingFrame::new(header, &*wire.metadata, &body) {
-                    Ok(mut frame) => match self.sink.poll_send(cx, &mut frame) {
-                        Poll::Pending => return Poll::Pending,
-                        Poll::Ready(Err(status)) => {
-                            tracing::debug!(call_id, %status, "response not sent: connection gone");
-                        }
-                        Poll::Ready(Ok(())) => {}
-                    },
-                    Err(e) => tracing::error!(call_id, %e, "status frame does not fit"),
+                let sent = match self.poll_send_status(cx, header, &wire) {
+                    // More than the transport carries (an RDMA slot, no large buffer to be
+                    // had): the status goes without its metadata and details.
+                    Poll::Ready(Err(e))
+                        if e.code() == Code::ResourceExhausted && !wire.metadata.is_empty() =>
+                    {
+                        let bare = status.to_wire_bare(e.message());
+                        self.poll_send_status(cx, header, &bare)
+                    }
+                    sent => sent,
+                };
+                match sent {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Err(status)) => {
+                        tracing::debug!(call_id, %status, "response not sent: connection gone");
+                    }
+                    Poll::Ready(Ok(())) => {}
                 }
                 return Poll::Ready(());
             }
         };
         *answer = Answer::Status(failed);
         self.poll_answer(cx, call_id, method_id, answer)
+    }
+
+    /// Sends a status response: `header` with `wire`'s metadata and message.
+    fn poll_send_status(
+        &self,
+        cx: &mut Context<'_>,
+        header: Header,
+        wire: &WireStatus<'_>,
+    ) -> Poll<Result<(), Status>> {
+        let body = RawBody(wire.message.as_bytes());
+        let mut frame = OutgoingFrame::new(header, &*wire.metadata, &body)
+            .map_err(|e| Status::internal(format!("status frame: {e}")))?;
+        self.sink.poll_send(cx, &mut frame)
     }
 
     /// Why `reply` cannot be sent as it is, if it cannot.

@@ -14,6 +14,7 @@ use crate::frame::OutgoingFrame;
 use crate::header::{FrameKind, Header};
 use crate::MetadataMap;
 use crate::{Code, Status};
+use rpc_wire::WireStatus;
 
 /// Messages one direction of a stream may carry: sequence numbers are 32 bits and 0 and
 /// the end take one each. A sender past it fails with `RESOURCE_EXHAUSTED`.
@@ -235,7 +236,9 @@ impl Outgoing {
     }
 
     /// Sends the server's trailers after the last message: `status`, with `trailers` and
-    /// the status's own metadata and details ([`Status::to_wire`]).
+    /// the status's own metadata and details ([`Status::to_wire`]). Metadata more than the
+    /// link carries in a frame (an RDMA slot) is left out ([`Status::to_wire_bare`]), so
+    /// the call still ends.
     pub(crate) fn poll_trailers(
         &mut self,
         cx: &mut Context<'_>,
@@ -244,11 +247,28 @@ impl Outgoing {
     ) -> Poll<Result<(), Status>> {
         let mut header = Header::stream(FrameKind::Trailers, self.call_id, self.next_seq);
         header.status = status.code();
+        ready!(self.poll_hand_over(cx))?;
         let wire = status.to_wire(trailers);
+        match self.poll_send_trailers(cx, header, &wire) {
+            Poll::Ready(Err(e))
+                if e.code() == Code::ResourceExhausted && !wire.metadata.is_empty() =>
+            {
+                let bare = status.to_wire_bare(e.message());
+                self.poll_send_trailers(cx, header, &bare)
+            }
+            sent => sent,
+        }
+    }
+
+    fn poll_send_trailers(
+        &self,
+        cx: &mut Context<'_>,
+        header: Header,
+        wire: &WireStatus<'_>,
+    ) -> Poll<Result<(), Status>> {
         let body = RawBody(wire.message.as_bytes());
         let mut frame = OutgoingFrame::new(header, &*wire.metadata, &body)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-        ready!(self.poll_hand_over(cx))?;
         self.link.poll_send(cx, &mut frame)
     }
 

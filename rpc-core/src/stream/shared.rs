@@ -97,22 +97,21 @@ impl StreamShared {
         let fed = match header.kind {
             FrameKind::HalfClose => state.inbox.on_end(header.seq(), StreamEnd::HalfClose),
             FrameKind::Trailers => {
-                let metadata = match frame.decode_metadata() {
-                    Ok(metadata) => metadata,
-                    Err(e) => {
+                // An error's metadata is its status's too (less the details); an error whose
+                // metadata cannot be read keeps its code and message.
+                let (status, metadata) = match (header.status, frame.decode_metadata()) {
+                    (Code::Ok, Ok(metadata)) => (Status::new(Code::Ok, ""), metadata),
+                    (Code::Ok, Err(e)) => {
                         return Err(
                             self.fail_locked(state, Status::internal(format!("trailers {e}")))
                         )
                     }
-                };
-                // An error's metadata is its status's too (less the details).
-                let (status, metadata) = match header.status {
-                    Code::Ok => (Status::new(Code::Ok, ""), metadata),
-                    code => {
+                    (code, Ok(metadata)) => {
                         let status = Status::from_wire(code, &frame.payload, metadata);
                         let metadata = status.metadata().clone();
                         (status, metadata)
                     }
+                    (_, Err(_)) => (frame.status(), MetadataMap::new()),
                 };
                 let code = status.code();
                 let fed = state

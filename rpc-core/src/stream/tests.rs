@@ -565,3 +565,30 @@ proptest! {
         }
     }
 }
+
+/// Error trailers whose metadata cannot be read still end the stream with their code and
+/// message; OK trailers like that fail it.
+#[test]
+fn error_trailers_with_unreadable_metadata_keep_their_status() {
+    use super::StreamShared;
+    use crate::frame::InboundFrame;
+    use crate::header::{FrameKind, Header};
+    use crate::transport::Wakes;
+    use crate::Code;
+
+    let trailers = |status: Code| {
+        let mut header = Header::stream(FrameKind::Trailers, 7, 1);
+        header.status = status;
+        InboundFrame {
+            header,
+            metadata: Bytes::from_static(&[0xff, 0xff, 0xff]),
+            payload: Bytes::from_static(b"no such row"),
+        }
+    };
+    let failed = StreamShared::new(INITIAL_WINDOW, 1 << 20);
+    let _ = failed.on_frame(trailers(Code::NotFound), &mut Wakes::new());
+    assert_eq!(failed.outcome(), Some(Code::NotFound));
+    let ok = StreamShared::new(INITIAL_WINDOW, 1 << 20);
+    assert!(ok.on_frame(trailers(Code::Ok), &mut Wakes::new()).is_err());
+    assert_eq!(ok.outcome(), Some(Code::Internal));
+}
