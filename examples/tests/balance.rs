@@ -4,30 +4,17 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::load::{restart, until, Callers, Failure};
+use common::Counted;
 use rdma_rpc::prelude::*;
 use rdma_rpc::{ReconnectConfig, ServerBuilder, ServerHandle};
 use rpc_examples::echo::echo_client::EchoClient;
-use rpc_examples::echo::echo_server::{Echo, EchoServer};
-use rpc_examples::echo::{EchoReply, EchoRequest};
+use rpc_examples::echo::echo_server::EchoServer;
 
 const CALLERS: u64 = 4;
-
-/// Echoes, counting the calls it answers.
-#[derive(Clone, Default)]
-struct Counted(Arc<AtomicUsize>);
-
-impl Echo for Counted {
-    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        let EchoRequest { payload, seq } = request.into_inner();
-        Ok(Response::new(EchoReply { payload, seq }))
-    }
-}
 
 fn builder(counter: &Counted) -> ServerBuilder {
     Server::builder().add_service(EchoServer::new(counter.clone()))

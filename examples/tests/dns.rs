@@ -3,33 +3,24 @@
 //! answer take calls, servers gone from it take no more, and an answer that fails or is
 //! empty changes nothing.
 
+mod common;
+
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::Counted;
 use parking_lot::Mutex;
 use rdma_rpc::prelude::*;
 use rdma_rpc::{Resolve, ServerHandle};
 use rpc_examples::echo::echo_client::EchoClient;
-use rpc_examples::echo::echo_server::{Echo, EchoServer};
-use rpc_examples::echo::{EchoReply, EchoRequest};
+use rpc_examples::echo::echo_server::EchoServer;
+use rpc_examples::echo::EchoRequest;
 
 /// How often the test's channels resolve their name.
 const REFRESH: Duration = Duration::from_millis(50);
-
-/// Echoes, counting the calls it answers.
-#[derive(Clone, Default)]
-struct Counted(Arc<AtomicUsize>);
-
-impl Echo for Counted {
-    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        let EchoRequest { payload, seq } = request.into_inner();
-        Ok(Response::new(EchoReply { payload, seq }))
-    }
-}
 
 /// A name server the test controls: answers with the addresses set, or fails; counts the
 /// questions.

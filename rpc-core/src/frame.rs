@@ -86,6 +86,34 @@ pub trait FrameSender: Send + Sync + 'static {
     }
 }
 
+/// Sends the frame that ends a call with `status` (`header`, its kind and code set) through
+/// `send`: with `trailers` and the status's metadata and details ([`Status::to_wire`]), or,
+/// when that is more than the transport carries in one frame (`RESOURCE_EXHAUSTED`: an
+/// RDMA slot, no large-body buffer to be had), without them ([`Status::to_wire_bare`]), so
+/// the call still ends. `Pending` as `send` is; each poll starts over.
+pub(crate) fn poll_send_status(
+    header: Header,
+    status: &Status,
+    trailers: &crate::MetadataMap,
+    mut send: impl FnMut(&mut OutgoingFrame<'_>) -> Poll<Result<(), Status>>,
+) -> Poll<Result<(), Status>> {
+    let mut send_wire = |wire: &rpc_wire::WireStatus<'_>| {
+        let body = RawBody(wire.message.as_bytes());
+        let mut frame = OutgoingFrame::new(header, &*wire.metadata, &body)
+            .map_err(|e| Status::internal(format!("status frame: {e}")))?;
+        send(&mut frame)
+    };
+    let wire = status.to_wire(trailers);
+    match send_wire(&wire) {
+        Poll::Ready(Err(e))
+            if e.code() == crate::Code::ResourceExhausted && !wire.metadata.is_empty() =>
+        {
+            send_wire(&status.to_wire_bare(e.message()))
+        }
+        sent => sent,
+    }
+}
+
 /// The stage limit of a transport whose frames are at most `max_frame` bytes
 /// ([`FrameSender::stage_limit`]).
 pub fn one_frame_stage(max_frame: usize) -> usize {

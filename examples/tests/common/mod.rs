@@ -4,11 +4,15 @@
 #[allow(dead_code)]
 pub mod load;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdma_rpc::{Channel, RdmaConfig, ServeExt, ServeOptions, ServerBuilder, ServerHandle};
+use rdma_rpc::{Request, Response, Status};
 use rpc_examples::echo::echo_client::EchoClient;
-use rpc_examples::echo::EchoRequest;
+use rpc_examples::echo::echo_server::Echo;
+use rpc_examples::echo::{EchoReply, EchoRequest};
 use rpc_examples::testing::SleepRequest;
 use rpc_transport_rdma::verbs::test_support::test_addr;
 
@@ -92,4 +96,17 @@ pub async fn echo_checked(client: &EchoClient, seq: u64, payload: &[u8]) {
         (seq, payload),
         "call {seq}"
     );
+}
+
+/// Echoes, counting the calls it answers.
+#[allow(dead_code)]
+#[derive(Clone, Default)]
+pub struct Counted(pub Arc<AtomicUsize>);
+
+impl Echo for Counted {
+    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        let EchoRequest { payload, seq } = request.into_inner();
+        Ok(Response::new(EchoReply { payload, seq }))
+    }
 }

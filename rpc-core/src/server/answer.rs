@@ -3,14 +3,12 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::body::RawBody;
-use crate::frame::OutgoingFrame;
+use crate::frame::{poll_send_status, OutgoingFrame};
 use crate::header::{FrameKind, Header};
 use crate::server::dispatch::ConnectionDispatch;
 use crate::server::service::ServerReply;
 use crate::MetadataMap;
 use crate::{Code, Status};
-use rpc_wire::WireStatus;
 
 /// What a call is answered with.
 pub(crate) enum Answer {
@@ -115,19 +113,9 @@ impl ConnectionDispatch {
                 } else {
                     status.code()
                 };
-                let no_trailers = MetadataMap::new();
-                let wire = status.to_wire(&no_trailers);
-                let sent = match self.poll_send_status(cx, header, &wire) {
-                    // More than the transport carries (an RDMA slot, no large buffer to be
-                    // had): the status goes without its metadata and details.
-                    Poll::Ready(Err(e))
-                        if e.code() == Code::ResourceExhausted && !wire.metadata.is_empty() =>
-                    {
-                        let bare = status.to_wire_bare(e.message());
-                        self.poll_send_status(cx, header, &bare)
-                    }
-                    sent => sent,
-                };
+                let sent = poll_send_status(header, status, &MetadataMap::new(), |frame| {
+                    self.sink.poll_send(cx, frame)
+                });
                 match sent {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Err(status)) => {
@@ -140,19 +128,6 @@ impl ConnectionDispatch {
         };
         *answer = Answer::Status(failed);
         self.poll_answer(cx, call_id, method_id, answer)
-    }
-
-    /// Sends a status response: `header` with `wire`'s metadata and message.
-    fn poll_send_status(
-        &self,
-        cx: &mut Context<'_>,
-        header: Header,
-        wire: &WireStatus<'_>,
-    ) -> Poll<Result<(), Status>> {
-        let body = RawBody(wire.message.as_bytes());
-        let mut frame = OutgoingFrame::new(header, &*wire.metadata, &body)
-            .map_err(|e| Status::internal(format!("status frame: {e}")))?;
-        self.sink.poll_send(cx, &mut frame)
     }
 
     /// Why `reply` cannot be sent as it is, if it cannot.

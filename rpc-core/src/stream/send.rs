@@ -9,12 +9,11 @@ use futures::Stream;
 use super::batch::{Staged, LENGTH_PREFIX};
 use super::flow::SendWindow;
 use super::{Link, StreamShared};
-use crate::body::{EmptyBody, EncodeBody, RawBody};
-use crate::frame::OutgoingFrame;
+use crate::body::{EmptyBody, EncodeBody};
+use crate::frame::{poll_send_status, OutgoingFrame};
 use crate::header::{FrameKind, Header};
 use crate::MetadataMap;
 use crate::{Code, Status};
-use rpc_wire::WireStatus;
 
 /// Messages one direction of a stream may carry: sequence numbers are 32 bits and 0 and
 /// the end take one each. A sender past it fails with `RESOURCE_EXHAUSTED`.
@@ -248,28 +247,8 @@ impl Outgoing {
         let mut header = Header::stream(FrameKind::Trailers, self.call_id, self.next_seq);
         header.status = status.code();
         ready!(self.poll_hand_over(cx))?;
-        let wire = status.to_wire(trailers);
-        match self.poll_send_trailers(cx, header, &wire) {
-            Poll::Ready(Err(e))
-                if e.code() == Code::ResourceExhausted && !wire.metadata.is_empty() =>
-            {
-                let bare = status.to_wire_bare(e.message());
-                self.poll_send_trailers(cx, header, &bare)
-            }
-            sent => sent,
-        }
-    }
-
-    fn poll_send_trailers(
-        &self,
-        cx: &mut Context<'_>,
-        header: Header,
-        wire: &WireStatus<'_>,
-    ) -> Poll<Result<(), Status>> {
-        let body = RawBody(wire.message.as_bytes());
-        let mut frame = OutgoingFrame::new(header, &*wire.metadata, &body)
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
-        self.link.poll_send(cx, &mut frame)
+        let link = &self.link;
+        poll_send_status(header, status, trailers, |frame| link.poll_send(cx, frame))
     }
 
     /// Sends a header-only frame (the half-close) when the link has room.

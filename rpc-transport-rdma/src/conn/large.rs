@@ -408,16 +408,23 @@ impl Conn {
 }
 
 /// Hands a placed body up: metadata and payload are views of the leased buffer, which goes
-/// back to the pool when the last view drops.
+/// back to the pool when the last view drops. The header keeps what the frame is (a
+/// stream's opening or headers: `STREAM`); how its body came, and the descriptor that
+/// said where, stay here.
 pub(super) fn placed_frame(header: Header, buffer: ArrivedBody) -> InboundFrame {
     let metadata_len = header.metadata_len as usize;
     let total = header.message_len() as usize;
     let body = Bytes::from_owner(buffer);
+    let stream = header.flags.contains(rpc_core::Flags::STREAM);
     InboundFrame {
         metadata: body.slice(..metadata_len),
         payload: body.slice(metadata_len..total),
         header: rpc_core::Header {
-            flags: rpc_core::Flags::NONE,
+            flags: if stream {
+                rpc_core::Flags::STREAM
+            } else {
+                rpc_core::Flags::NONE
+            },
             ..header
         },
     }
