@@ -40,7 +40,7 @@ mod streamer;
 
 pub use kv_store::{KvLimits, KvStore};
 pub use services::{
-    asked_trailers, bulk_pattern, EchoService, Tester, TesterStats, TRAILER_PREFIX,
+    asked, bulk_pattern, EchoService, Tester, TesterStats, HEADER_PREFIX, TRAILER_PREFIX,
 };
 pub use streamer::{ChunkStream, Streamer, StreamerStats, FAIL_WITH, STOP_AFTER};
 

@@ -56,17 +56,22 @@ impl Drop for SleepGuard<'_> {
 /// [`Tester`]'s `Echo`, and every method of the [`Streamer`](crate::Streamer)).
 pub const TRAILER_PREFIX: &str = "trailer-";
 
-/// The trailers a request asks for: its metadata entries under [`TRAILER_PREFIX`].
-pub fn asked_trailers(metadata: &MetadataMap) -> MetadataMap {
-    let mut trailers = MetadataMap::new();
+/// Request metadata keys that start with this come back as a streaming response's headers
+/// (the [`Streamer`](crate::Streamer)'s `Produce`).
+pub const HEADER_PREFIX: &str = "header-";
+
+/// What a request asks to be sent back: its metadata entries whose key starts with
+/// `prefix` ([`TRAILER_PREFIX`], [`HEADER_PREFIX`]).
+pub fn asked(metadata: &MetadataMap, prefix: &str) -> MetadataMap {
+    let mut asked = MetadataMap::new();
     for (key, value) in metadata.iter() {
-        if key.starts_with(TRAILER_PREFIX) {
-            trailers
+        if key.starts_with(prefix) {
+            asked
                 .insert(key, value)
                 .expect("an entry of a valid map is valid");
         }
     }
-    trailers
+    asked
 }
 
 impl tester_server::Tester for Tester {
@@ -74,7 +79,7 @@ impl tester_server::Tester for Tester {
     /// peer's address (`peer-addr`) and authenticated identity (`peer-identity`) added,
     /// and the trailers asked for ([`TRAILER_PREFIX`]).
     async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
-        let trailers = asked_trailers(request.metadata());
+        let trailers = asked(request.metadata(), TRAILER_PREFIX);
         let mut metadata = request.metadata().clone();
         if let Some(peer) = request.peer() {
             let added =

@@ -10,7 +10,7 @@ use futures::{Stream, StreamExt};
 use rdma_rpc::{Code, Request, Response, Status, Streaming};
 
 use crate::streaming::{streamer_server, Chunk, ConsumeSummary, ProduceRequest};
-use crate::{asked_trailers, bulk_pattern};
+use crate::{asked, bulk_pattern, HEADER_PREFIX, TRAILER_PREFIX};
 
 /// Request metadata for `Consume`: answer after this many chunks, reading no more.
 pub const STOP_AFTER: &str = "stop-after";
@@ -69,7 +69,8 @@ impl streamer_server::Streamer for Streamer {
         &self,
         request: Request<ProduceRequest>,
     ) -> Result<Response<ChunkStream>, Status> {
-        let trailers = asked_trailers(request.metadata());
+        let headers = asked(request.metadata(), HEADER_PREFIX);
+        let trailers = asked(request.metadata(), TRAILER_PREFIX);
         let ask = request.into_inner();
         let payload = Bytes::from(bulk_pattern(ask.size as usize, 0));
         let interval = ask.interval.map(|d| {
@@ -130,7 +131,7 @@ impl streamer_server::Streamer for Streamer {
             }
             next
         });
-        let mut response = Response::new(Box::pin(counted) as ChunkStream);
+        let mut response = Response::from_parts(headers, Box::pin(counted) as ChunkStream);
         *response.trailers_mut() = trailers;
         Ok(response)
     }
@@ -144,7 +145,7 @@ impl streamer_server::Streamer for Streamer {
             .get(STOP_AFTER)
             .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
             .unwrap_or(u64::MAX);
-        let trailers = asked_trailers(request.metadata());
+        let trailers = asked(request.metadata(), TRAILER_PREFIX);
         let mut chunks = request.into_inner();
         let mut summary = ConsumeSummary {
             in_order: true,
@@ -176,7 +177,7 @@ impl streamer_server::Streamer for Streamer {
             .metadata()
             .get(FAIL_WITH)
             .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u16>().ok());
-        let trailers = asked_trailers(request.metadata());
+        let trailers = asked(request.metadata(), TRAILER_PREFIX);
         if let Some(code) = fail_with {
             let code = Code::from_wire(code).unwrap_or(Code::Unknown);
             return Err(Status::with_metadata(code, "asked to fail", trailers));

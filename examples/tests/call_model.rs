@@ -174,7 +174,8 @@ async fn streams_end_with_trailers(url: &str) {
     assert_eq!(status.metadata(), &asked);
 }
 
-/// Trailers larger than the transport carries in one frame (an RDMA ring slot, 8 KiB by
+/// Streaming requests and headers with more than a ring slot of metadata come whole;
+/// trailers larger than the transport carries in one frame (an RDMA ring slot, 8 KiB by
 /// default) are left out and the stream still ends, an error's message saying so; TCP
 /// carries them whole.
 async fn trailers_beyond_a_frame(url: &str, carried: bool) {
@@ -185,6 +186,15 @@ async fn trailers_beyond_a_frame(url: &str, carried: bool) {
         size: 8,
         ..Default::default()
     };
+    // Headers of more than a slot come whole on every transport (by RDMA WRITE on RDMA).
+    let headers = metadata(&[("header-big-bin", &[8; 10 * 1024])]);
+    let response = client
+        .produce(with_metadata(produce, &headers))
+        .await
+        .unwrap();
+    assert_eq!(response.metadata(), &headers);
+    assert_eq!(response.into_inner().count().await, 2);
+
     let mut stream = client
         .produce(with_metadata(produce, &big))
         .await
