@@ -466,12 +466,15 @@ pub unsafe fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c
     client.state.lock().connected = true;
     // SAFETY: per the contract.
     let data = unsafe { private(param) };
+    // The server's own event first: once the client hears of the connection it may use it
+    // and hang up, and a synchronous accept must find its ESTABLISHED before that
+    // DISCONNECTED.
+    server.post(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, 0, None);
     client.post(
         rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED,
         0,
         Some((param, data)),
     );
-    server.post(rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, 0, None);
     // SAFETY: `id` is live and locked by the caller.
     unsafe {
         complete(
