@@ -179,12 +179,31 @@ impl<S> StreamService for S where
 {
 }
 
-/// Runs `call` through `service`.
-fn through<S: StreamService>(
+/// Calls over `service` with `request`: the channel's own path (`on_channel`) over a plain
+/// [`Channel`], else the request made into a [`StreamCall`] (`erase`) through the service's
+/// stack, its answer taken as `finish` says.
+fn call_over<S, R, F, T>(
     service: &S,
-    call: StreamCall,
-) -> impl Future<Output = Result<StreamAnswer, Status>> + Send + 'static {
-    service.clone().oneshot(call).map_err(status_from_error)
+    request: R,
+    on_channel: impl FnOnce(&Channel, R) -> F,
+    erase: impl FnOnce(R) -> StreamCall,
+    finish: fn(StreamAnswer) -> Result<T, Status>,
+) -> impl Future<Output = Result<T, Status>> + Send + 'static
+where
+    S: StreamService,
+    F: Future<Output = Result<T, Status>> + Send + 'static,
+    T: 'static,
+{
+    match (service as &dyn Any).downcast_ref::<Channel>() {
+        Some(channel) => Either::Left(on_channel(channel, request)),
+        None => Either::Right(
+            service
+                .clone()
+                .oneshot(erase(request))
+                .map_err(status_from_error)
+                .map(move |answer| finish(answer?)),
+        ),
+    }
 }
 
 /// Calls the server-streaming `method` with `request` over `service` (what a generated
@@ -199,14 +218,16 @@ where
     Req: Message + Send + Sync + 'static,
     Resp: Message + Default + Send + 'static,
 {
-    match (service as &dyn Any).downcast_ref::<Channel>() {
-        Some(channel) => Either::Left(channel.server_streaming(method, request)),
-        None => {
+    call_over(
+        service,
+        request,
+        move |channel, request| channel.server_streaming(method, request),
+        move |request| {
             let request = request.map(|message| futures::stream::iter(Some(message)));
-            let call = StreamCall::new(method, StreamShape::Server, request);
-            Either::Right(through(service, call).map(|answer| answer?.into_stream()))
-        }
-    }
+            StreamCall::new(method, StreamShape::Server, request)
+        },
+        StreamAnswer::into_stream,
+    )
 }
 
 /// Calls the client-streaming `method` with `request`'s messages over `service`.
@@ -221,13 +242,13 @@ where
     Req: Message + Send + Sync + 'static,
     Resp: Message + Default + Send + 'static,
 {
-    match (service as &dyn Any).downcast_ref::<Channel>() {
-        Some(channel) => Either::Left(channel.client_streaming(method, request)),
-        None => {
-            let call = StreamCall::new(method, StreamShape::Client, request);
-            Either::Right(through(service, call).map(|answer| answer?.into_single()))
-        }
-    }
+    call_over(
+        service,
+        request,
+        move |channel, request| channel.client_streaming(method, request),
+        move |request| StreamCall::new(method, StreamShape::Client, request),
+        StreamAnswer::into_single,
+    )
 }
 
 /// Calls the bidirectional-streaming `method` with `request`'s messages over `service`.
@@ -242,11 +263,11 @@ where
     Req: Message + Send + Sync + 'static,
     Resp: Message + Default + Send + 'static,
 {
-    match (service as &dyn Any).downcast_ref::<Channel>() {
-        Some(channel) => Either::Left(channel.streaming(method, request)),
-        None => {
-            let call = StreamCall::new(method, StreamShape::Bidirectional, request);
-            Either::Right(through(service, call).map(|answer| answer?.into_stream()))
-        }
-    }
+    call_over(
+        service,
+        request,
+        move |channel, request| channel.streaming(method, request),
+        move |request| StreamCall::new(method, StreamShape::Bidirectional, request),
+        StreamAnswer::into_stream,
+    )
 }
