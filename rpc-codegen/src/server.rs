@@ -31,13 +31,26 @@ pub(crate) fn generate(service: &ServiceModel) -> TokenStream {
     );
     let descriptors = methods.iter().map(|method| {
         let MethodModel {
-            path, const_ident, ..
+            path,
+            const_ident,
+            kind,
+            ..
         } = method;
         let docs = doc_attrs(&format!("Descriptor of `{path}`."), &[]);
+        let kind = match kind {
+            MethodKind::Unary => quote!(),
+            MethodKind::ServerStreaming => {
+                quote!(.with_kind(#core::server::MethodKind::ServerStreaming))
+            }
+            MethodKind::ClientStreaming => {
+                quote!(.with_kind(#core::server::MethodKind::ClientStreaming))
+            }
+            MethodKind::Bidi => quote!(.with_kind(#core::server::MethodKind::Streaming)),
+        };
         quote! {
             #docs
             pub const #const_ident: #core::server::MethodDescriptor =
-                #core::server::MethodDescriptor::new(#path);
+                #core::server::MethodDescriptor::new(#path)#kind;
         }
     });
     let server_name = server_ident.to_string();

@@ -124,6 +124,11 @@ impl Dispatcher {
         &self.config
     }
 
+    /// The method this server serves at `path` (`/package.Service/Method`), if any.
+    pub fn method(&self, path: &str) -> Option<MethodDescriptor> {
+        self.router.by_path(path)
+    }
+
     /// Handler runs in progress.
     pub fn in_flight(&self) -> usize {
         self.in_flight.count()
@@ -372,10 +377,7 @@ impl ConnectionDispatch {
             payload: frame.payload,
             timeout,
             peer: Some(self.peer.clone()),
-            method: Some(MethodDescriptor {
-                path,
-                id: header.method_id,
-            }),
+            method: Some(route.method),
             stream,
         };
         let mut handler = match &dispatcher.layers {

@@ -39,8 +39,8 @@ pub use layer::CallStack;
 pub use requests::{OnClosed, Requests};
 pub use reuse::{HandlerFuture, ReplyBody};
 pub use service::{
-    client_streaming, server_streaming, streaming, unary, MethodDescriptor, NamedService,
-    ServerCall, ServerReply, Service,
+    client_streaming, server_streaming, streaming, unary, MethodDescriptor, MethodKind,
+    NamedService, ServerCall, ServerReply, Service,
 };
 pub use shutdown::{shut_down, Served, ServedLink, FLUSH_AT_LEAST};
 

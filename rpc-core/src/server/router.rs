@@ -5,11 +5,12 @@ use std::sync::{Arc, OnceLock};
 
 use crate::error::Error;
 use crate::observe::{MethodMetrics, Side};
-use crate::server::service::Service;
+use crate::server::service::{MethodDescriptor, Service};
 
 pub(crate) struct Route {
     pub(crate) service: Arc<dyn Service>,
     pub(crate) path: &'static str,
+    pub(crate) method: MethodDescriptor,
     metrics: OnceLock<&'static MethodMetrics>,
 }
 
@@ -41,6 +42,7 @@ impl Router {
                 Route {
                     service: service.clone(),
                     path: method.path,
+                    method: *method,
                     metrics: OnceLock::new(),
                 },
             );
@@ -50,6 +52,13 @@ impl Router {
 
     pub(crate) fn get(&self, method_id: u32) -> Option<&Route> {
         self.routes.get(&method_id)
+    }
+
+    /// The method served at `path`, if any (its id leads to it, and it has that path).
+    pub(crate) fn by_path(&self, path: &str) -> Option<MethodDescriptor> {
+        self.get(crate::method_id(path))
+            .filter(|route| route.path == path)
+            .map(|route| route.method)
     }
 
     pub(crate) fn paths(&self) -> impl Iterator<Item = &'static str> + '_ {

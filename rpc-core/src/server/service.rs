@@ -13,22 +13,63 @@ use crate::stream::{Link, MessageStream, StreamShared, Streaming, TypedMessages}
 use crate::Status;
 use crate::{MetadataMap, ResponseMetadata};
 
-/// A method a service serves: its path and the id derived from it.
+/// A method a service serves: its path, the id derived from it, and which of its sides
+/// stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MethodDescriptor {
     /// `/package.Service/Method`.
     pub path: &'static str,
     /// [`crate::method_id`] of `path`.
     pub id: u32,
+    /// Which sides stream (a transport that carries each shape differently, gRPC's, needs
+    /// it before the handler runs).
+    pub kind: MethodKind,
 }
 
 impl MethodDescriptor {
-    /// The descriptor of `path`.
+    /// The descriptor of the unary method `path`.
     pub const fn new(path: &'static str) -> Self {
         MethodDescriptor {
             path,
             id: crate::method_id(path),
+            kind: MethodKind::Unary,
         }
+    }
+
+    /// The same method, of `kind`.
+    pub const fn with_kind(self, kind: MethodKind) -> Self {
+        MethodDescriptor { kind, ..self }
+    }
+}
+
+/// Which sides of a method stream, as its `.proto` declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MethodKind {
+    /// One request, one response.
+    #[default]
+    Unary,
+    /// One request, a stream of responses.
+    ServerStreaming,
+    /// A stream of requests, one response.
+    ClientStreaming,
+    /// Streams both ways.
+    Streaming,
+}
+
+impl MethodKind {
+    /// Whether the client opens the call as a stream (every kind but unary).
+    pub fn is_streaming(self) -> bool {
+        self != MethodKind::Unary
+    }
+
+    /// Whether the client sends a stream of requests.
+    pub fn streams_requests(self) -> bool {
+        matches!(self, MethodKind::ClientStreaming | MethodKind::Streaming)
+    }
+
+    /// Whether the server answers with a stream of responses.
+    pub fn streams_responses(self) -> bool {
+        matches!(self, MethodKind::ServerStreaming | MethodKind::Streaming)
     }
 }
 
