@@ -6,7 +6,7 @@ use crate::clock::Instant;
 use bytes::BytesMut;
 use futures::StreamExt as _;
 use rdma_rpc::prelude::*;
-use rdma_rpc::{Endpoint, RdmaConfig, ServeOptions, ServerHandle, TransportKind};
+use rdma_rpc::{Endpoint, RdmaConfig, ServeOptions, ServerHandle};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -41,12 +41,9 @@ pub struct ClientPlan {
     pub poll: Option<String>,
 }
 
-/// The transport name of an endpoint for results: `tcp` or `rdma`.
+/// The transport name of an endpoint for results: `tcp`, `rdma` or `grpc`.
 pub fn transport_name(endpoint: &Endpoint) -> &'static str {
-    match endpoint.kind() {
-        TransportKind::Tcp => "tcp",
-        TransportKind::Rdma => "rdma",
-    }
+    endpoint.kind().name()
 }
 
 /// Starts the echo server on `url` in the background. Call it outside any tokio runtime, so

@@ -1,4 +1,4 @@
-//! Parsing `tcp://host:port` and `rdma://host:port` URLs.
+//! Parsing `tcp://host:port`, `rdma://host:port` and `grpc://host:port` URLs.
 
 use std::fmt;
 use std::str::FromStr;
@@ -13,6 +13,8 @@ pub enum TransportKind {
     Tcp,
     /// `rdma://`: RC queue pairs set up with rdma_cm.
     Rdma,
+    /// `grpc://`: standard gRPC over HTTP/2, for clients in any language (servers only).
+    Grpc,
 }
 
 /// A parsed endpoint URL.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use rpc_core::server::Dispatcher;
 use rpc_core::{CallTable, ClientTransport, Listener, Status};
+use rpc_transport_grpc::GrpcServer;
 use rpc_transport_rdma::{RdmaClient, RdmaServer};
 use rpc_transport_tcp::{TcpClient, TcpConfig, TcpServer};
 
@@ -30,7 +31,7 @@ pub(crate) struct Scheme {
 }
 
 /// Every transport, in the order of [`TransportKind`].
-pub(crate) static SCHEMES: [Scheme; 2] = [
+pub(crate) static SCHEMES: [Scheme; 3] = [
     Scheme {
         kind: TransportKind::Tcp,
         name: "tcp",
@@ -55,6 +56,23 @@ pub(crate) static SCHEMES: [Scheme; 2] = [
             )?))
         },
     },
+    Scheme {
+        kind: TransportKind::Grpc,
+        name: "grpc",
+        connect: |authority, _, _| {
+            Err(Status::unimplemented(format!(
+                "grpc://{authority}: grpc:// serves gRPC clients of any language, but this \
+                 client connects over tcp:// or rdma:// only"
+            )))
+        },
+        listen: |authority, dispatcher, options| {
+            Ok(Box::new(GrpcServer::bind(
+                authority,
+                dispatcher,
+                options.grpc,
+            )?))
+        },
+    },
 ];
 
 /// The transport named `name`, if any.
@@ -74,6 +92,11 @@ pub(crate) fn supported() -> String {
 impl TransportKind {
     pub(crate) fn scheme(self) -> &'static Scheme {
         &SCHEMES[self as usize]
+    }
+
+    /// The URL scheme that names it: `tcp`, `rdma`, `grpc`.
+    pub fn name(self) -> &'static str {
+        self.scheme().name
     }
 }
 
@@ -125,6 +148,9 @@ mod tests {
             let same_name = SCHEMES.iter().filter(|s| s.name == scheme.name);
             assert_eq!(same_name.count(), 1, "{}", scheme.name);
         }
-        assert_eq!(supported(), "tcp://host:port or rdma://host:port");
+        assert_eq!(
+            supported(),
+            "tcp://host:port or rdma://host:port or grpc://host:port"
+        );
     }
 }

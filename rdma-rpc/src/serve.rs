@@ -4,6 +4,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use rpc_core::{Listener, ServerBuilder};
+use rpc_transport_grpc::GrpcServerConfig;
 use rpc_transport_rdma::RdmaConfig;
 use rpc_transport_tcp::TcpServerConfig;
 
@@ -61,6 +62,9 @@ pub struct ServeOptions {
     /// Connection limit, timeouts, queue bounds and event-loop threads of `tcp://`
     /// connections.
     pub tcp: TcpServerConfig,
+    /// Connection limit, HTTP/2 header bound, keepalive and event-loop threads of
+    /// `grpc://` connections.
+    pub grpc: GrpcServerConfig,
 }
 
 impl ServeExt for ServerBuilder {

@@ -274,6 +274,7 @@ fn demo(opts: VmOptions) -> Result<ExitCode, VmError> {
 /// The README's test command.
 fn test_all(opts: VmOptions) -> Result<ExitCode, VmError> {
     vm::packages::ensure(vm::packages::BUILD_PACKAGES)?;
+    vm::packages::ensure_python(vm::packages::PYTHON_PACKAGES)?;
     eprintln!("[xtask] host tests: cargo test --workspace");
     let status = std::process::Command::new(xtask::workspace::cargo())
         .args(["test", "--workspace"])

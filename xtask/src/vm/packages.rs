@@ -31,6 +31,50 @@ pub const BUILD_PACKAGES: &[&str] = &[
     "pkg-config",
 ];
 
+/// Python packages the host tests use (module, pinned PyPI requirement): gRPC's Python
+/// client, the peer the `grpc://` tests run against (`examples/tests/grpc_interop.rs`).
+pub const PYTHON_PACKAGES: &[(&str, &str)] = &[
+    ("grpc", "grpcio==1.85.3"),
+    ("grpc_tools", "grpcio-tools==1.85.1"),
+];
+
+/// Installs whichever of the Python `packages` cannot be imported (`pip install`), and does
+/// nothing when all can.
+pub fn ensure_python(packages: &[(&str, &str)]) -> Result<(), VmError> {
+    let importable = |module: &str| {
+        Command::new("python3")
+            .args(["-c", &format!("import {module}")])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let missing: Vec<&str> = packages
+        .iter()
+        .filter(|(module, _)| !importable(module))
+        .map(|(_, requirement)| *requirement)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!(
+        "[xtask] installing missing Python packages: {}",
+        missing.join(" ")
+    );
+    let status = Command::new("python3")
+        .args(["-m", "pip", "install", "--quiet"])
+        .args(&missing)
+        .status()
+        .map_err(|e| VmError::io("running python3 -m pip (is python3 with pip installed?)", e))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(VmError::Command {
+            what: format!("pip install {}", missing.join(" ")),
+            detail: status.to_string(),
+        })
+    }
+}
+
 /// Installs whichever of `packages` are missing (`apt-get update` + `apt-get install`), and
 /// does nothing (no apt at all) when all are installed.
 pub fn ensure(packages: &[&str]) -> Result<(), VmError> {

@@ -1,0 +1,130 @@
+//! Python's grpcio, a gRPC client we did not write, against our `grpc://` server: the gRPC
+//! interop suite's cases (`examples/tests/grpc/interop.py`) on the examples' services, and
+//! what the server saw of them. Needs `python3` with `grpcio` and `grpcio-tools` (the
+//! README's test command installs them); a machine without them fails here, naming them.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdma_rpc::prelude::*;
+use rdma_rpc::ServerHandle;
+use rpc_examples::streaming::streamer_server::StreamerServer;
+use rpc_examples::testing::tester_server::TesterServer;
+use rpc_examples::{Streamer, StreamerStats, Tester, TesterStats};
+
+struct Served {
+    server: ServerHandle,
+    tester: Arc<TesterStats>,
+    streamer: Arc<StreamerStats>,
+}
+
+fn serve() -> Served {
+    let tester = Tester::default();
+    let streamer = Streamer::default();
+    let (tester_stats, streamer_stats) = (tester.stats.clone(), streamer.stats.clone());
+    let server = Server::builder()
+        .max_message_size(16 << 20)
+        .add_service(TesterServer::new(tester))
+        .add_service(StreamerServer::new(streamer))
+        .start("grpc://127.0.0.1:0")
+        .expect("the grpc:// server starts");
+    Served {
+        server,
+        tester: tester_stats,
+        streamer: streamer_stats,
+    }
+}
+
+/// Runs the interop script's `cases` against `server`; panics with its output if one fails.
+fn run_cases(server: &ServerHandle, cases: &[&str]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/grpc/interop.py");
+    let target = server.local_url().trim_start_matches("grpc://").to_owned();
+    let output = Command::new("python3")
+        .arg(&script)
+        .arg(&target)
+        .args(cases)
+        .output()
+        .expect("python3 runs (install python3)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    print!("{stdout}");
+    assert!(
+        !stderr.contains("No module named 'grpc"),
+        "grpcio is missing: pip install grpcio grpcio-tools\n{stderr}"
+    );
+    assert!(
+        output.status.success(),
+        "interop cases failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    for case in cases {
+        assert!(
+            stdout.contains(&format!("ok   {case} ")),
+            "{case} did not run:\n{stdout}"
+        );
+    }
+}
+
+/// Waits for `done` to hold (what a handler's end counts arrives after the client's
+/// status).
+fn eventually(what: &str, done: impl Fn() -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < until, "{what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn unary_calls_metadata_and_statuses() {
+    let served = serve();
+    run_cases(
+        &served.server,
+        &[
+            "empty_unary",
+            "large_unary",
+            "metadata",
+            "status_code_and_message",
+            "unimplemented",
+            "panic",
+            "too_large",
+            "concurrent",
+        ],
+    );
+}
+
+#[test]
+fn every_streaming_shape() {
+    let served = serve();
+    run_cases(
+        &served.server,
+        &[
+            "server_streaming",
+            "server_streaming_error",
+            "client_streaming",
+            "ping_pong",
+            "empty_stream",
+            "stream_fails_before_headers",
+        ],
+    );
+    // The stream that failed stopped at its error; every other ran to its end.
+    assert_eq!(served.streamer.produce_dropped.load(Ordering::SeqCst), 1);
+}
+
+/// A deadline ends the handler, a cancel stops it: the server's handlers are dropped, not
+/// left running.
+#[test]
+fn deadlines_and_cancellation_reach_the_handlers() {
+    let served = serve();
+    run_cases(&served.server, &["deadline", "cancel"]);
+    eventually("both sleeps were dropped", || {
+        served.tester.sleeps_dropped.load(Ordering::SeqCst) == 2
+    });
+    assert_eq!(served.tester.sleeps_finished.load(Ordering::SeqCst), 0);
+    eventually("both produce streams were dropped", || {
+        served.streamer.produce_dropped.load(Ordering::SeqCst) == 2
+    });
+}

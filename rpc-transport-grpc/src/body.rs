@@ -1,0 +1,85 @@
+//! The body of a gRPC response, as hyper sends it: nothing (the headers ended the call),
+//! a unary answer, or a stream's messages taken from its call as HTTP/2 has room for them.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame};
+
+use crate::call::{end_headers, CallGuard};
+use crate::conn::Reply;
+use crate::headers::headers_of;
+
+/// A gRPC response's body.
+#[derive(Debug)]
+pub(crate) enum ReplyBody {
+    /// None: the headers ended the call, or the request was not gRPC.
+    Empty,
+    /// One message, then the trailers.
+    Unary {
+        message: Option<Bytes>,
+        trailers: Option<HeaderMap>,
+    },
+    /// A stream's messages, then its trailers.
+    Stream { call: CallGuard, done: bool },
+}
+
+impl ReplyBody {
+    pub(crate) fn unary(message: Bytes, trailers: HeaderMap) -> Self {
+        ReplyBody::Unary {
+            message: Some(message),
+            trailers: Some(trailers),
+        }
+    }
+
+    pub(crate) fn stream(call: CallGuard) -> Self {
+        ReplyBody::Stream { call, done: false }
+    }
+}
+
+impl Body for ReplyBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let frame = match self.get_mut() {
+            ReplyBody::Empty => None,
+            ReplyBody::Unary { message, trailers } => match message.take() {
+                Some(message) => Some(Frame::data(message)),
+                None => trailers.take().map(Frame::trailers),
+            },
+            ReplyBody::Stream { done: true, .. } => None,
+            ReplyBody::Stream { call, done } => {
+                let reply = ready!(call.conn.poll_reply(call.id, cx));
+                Some(match reply {
+                    Reply::Message(message) => Frame::data(message),
+                    Reply::Frame(frame, _) => {
+                        *done = true;
+                        call.finish();
+                        Frame::trailers(end_headers(&frame))
+                    }
+                    Reply::Failed(status) => {
+                        *done = true;
+                        call.cancel();
+                        Frame::trailers(headers_of(&status))
+                    }
+                })
+            }
+        };
+        Poll::Ready(frame.map(Ok))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ReplyBody::Empty => true,
+            ReplyBody::Unary { message, trailers } => message.is_none() && trailers.is_none(),
+            ReplyBody::Stream { done, .. } => *done,
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! One gRPC call: an HTTP/2 request turned into our frames for the dispatcher, and the
+//! dispatcher's answer turned into the HTTP/2 response.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http_body::Body;
+use rpc_core::body::EncodeBody;
+use rpc_core::frame::InboundFrame;
+use rpc_core::server::MethodKind;
+use rpc_core::{Code, Flags, FrameKind, Header, MetadataMap, ResponseMetadata, Status};
+
+use crate::body::ReplyBody;
+use crate::codec::MessageReader;
+use crate::conn::{stream_frame, GrpcConn, Reply};
+use crate::headers::{
+    add_metadata, headers_of, is_grpc, metadata_from, status_headers, timeout_from,
+    GRPC_CONTENT_TYPE,
+};
+
+/// A call on its way: forgotten when dropped, and cancelled at the dispatcher if its
+/// response had not ended (HTTP/2 drops a stream's response when the client resets it).
+#[derive(Debug)]
+pub(crate) struct CallGuard {
+    pub(crate) conn: Arc<GrpcConn>,
+    pub(crate) id: u64,
+    ended: bool,
+}
+
+impl CallGuard {
+    /// The response ended as the dispatcher said: nothing to cancel.
+    pub(crate) fn finish(&mut self) {
+        if !std::mem::replace(&mut self.ended, true) {
+            self.conn.end_call(self.id, false);
+        }
+    }
+
+    /// The response ended on this side: the dispatcher stops the call.
+    pub(crate) fn cancel(&mut self) {
+        if !std::mem::replace(&mut self.ended, true) {
+            self.conn.end_call(self.id, true);
+        }
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+/// Serves one HTTP/2 request as a gRPC call.
+pub(crate) async fn serve<B>(
+    conn: Arc<GrpcConn>,
+    request: http::Request<B>,
+) -> Result<http::Response<ReplyBody>, Infallible>
+where
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: std::fmt::Display,
+{
+    if request.method() != Method::POST || !is_grpc(request.headers()) {
+        // Not gRPC: HTTP's own answer, as gRPC's protocol asks.
+        let mut response = http::Response::new(ReplyBody::Empty);
+        *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        return Ok(response);
+    }
+    Ok(match start(conn, request).await {
+        Ok(response) => response,
+        Err(status) => trailers_only(headers_of(&status)),
+    })
+}
+
+async fn start<B>(
+    conn: Arc<GrpcConn>,
+    request: http::Request<B>,
+) -> Result<http::Response<ReplyBody>, Status>
+where
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: std::fmt::Display,
+{
+    let (parts, body) = request.into_parts();
+    let path = parts.uri.path();
+    let method = conn
+        .dispatcher
+        .method(path)
+        .ok_or_else(|| Status::unimplemented(format!("unknown method {path}")))?;
+    if let Some(encoding) = parts.headers.get("grpc-encoding") {
+        if encoding != "identity" {
+            return Err(Status::unimplemented(format!(
+                "grpc-encoding {encoding:?}: this server takes identity only"
+            )));
+        }
+    }
+    let metadata = metadata_from(&parts.headers)?;
+    let timeout = timeout_from(&parts.headers)?;
+    let limit = conn.dispatcher.config().max_message_size;
+    let mut reader = MessageReader::new(body, limit);
+    let mut header = Header::new(FrameKind::Request, 0);
+    header.method_id = method.id;
+    header.timeout_us = timeout.map_or(0, |t| (t.as_micros() as u64).max(1));
+    // A call whose request is one message reads it before the call starts, within its
+    // deadline.
+    let single = if method.kind.streams_requests() {
+        None
+    } else {
+        Some(within(timeout, reader.single()).await?)
+    };
+    let mut call = CallGuard {
+        id: conn.open_call()?,
+        conn: conn.clone(),
+        ended: false,
+    };
+    header.call_id = call.id;
+    match (method.kind, single) {
+        (MethodKind::Unary, Some(message)) => {
+            conn.deliver(request_frame(header, &metadata, message)?);
+        }
+        (MethodKind::ServerStreaming, Some(message)) => {
+            header.flags = Flags::STREAM;
+            conn.deliver(request_frame(header, &metadata, Bytes::new())?);
+            conn.deliver(stream_frame(FrameKind::Message, call.id, 1, message));
+            conn.deliver(stream_frame(FrameKind::HalfClose, call.id, 2, Bytes::new()));
+        }
+        _ => {
+            header.flags = Flags::STREAM;
+            conn.deliver(request_frame(header, &metadata, Bytes::new())?);
+            tokio::spawn(pump(conn.clone(), call.id, reader));
+        }
+    }
+    let first = std::future::poll_fn(|cx| conn.poll_reply(call.id, cx)).await;
+    respond(call_first(&mut call, first), call)
+}
+
+/// What the first reply says: headers of a stream, or the whole answer.
+enum First {
+    /// Headers, a stream's messages to follow.
+    Stream(HeaderMap),
+    /// A unary answer: headers, the framed message, trailers.
+    Unary(HeaderMap, Bytes, HeaderMap),
+    /// Only trailers: an error, or an empty stream.
+    TrailersOnly(HeaderMap),
+}
+
+fn call_first(call: &mut CallGuard, first: Reply) -> Result<First, Status> {
+    match first {
+        Reply::Frame(frame, framed) => {
+            let kind = frame.header.kind;
+            if kind == FrameKind::Response && frame.header.flags.contains(Flags::STREAM) {
+                let metadata = frame
+                    .decode_metadata()
+                    .map_err(|e| Status::internal(format!("response {e}")))?;
+                let mut headers = HeaderMap::new();
+                add_metadata(&mut headers, &metadata);
+                return Ok(First::Stream(headers));
+            }
+            call.finish();
+            if kind == FrameKind::Response && frame.header.status == Code::Ok {
+                let (metadata, trailers) = ResponseMetadata::decode_from(&frame.metadata)
+                    .map_err(|e| Status::internal(format!("response {e}")))?;
+                let mut headers = HeaderMap::new();
+                add_metadata(&mut headers, &metadata);
+                let trailers = status_headers(Code::Ok, b"", &trailers);
+                return Ok(First::Unary(headers, framed, trailers));
+            }
+            Ok(First::TrailersOnly(end_headers(&frame)))
+        }
+        Reply::Message(_) => {
+            call.cancel();
+            Err(Status::internal(
+                "the server sent a message before its headers",
+            ))
+        }
+        Reply::Failed(status) => {
+            call.cancel();
+            Err(status)
+        }
+    }
+}
+
+fn respond(
+    first: Result<First, Status>,
+    call: CallGuard,
+) -> Result<http::Response<ReplyBody>, Status> {
+    Ok(match first? {
+        First::Stream(headers) => grpc_response(headers, ReplyBody::stream(call)),
+        First::Unary(headers, message, trailers) => {
+            grpc_response(headers, ReplyBody::unary(message, trailers))
+        }
+        First::TrailersOnly(headers) => trailers_only(headers),
+    })
+}
+
+/// The headers that end a call as the dispatcher's `Trailers` or error `Response` frame
+/// says.
+pub(crate) fn end_headers(frame: &InboundFrame) -> HeaderMap {
+    match frame.decode_metadata() {
+        Ok(metadata) => status_headers(frame.header.status, &frame.payload, &metadata),
+        Err(_) => headers_of(&frame.status()),
+    }
+}
+
+/// A gRPC response with `headers` (and the content type) and `body`.
+fn grpc_response(mut headers: HeaderMap, body: ReplyBody) -> http::Response<ReplyBody> {
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static(GRPC_CONTENT_TYPE),
+    );
+    let mut response = http::Response::new(body);
+    *response.headers_mut() = headers;
+    response
+}
+
+/// A response of headers only that end the call (gRPC's "Trailers-Only").
+fn trailers_only(headers: HeaderMap) -> http::Response<ReplyBody> {
+    grpc_response(headers, ReplyBody::Empty)
+}
+
+/// The `Request` frame opening a call.
+fn request_frame(
+    mut header: Header,
+    metadata: &MetadataMap,
+    payload: Bytes,
+) -> Result<InboundFrame, Status> {
+    let len = metadata
+        .checked_encoded_len()
+        .map_err(|e| Status::invalid_argument(format!("request metadata: {e}")))?;
+    let mut encoded = vec![0u8; len];
+    metadata.encode_into(&mut encoded);
+    header.metadata_len = len as u32;
+    header.payload_len = payload.len() as u32;
+    Ok(InboundFrame {
+        header,
+        metadata: encoded.into(),
+        payload,
+    })
+}
+
+/// `work` within `timeout`, if any: past it, `DEADLINE_EXCEEDED`.
+async fn within<T>(
+    timeout: Option<Duration>,
+    work: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    match timeout {
+        None => work.await,
+        Some(t) => tokio::time::timeout(t, work).await.unwrap_or_else(|_| {
+            Err(Status::deadline_exceeded(format!(
+                "the request did not arrive within its deadline of {t:?}"
+            )))
+        }),
+    }
+}
+
+/// Hands a streaming call's request messages to the dispatcher as they arrive and its
+/// window has room, then its half-close; stops when the call is over.
+async fn pump<B>(conn: Arc<GrpcConn>, id: u64, mut reader: MessageReader<B>)
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let mut seq: u32 = 1;
+    loop {
+        let next = std::future::poll_fn(|cx| match conn.poll_room(id, cx) {
+            std::task::Poll::Ready(false) => std::task::Poll::Ready(None),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+            std::task::Poll::Ready(true) => reader.poll_next(cx).map(Some),
+        })
+        .await;
+        match next {
+            None => return,
+            Some(Ok(Some(message))) => {
+                if seq == u32::MAX {
+                    let status = Status::resource_exhausted(
+                        "the request stream is longer than a stream carries (2^32 - 2 messages)",
+                    );
+                    return conn.fail_call(id, status);
+                }
+                conn.take_room(id, message.len());
+                conn.deliver(stream_frame(FrameKind::Message, id, seq, message));
+                seq += 1;
+            }
+            Some(Ok(None)) => {
+                return conn.deliver(stream_frame(FrameKind::HalfClose, id, seq, Bytes::new()));
+            }
+            Some(Err(status)) => return conn.fail_call(id, status),
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! gRPC's message framing over an HTTP/2 body: each message after a 5-byte prefix (a
+//! compressed flag, then its length as a big-endian u32).
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http_body::Body;
+use rpc_core::Status;
+
+/// Bytes before each message: the compressed flag and the length.
+pub(crate) const PREFIX_LEN: usize = 5;
+
+/// Writes the prefix of an uncompressed message of `len` bytes.
+pub(crate) fn put_prefix(dst: &mut [u8], len: usize) {
+    dst[0] = 0;
+    dst[1..PREFIX_LEN].copy_from_slice(&(len as u32).to_be_bytes());
+}
+
+/// `message` after its prefix, in one buffer (tests and small messages).
+pub(crate) fn framed(message: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(PREFIX_LEN + message.len());
+    out.put_u8(0);
+    out.put_u32(message.len() as u32);
+    out.put_slice(message);
+    out.freeze()
+}
+
+/// Reads the messages of a request body, each at most `limit` bytes. What arrives is kept
+/// as the body's own chunks until a message is whole: a message within one chunk is a
+/// view of it; one spread over several is copied once, into a buffer of its size, after
+/// all its bytes arrived. A message declared larger than `limit` fails at its prefix,
+/// before any of it is kept.
+#[derive(Debug)]
+pub(crate) struct MessageReader<B> {
+    body: B,
+    chunks: VecDeque<Bytes>,
+    /// Bytes in `chunks`.
+    held: usize,
+    limit: usize,
+    ended: bool,
+}
+
+impl<B> MessageReader<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    /// Reads `body`'s messages, refusing any over `limit` bytes.
+    pub(crate) fn new(body: B, limit: usize) -> Self {
+        MessageReader {
+            body,
+            chunks: VecDeque::new(),
+            held: 0,
+            limit,
+            ended: false,
+        }
+    }
+
+    /// The next message; `None` once the body ended between messages.
+    pub(crate) fn poll_next(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Bytes>, Status>> {
+        loop {
+            if let Some(message) = self.take_message()? {
+                return Poll::Ready(Ok(Some(message)));
+            }
+            if self.ended {
+                if self.held == 0 {
+                    return Poll::Ready(Ok(None));
+                }
+                return Poll::Ready(Err(Status::internal(format!(
+                    "the request body ended inside a message ({} bytes of it arrived)",
+                    self.held
+                ))));
+            }
+            match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+                None => self.ended = true,
+                Some(Ok(frame)) => {
+                    // Trailers of a request mean nothing to gRPC.
+                    if let Ok(data) = frame.into_data() {
+                        if !data.is_empty() {
+                            self.held += data.len();
+                            self.chunks.push_back(data);
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    return Poll::Ready(Err(Status::cancelled(format!(
+                        "the request body failed: {e}"
+                    ))))
+                }
+            }
+        }
+    }
+
+    /// The next message, once it is whole.
+    pub(crate) async fn next(&mut self) -> Result<Option<Bytes>, Status> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// The one message of a call that sends one: exactly one, then the end.
+    pub(crate) async fn single(&mut self) -> Result<Bytes, Status> {
+        let Some(message) = self.next().await? else {
+            return Err(Status::internal(
+                "the request body ended without its message",
+            ));
+        };
+        match self.next().await? {
+            None => Ok(message),
+            Some(_) => Err(Status::internal(
+                "the method takes one request message, but the body holds more",
+            )),
+        }
+    }
+
+    fn take_message(&mut self) -> Result<Option<Bytes>, Status> {
+        if self.held < PREFIX_LEN {
+            return Ok(None);
+        }
+        let mut prefix = [0u8; PREFIX_LEN];
+        self.copy_front(&mut prefix);
+        match prefix[0] {
+            0 => {}
+            1 => {
+                return Err(Status::unimplemented(
+                    "a compressed message: this server takes grpc-encoding identity only",
+                ))
+            }
+            flag => {
+                return Err(Status::internal(format!(
+                    "a message whose compressed flag is {flag} (0 or 1 expected)"
+                )))
+            }
+        }
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        if len > self.limit {
+            return Err(Status::message_too_large(
+                "request message",
+                len as u64,
+                self.limit as u64,
+            ));
+        }
+        if self.held < PREFIX_LEN + len {
+            return Ok(None);
+        }
+        self.advance(PREFIX_LEN);
+        Ok(Some(self.split_front(len)))
+    }
+
+    /// Copies the first `dst.len()` bytes held (there are that many) without taking them.
+    fn copy_front(&self, dst: &mut [u8]) {
+        let mut at = 0;
+        for chunk in &self.chunks {
+            let n = chunk.len().min(dst.len() - at);
+            dst[at..at + n].copy_from_slice(&chunk[..n]);
+            at += n;
+            if at == dst.len() {
+                return;
+            }
+        }
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        self.held -= n;
+        while n > 0 {
+            let front = self.chunks.front_mut().expect("held bytes are in chunks");
+            if front.len() > n {
+                front.advance(n);
+                return;
+            }
+            n -= front.len();
+            self.chunks.pop_front();
+        }
+    }
+
+    /// Takes the first `len` bytes held (there are that many).
+    fn split_front(&mut self, len: usize) -> Bytes {
+        if len == 0 {
+            return Bytes::new();
+        }
+        let front = self.chunks.front_mut().expect("held bytes are in chunks");
+        if front.len() >= len {
+            let message = front.split_to(len);
+            if front.is_empty() {
+                self.chunks.pop_front();
+            }
+            self.held -= len;
+            return message;
+        }
+        let mut message = BytesMut::with_capacity(len);
+        while message.len() < len {
+            let front = self.chunks.front_mut().expect("held bytes are in chunks");
+            let n = front.len().min(len - message.len());
+            message.put_slice(&front[..n]);
+            self.advance(n);
+        }
+        message.freeze()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::task::Waker;
+
+    use http_body::Frame;
+    use rpc_core::Code;
+
+    use super::*;
+
+    /// A body that yields `chunks`, then ends.
+    struct Chunks(VecDeque<Bytes>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            Poll::Ready(self.0.pop_front().map(|c| Ok(Frame::data(c))))
+        }
+    }
+
+    fn read_all(chunks: Vec<Bytes>, limit: usize) -> Result<Vec<Bytes>, Status> {
+        let mut reader = MessageReader::new(Chunks(chunks.into()), limit);
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut out = Vec::new();
+        loop {
+            match reader.poll_next(&mut cx) {
+                Poll::Ready(Ok(Some(m))) => out.push(m),
+                Poll::Ready(Ok(None)) => return Ok(out),
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => unreachable!("the test body is always ready"),
+            }
+        }
+    }
+
+    #[test]
+    fn messages_whole_split_and_empty() {
+        let mut wire = BytesMut::new();
+        for m in [&b"hello"[..], b"", b"world!"] {
+            wire.put_slice(&framed(m));
+        }
+        let wire = wire.freeze();
+        let expected = vec![Bytes::from("hello"), Bytes::new(), Bytes::from("world!")];
+        assert_eq!(read_all(vec![wire.clone()], 64).unwrap(), expected);
+        // Every split point, and one byte at a time.
+        for at in 0..wire.len() {
+            let parts = vec![wire.slice(..at), wire.slice(at..)];
+            assert_eq!(read_all(parts, 64).unwrap(), expected, "split at {at}");
+        }
+        let bytes: Vec<Bytes> = (0..wire.len()).map(|i| wire.slice(i..i + 1)).collect();
+        assert_eq!(read_all(bytes, 64).unwrap(), expected);
+    }
+
+    #[test]
+    fn a_message_within_a_chunk_is_a_view_of_it() {
+        let wire = framed(b"zero copy");
+        let message = read_all(vec![wire.clone()], 64).unwrap().remove(0);
+        assert_eq!(message.as_ptr(), wire[PREFIX_LEN..].as_ptr());
+    }
+
+    #[test]
+    fn a_message_over_the_limit_fails_at_its_prefix() {
+        let mut prefix = [0u8; PREFIX_LEN];
+        put_prefix(&mut prefix, 1 << 30);
+        let err = read_all(vec![Bytes::copy_from_slice(&prefix)], 1024).unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted);
+        assert!(err.message().contains("1073741824"), "{err}");
+        assert!(read_all(vec![framed(&[7; 1024])], 1024).is_ok());
+    }
+
+    #[test]
+    fn compressed_truncated_and_bad_flags() {
+        let mut compressed = framed(b"x").to_vec();
+        compressed[0] = 1;
+        let err = read_all(vec![compressed.into()], 64).unwrap_err();
+        assert_eq!(err.code(), Code::Unimplemented);
+        let mut bad = framed(b"x").to_vec();
+        bad[0] = 9;
+        let err = read_all(vec![bad.into()], 64).unwrap_err();
+        assert_eq!(err.code(), Code::Internal);
+        let wire = framed(b"cut short");
+        let err = read_all(vec![wire.slice(..8)], 64).unwrap_err();
+        assert!(err.message().contains("ended inside a message"), "{err}");
+    }
+}

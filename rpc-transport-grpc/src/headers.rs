@@ -1,0 +1,264 @@
+//! gRPC's HTTP/2 headers and ours: metadata both ways (`-bin` values in base64), the
+//! `grpc-timeout` budget, and a call's end (`grpc-status`, `grpc-message`
+//! percent-encoded), as gRPC's `PROTOCOL-HTTP2.md` defines them.
+
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD_NO_PAD;
+use base64::Engine;
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::HeaderMap;
+use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+use rpc_core::{Code, MetadataMap, Status, BINARY_SUFFIX};
+
+/// The content type of every gRPC request and response (`application/grpc+proto` and other
+/// `application/grpc+…` forms are accepted on requests).
+pub(crate) const GRPC_CONTENT_TYPE: &str = "application/grpc";
+/// Longest `grpc-timeout` value: at most 8 digits and a unit.
+const MAX_TIMEOUT_DIGITS: usize = 8;
+
+/// What `grpc-message` leaves as is: printable ASCII but `%` (every other byte is
+/// percent-encoded, as gRPC requires).
+const MESSAGE_ESCAPES: &AsciiSet = &CONTROLS.add(b'%');
+
+/// Whether `headers` name a gRPC content type.
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v == GRPC_CONTENT_TYPE
+                || v.strip_prefix(GRPC_CONTENT_TYPE)
+                    .is_some_and(|rest| rest.starts_with('+') || rest.starts_with(';'))
+        })
+}
+
+/// Whether a request header is gRPC's or HTTP's own, not the call's metadata: the content
+/// type, `te`, and every `grpc-` key (reserved by gRPC).
+fn is_reserved(name: &str) -> bool {
+    name == "content-type" || name == "te" || name.starts_with("grpc-")
+}
+
+/// A request's metadata: every header but the reserved ones, `-bin` values decoded from
+/// base64 (padded or not). A header our metadata cannot carry fails, naming it.
+pub(crate) fn metadata_from(headers: &HeaderMap) -> Result<MetadataMap, Status> {
+    let mut metadata = MetadataMap::new();
+    for (name, value) in headers {
+        let key = name.as_str();
+        if is_reserved(key) {
+            continue;
+        }
+        let bad = |why: String| Status::invalid_argument(format!("request header {key}: {why}"));
+        if key.ends_with(BINARY_SUFFIX) {
+            let bytes =
+                decode_binary(value.as_bytes()).map_err(|e| bad(format!("not base64: {e}")))?;
+            metadata.insert(key, bytes)
+        } else {
+            metadata.insert(key, value.as_bytes())
+        }
+        .map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(metadata)
+}
+
+/// A `-bin` value: base64, with or without padding, as gRPC reads it.
+fn decode_binary(value: &[u8]) -> Result<Vec<u8>, base64::DecodeError> {
+    let unpadded = value
+        .strip_suffix(b"==")
+        .or_else(|| value.strip_suffix(b"="));
+    STANDARD_NO_PAD.decode(unpadded.unwrap_or(value))
+}
+
+/// Adds `metadata` to `headers`, `-bin` values in base64 without padding (as gRPC sends
+/// them). Our keys and values are always valid headers; one that is not is left out and
+/// logged.
+pub(crate) fn add_metadata(headers: &mut HeaderMap, metadata: &MetadataMap) {
+    for (key, value) in metadata.iter() {
+        let Ok(name) = HeaderName::from_bytes(key.as_bytes()) else {
+            tracing::warn!(key, "metadata key is not a header name; left out");
+            continue;
+        };
+        let value = if key.ends_with(BINARY_SUFFIX) {
+            HeaderValue::from_str(&STANDARD_NO_PAD.encode(value))
+        } else {
+            HeaderValue::from_bytes(value)
+        };
+        match value {
+            Ok(value) => {
+                headers.append(name, value);
+            }
+            Err(_) => tracing::warn!(key, "metadata value is not a header value; left out"),
+        }
+    }
+}
+
+/// The time budget `grpc-timeout` gives, if any: at most 8 digits and a unit (`H`, `M`,
+/// `S`, `m`, `u`, `n`). A malformed one fails, naming it.
+pub(crate) fn timeout_from(headers: &HeaderMap) -> Result<Option<Duration>, Status> {
+    let Some(value) = headers.get("grpc-timeout") else {
+        return Ok(None);
+    };
+    let bad = || {
+        Status::invalid_argument(format!(
+            "grpc-timeout {value:?} is not 1 to {MAX_TIMEOUT_DIGITS} digits and a unit (H, M, S, m, u, n)"
+        ))
+    };
+    let text = value.to_str().map_err(|_| bad())?;
+    let (digits, unit) = text.split_at(text.len().saturating_sub(1));
+    if digits.is_empty()
+        || digits.len() > MAX_TIMEOUT_DIGITS
+        || !digits.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(bad());
+    }
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    Ok(Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return Err(bad()),
+    }))
+}
+
+/// The headers that end a call with `code`, `message` (its bytes, UTF-8 by convention)
+/// and `metadata` (the trailers, or an error's metadata and details).
+pub(crate) fn status_headers(code: Code, message: &[u8], metadata: &MetadataMap) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("grpc-status", HeaderValue::from(code as u16));
+    if !message.is_empty() {
+        let text = String::from_utf8_lossy(message);
+        let encoded = utf8_percent_encode(&text, MESSAGE_ESCAPES).to_string();
+        if let Ok(value) = HeaderValue::from_str(&encoded) {
+            headers.insert("grpc-message", value);
+        }
+    }
+    add_metadata(&mut headers, metadata);
+    headers
+}
+
+/// The headers that end a call with `status`.
+pub(crate) fn headers_of(status: &Status) -> HeaderMap {
+    static NO_TRAILERS: MetadataMap = MetadataMap::new();
+    let wire = status.to_wire(&NO_TRAILERS);
+    status_headers(status.code(), wire.message.as_bytes(), &wire.metadata)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::engine::general_purpose::STANDARD;
+
+    fn decode_message(value: &str) -> String {
+        percent_encoding::percent_decode(value.as_bytes())
+            .decode_utf8_lossy()
+            .into_owned()
+    }
+
+    fn encode_padded(value: &[u8]) -> String {
+        STANDARD.encode(value)
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn timeouts_in_every_unit_and_malformed_ones() {
+        let t = |v: &str| timeout_from(&headers(&[("grpc-timeout", v)]));
+        assert_eq!(t("1H").unwrap(), Some(Duration::from_secs(3600)));
+        assert_eq!(t("2M").unwrap(), Some(Duration::from_secs(120)));
+        assert_eq!(t("3S").unwrap(), Some(Duration::from_secs(3)));
+        assert_eq!(t("250m").unwrap(), Some(Duration::from_millis(250)));
+        assert_eq!(
+            t("99999999u").unwrap(),
+            Some(Duration::from_micros(99_999_999))
+        );
+        assert_eq!(t("7n").unwrap(), Some(Duration::from_nanos(7)));
+        assert_eq!(timeout_from(&HeaderMap::new()).unwrap(), None);
+        for bad in ["", "S", "100", "123456789S", "1x", "-1S", "1.5S", "1 S"] {
+            let err = t(bad).unwrap_err();
+            assert_eq!(err.code(), Code::InvalidArgument, "{bad:?}");
+            assert!(err.message().contains("grpc-timeout"), "{err}");
+        }
+    }
+
+    #[test]
+    fn metadata_leaves_out_reserved_headers_and_decodes_binary_either_way() {
+        let map = headers(&[
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("grpc-timeout", "1S"),
+            ("grpc-accept-encoding", "gzip"),
+            ("user-agent", "grpc-python/1"),
+            ("x-token", "abc"),
+            ("x-raw-bin", &encode_padded(&[0, 1, 2, 255])),
+            ("x-nopad-bin", &STANDARD_NO_PAD.encode([9u8])),
+        ]);
+        let metadata = metadata_from(&map).unwrap();
+        let keys: Vec<&str> = metadata.iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["user-agent", "x-token", "x-raw-bin", "x-nopad-bin"]);
+        assert_eq!(metadata.get("x-raw-bin"), Some(&[0u8, 1, 2, 255][..]));
+        assert_eq!(metadata.get("x-nopad-bin"), Some(&[9u8][..]));
+    }
+
+    #[test]
+    fn metadata_our_rules_refuse_is_named() {
+        let err = metadata_from(&headers(&[("x-bad-bin", "***")])).unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().contains("x-bad-bin"), "{err}");
+        let err = metadata_from(&headers(&[("x-key", "tab\there")])).unwrap_err();
+        assert!(err.message().contains("x-key"), "{err}");
+    }
+
+    #[test]
+    fn metadata_round_trips_through_headers() {
+        let mut metadata = MetadataMap::new();
+        metadata.insert("x-a", "1").unwrap();
+        metadata.insert("x-a", "2").unwrap();
+        metadata.insert("x-blob-bin", [0u8, 0xfe, 7]).unwrap();
+        let mut map = HeaderMap::new();
+        add_metadata(&mut map, &metadata);
+        assert_eq!(map.get("x-blob-bin").unwrap(), "AP4H");
+        assert_eq!(metadata_from(&map).unwrap(), metadata);
+    }
+
+    #[test]
+    fn status_messages_are_percent_encoded() {
+        let status = Status::invalid_argument("50% off: naïve\r\nline");
+        let map = headers_of(&status);
+        assert_eq!(map.get("grpc-status").unwrap(), "3");
+        let sent = map.get("grpc-message").unwrap().to_str().unwrap();
+        assert_eq!(sent, "50%25 off: na%C3%AFve%0D%0Aline");
+        assert_eq!(decode_message(sent), status.message());
+    }
+
+    #[test]
+    fn status_details_travel_as_a_binary_header() {
+        let status = Status::with_details(Code::NotFound, "", &b"\x08\x05"[..]);
+        let map = headers_of(&status);
+        assert_eq!(map.get("grpc-status").unwrap(), "5");
+        assert!(map.get("grpc-message").is_none());
+        assert_eq!(map.get("grpc-status-details-bin").unwrap(), "CAU");
+    }
+
+    #[test]
+    fn grpc_content_types() {
+        let ct = |v: &str| is_grpc(&headers(&[("content-type", v)]));
+        assert!(ct("application/grpc"));
+        assert!(ct("application/grpc+proto"));
+        assert!(ct("application/grpc; charset=utf-8"));
+        assert!(!ct("application/grpc-web"));
+        assert!(!ct("application/json"));
+        assert!(!is_grpc(&HeaderMap::new()));
+    }
+}

@@ -1,0 +1,22 @@
+//! gRPC over HTTP/2 for rdma-rpc: a server's services answered to any gRPC client (grpcio,
+//! grpc-go, tonic, grpcurl), as `grpc://host:port`.
+//!
+//! HTTP/2 is hyper's. Each HTTP/2 request becomes a call of our protocol, handed to the
+//! server's dispatcher like a call that arrived over `tcp://` or `rdma://`, so routing,
+//! limits, deadlines, cancellation, interceptors, tower layers, observation and graceful
+//! shutdown are the same code on every transport. How gRPC's headers, statuses, deadlines
+//! and metadata map onto ours is in `docs/PROTOCOL.md` ("gRPC over HTTP/2").
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod body;
+mod call;
+mod codec;
+mod config;
+mod conn;
+mod headers;
+mod server;
+
+pub use config::{GrpcServerConfig, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_LIST_SIZE};
+pub use server::GrpcServer;

@@ -1,0 +1,294 @@
+//! The server: an event loop that accepts connections and serves each over HTTP/2.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper::server::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use parking_lot::{Condvar, Mutex};
+use rpc_core::auth::Peer;
+use rpc_core::server::{shut_down, ConnectionDispatch, Dispatcher, Requests, Served};
+use rpc_core::Status;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::config::GrpcServerConfig;
+use crate::conn::{GrpcConn, Phase};
+
+/// Pause after a failed `accept` (out of file descriptors, say) before the next.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
+/// How long a connection told to close still sends what it has (its GOAWAY, the last
+/// trailers) before it is dropped.
+const CLOSE_LINGER: Duration = Duration::from_millis(100);
+/// How long a shutdown waits for the accept loop and the connections' tasks to end.
+const TASKS_END_WAIT: Duration = Duration::from_secs(1);
+
+struct Shared {
+    dispatcher: Arc<Dispatcher>,
+    config: GrpcServerConfig,
+    local_addr: SocketAddr,
+    draining: AtomicBool,
+    next_conn: AtomicU64,
+    connections: Mutex<HashMap<u64, Served<GrpcConn>>>,
+    /// Tells the accept loop to close the listener (the start of a shutdown).
+    stop_accepting: tokio::sync::Notify,
+}
+
+/// A running gRPC server. Dropping it shuts it down gracefully.
+pub struct GrpcServer {
+    shared: Arc<Shared>,
+    runtime: Option<tokio::runtime::Runtime>,
+    /// Ends when the accept loop and every connection's task ended.
+    tasks: TaskCount,
+}
+
+impl std::fmt::Debug for GrpcServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcServer")
+            .field("local_addr", &self.shared.local_addr)
+            .field("connections", &self.connections())
+            .finish()
+    }
+}
+
+impl GrpcServer {
+    /// Binds `addr` (`host:port`, port 0 for any) and serves `dispatcher`'s services on it
+    /// as gRPC. A server that authenticates connections (`ServerConfig::auth`) cannot:
+    /// gRPC clients do not speak our handshake (authenticate calls with an interceptor).
+    pub fn bind(
+        addr: &str,
+        dispatcher: Arc<Dispatcher>,
+        config: GrpcServerConfig,
+    ) -> io::Result<GrpcServer> {
+        if dispatcher.config().auth.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "grpc:// cannot authenticate connections (ServerConfig::auth): gRPC clients \
+                 do not speak that handshake; check credentials in an interceptor instead",
+            ));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.io_threads.max(1))
+            .thread_name("rpc-grpc-server")
+            .enable_io()
+            .enable_time()
+            .build()?;
+        let listener = std::net::TcpListener::bind(addr).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot listen on grpc://{addr}: {e}"))
+        })?;
+        listener.set_nonblocking(true)?;
+        let listener = {
+            let _entered = runtime.enter();
+            TcpListener::from_std(listener)?
+        };
+        let shared = Arc::new(Shared {
+            dispatcher,
+            config,
+            local_addr: listener.local_addr()?,
+            draining: AtomicBool::new(false),
+            next_conn: AtomicU64::new(0),
+            connections: Mutex::new(HashMap::new()),
+            stop_accepting: tokio::sync::Notify::new(),
+        });
+        let tasks = TaskCount::default();
+        runtime.spawn(tasks.track(accept_loop(listener, shared.clone(), tasks.clone())));
+        Ok(GrpcServer {
+            shared,
+            runtime: Some(runtime),
+            tasks,
+        })
+    }
+
+    /// The bound address (with the real port when bound to port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.local_addr
+    }
+
+    /// Connections being served.
+    pub fn connections(&self) -> usize {
+        self.shared.connections.lock().len()
+    }
+
+    /// Stops accepting and sends every connection HTTP/2's GOAWAY, refuses new calls with
+    /// `UNAVAILABLE`, lets running handlers answer for up to `grace`, then closes every
+    /// connection once its answers are taken (within what is left of `grace`). Blocks until
+    /// done.
+    pub fn shutdown(&mut self, grace: Duration) {
+        let Some(runtime) = self.runtime.take() else {
+            return;
+        };
+        let started = Instant::now();
+        self.shared.draining.store(true, Ordering::SeqCst);
+        self.shared.stop_accepting.notify_one();
+        let served: Vec<_> = self.shared.connections.lock().values().cloned().collect();
+        for s in &served {
+            s.link.go_away();
+        }
+        shut_down(&self.shared.dispatcher, &served, started, grace);
+        if !self.tasks.wait_idle(TASKS_END_WAIT) {
+            tracing::warn!("gRPC connections did not end within {TASKS_END_WAIT:?}");
+        }
+        runtime.shutdown_background();
+    }
+}
+
+/// How the facade holds a server, whatever its transport.
+impl rpc_core::Listener for GrpcServer {
+    fn local_addr(&self) -> SocketAddr {
+        GrpcServer::local_addr(self)
+    }
+
+    fn shutdown(&mut self, grace: Duration) {
+        GrpcServer::shutdown(self, grace);
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        self.shutdown(Duration::from_secs(5));
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tasks: TaskCount) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shared.stop_accepting.notified() => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                if shared.draining.load(Ordering::SeqCst) {
+                    return;
+                }
+                start_connection(stream, peer, &shared, &tasks);
+            }
+            Err(e) => {
+                tracing::warn!(%e, "accept failed");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+        }
+    }
+}
+
+fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>, tasks: &TaskCount) {
+    let max = shared.config.max_connections;
+    if shared.connections.lock().len() >= max {
+        tracing::warn!(%peer, max, "connection refused: at the connection limit");
+        return;
+    }
+    let _ = stream.set_nodelay(true);
+    let addr = format!("grpc://{peer}");
+    let conn = GrpcConn::new(shared.dispatcher.clone(), addr.clone());
+    let dispatch = ConnectionDispatch::new(
+        shared.dispatcher.clone(),
+        conn.clone(),
+        Peer::anonymous(addr),
+    );
+    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    {
+        let mut connections = shared.connections.lock();
+        // A shutdown sets `draining` before it takes its list of the connections under this
+        // lock: a connection joins the list in time, or is dropped here.
+        if shared.draining.load(Ordering::SeqCst) {
+            return;
+        }
+        connections.insert(
+            id,
+            Served {
+                link: conn.clone(),
+                dispatch: dispatch.clone(),
+            },
+        );
+    }
+    let gone = shared.clone();
+    let requests = Requests::new(dispatch).on_closed_then(Box::new(move || {
+        gone.connections.lock().remove(&id);
+    }));
+    conn.set_requests(Arc::new(requests));
+    tokio::spawn(tasks.track(serve_connection(stream, conn, shared.config.clone())));
+}
+
+/// Serves one connection over HTTP/2 until it ends or the server closes it.
+async fn serve_connection(stream: TcpStream, conn: Arc<GrpcConn>, config: GrpcServerConfig) {
+    let mut phase = conn.phase();
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(
+            u32::try_from(conn.dispatcher.config().max_calls_per_connection).unwrap_or(u32::MAX),
+        )
+        .max_header_list_size(config.max_header_list_size)
+        .keep_alive_interval(config.keepalive)
+        .keep_alive_timeout(config.keepalive_timeout);
+    let calls = conn.clone();
+    let service =
+        hyper::service::service_fn(move |request| crate::call::serve(calls.clone(), request));
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let ended = loop {
+        tokio::select! {
+            ended = connection.as_mut() => break ended,
+            changed = phase.changed() => {
+                let now = if changed.is_ok() { *phase.borrow_and_update() } else { Phase::Closed };
+                connection.as_mut().graceful_shutdown();
+                if now == Phase::Closed {
+                    break tokio::time::timeout(CLOSE_LINGER, connection.as_mut())
+                        .await
+                        .unwrap_or(Ok(()));
+                }
+            }
+        }
+    };
+    let status = match ended {
+        Ok(()) => Status::unavailable(format!("{} closed the connection", conn.peer)),
+        Err(e) => Status::unavailable(format!("{}: {e}", conn.peer)),
+    };
+    conn.on_closed(status);
+}
+
+/// The server's tasks still running (the accept loop, each connection's), so that a
+/// shutdown lets them end before it drops their runtime.
+#[derive(Debug, Clone, Default)]
+struct TaskCount(Arc<(Mutex<usize>, Condvar)>);
+
+/// Counts its task until dropped, however the task ends.
+struct Tracked(TaskCount);
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        let (count, ended) = &*(self.0).0;
+        *count.lock() -= 1;
+        ended.notify_all();
+    }
+}
+
+impl TaskCount {
+    /// `task`, counted from now until it ends or is dropped.
+    fn track<F: std::future::Future>(
+        &self,
+        task: F,
+    ) -> impl std::future::Future<Output = F::Output> {
+        *self.0 .0.lock() += 1;
+        let tracked = Tracked(self.clone());
+        async move {
+            let _tracked = tracked;
+            task.await
+        }
+    }
+
+    /// Waits until no task runs, at most `timeout`; whether none does.
+    fn wait_idle(&self, timeout: Duration) -> bool {
+        let (count, ended) = &*self.0;
+        let until = Instant::now() + timeout;
+        let mut count = count.lock();
+        while *count > 0 {
+            if ended.wait_until(&mut count, until).timed_out() {
+                return *count == 0;
+            }
+        }
+        true
+    }
+}
