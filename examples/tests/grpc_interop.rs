@@ -25,8 +25,11 @@ fn serve() -> Served {
     let tester = Tester::default();
     let streamer = Streamer::default();
     let (tester_stats, streamer_stats) = (tester.stats.clone(), streamer.stats.clone());
+    let (reporter, health) = rdma_rpc::health::health_reporter();
+    reporter.set_serving::<TesterServer<Tester>>();
     let server = Server::builder()
         .max_message_size(16 << 20)
+        .add_service(health)
         .add_service(TesterServer::new(tester))
         .add_service(StreamerServer::new(streamer))
         .start("grpc://127.0.0.1:0")
@@ -92,6 +95,7 @@ fn unary_calls_metadata_and_statuses() {
             "panic",
             "too_large",
             "concurrent",
+            "health",
         ],
     );
 }

@@ -251,6 +251,21 @@ class Cases:
         # The connection still serves.
         self.empty_unary()
 
+    def health(self):
+        # As a Kubernetes gRPC probe asks (grpcio-health-checking's own stubs).
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        health = health_pb2_grpc.HealthStub(self.channel)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        for service in ["", "rpc.testing.Tester"]:
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            check(reply.status == serving, f"{service!r}: {reply}")
+        expect_error(lambda: health.Check(health_pb2.HealthCheckRequest(service="nope"),
+                                          timeout=10), grpc.StatusCode.NOT_FOUND)
+        watch = health.Watch(health_pb2.HealthCheckRequest(service="rpc.testing.Tester"),
+                             timeout=10)
+        check(next(watch).status == serving, "the first watched status")
+        watch.cancel()
+
     def concurrent(self):
         futures = [self.tester.Echo.future(echo_pb2.EchoRequest(payload=bytes([i]) * i, seq=i),
                                            timeout=30) for i in range(200)]

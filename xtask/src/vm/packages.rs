@@ -32,10 +32,12 @@ pub const BUILD_PACKAGES: &[&str] = &[
 ];
 
 /// Python packages the host tests use (module, pinned PyPI requirement): gRPC's Python
-/// client, the peer the `grpc://` tests run against (`examples/tests/grpc_interop.rs`).
+/// client and its health checker, the peers the `grpc://` tests run against
+/// (`examples/tests/grpc_interop.rs`).
 pub const PYTHON_PACKAGES: &[(&str, &str)] = &[
     ("grpc", "grpcio==1.85.3"),
     ("grpc_tools", "grpcio-tools==1.85.1"),
+    ("grpc_health", "grpcio-health-checking==1.85.1"),
 ];
 
 /// Installs whichever of the Python `packages` cannot be imported (`pip install`), and does
