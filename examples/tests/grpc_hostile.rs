@@ -201,7 +201,7 @@ async fn a_client_that_never_reads_holds_its_handler() {
 async fn a_graceful_shutdown_lets_a_running_call_answer() {
     let server = serve(Streamer::default());
     let addr = addr(&server);
-    let mut client = connect(addr).await;
+    let client = connect(addr).await;
     let sleep = SleepRequest {
         duration: Some(prost_types::Duration {
             seconds: 0,
