@@ -1,6 +1,7 @@
 //! `rpc-bench tcp-compare`: rdma-rpc over TCP vs tonic vs the raw-TCP floor, same payload,
 //! same call count, one call at a time, on 127.0.0.1; then rdma-rpc vs tonic with several
-//! calls in flight on one connection (async stubs).
+//! calls in flight on one connection (async stubs); and tonic's client against our `grpc://`
+//! server beside tonic's own.
 
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +34,14 @@ pub struct CompareReport {
     pub tonic_in_flight: BenchResult,
     /// `ours_in_flight.calls_per_sec / tonic_in_flight.calls_per_sec`.
     pub ours_over_tonic_in_flight: f64,
+    /// tonic's client against our `grpc://` server, one call at a time.
+    pub grpc: BenchResult,
+    /// tonic's client against our `grpc://` server, `in_flight` calls on one connection.
+    pub grpc_in_flight: BenchResult,
+    /// `grpc.p50_us / tonic.p50_us`: our gRPC server's latency against tonic's, same client.
+    pub grpc_p50_over_tonic: f64,
+    /// `grpc_in_flight.calls_per_sec / tonic_in_flight.calls_per_sec`.
+    pub grpc_over_tonic_in_flight: f64,
     /// `ours.p50_us / floor.p50_us`.
     pub ours_p50_over_floor: f64,
     /// `tonic.p50_us / floor.p50_us`.
@@ -56,7 +65,13 @@ pub fn run(
     let tonic = tonic_echo::run(size, iters, warmup, 1)?;
     let ours_in_flight = run_ours(size, iters, warmup, in_flight)?;
     let tonic_in_flight = tonic_echo::run(size, iters, warmup, in_flight)?;
+    let grpc = tonic_echo::run_against_grpc(size, iters, warmup, 1)?;
+    let grpc_in_flight = tonic_echo::run_against_grpc(size, iters, warmup, in_flight)?;
     Ok(CompareReport {
+        grpc_p50_over_tonic: grpc.p50_us / tonic.p50_us,
+        grpc_over_tonic_in_flight: grpc_in_flight.calls_per_sec / tonic_in_flight.calls_per_sec,
+        grpc,
+        grpc_in_flight,
         in_flight,
         ours_over_tonic_in_flight: ours_in_flight.calls_per_sec / tonic_in_flight.calls_per_sec,
         ours_in_flight,
@@ -120,6 +135,12 @@ impl CompareReport {
                 self.tonic_p50_over_floor,
                 self.tonic_rate_over_floor,
             ),
+            (
+                "tonic client, grpc:// (ours)",
+                &self.grpc,
+                self.grpc.p50_us / self.floor.p50_us,
+                self.grpc.calls_per_sec / self.floor.calls_per_sec,
+            ),
         ];
         for (name, r, p50_ratio, rate_ratio) in rows {
             out += &format!(
@@ -143,6 +164,7 @@ impl CompareReport {
         for (name, r) in [
             ("rdma-rpc tcp:// (ours)", &self.ours_in_flight),
             ("tonic (HTTP/2)", &self.tonic_in_flight),
+            ("tonic client, grpc:// (ours)", &self.grpc_in_flight),
         ] {
             out += &format!(
                 "{name:<28} {:>9.1} {:>9.1} {:>10.0}\n",
@@ -152,6 +174,10 @@ impl CompareReport {
         out += &format!(
             "ours/tonic calls/s at {} in flight = {:.2}x\n",
             self.in_flight, self.ours_over_tonic_in_flight
+        );
+        out += &format!(
+            "our grpc:// server / tonic's, same tonic client: p50 {:.2}x one at a time, calls/s {:.2}x at {} in flight\n",
+            self.grpc_p50_over_tonic, self.grpc_over_tonic_in_flight, self.in_flight
         );
         out
     }

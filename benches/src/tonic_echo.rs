@@ -22,9 +22,11 @@ use proto::echo_client::EchoClient;
 use proto::echo_server::{Echo, EchoServer};
 use proto::{EchoReply, EchoRequest};
 
-/// Worker threads of the runtime that runs the tonic server and client tasks (the host has
-/// two cores).
+/// Worker threads of the runtime that runs the client's tasks (the host has two cores).
 const WORKER_THREADS: usize = 2;
+/// Worker threads of the tonic server's runtime: one, as our `tcp://` and `grpc://`
+/// servers' event loops have by default.
+const SERVER_THREADS: usize = 1;
 
 /// Message size limit for payloads of `size` bytes: tonic's 4 MiB default or more.
 pub(crate) fn message_limit(size: usize) -> usize {
@@ -54,12 +56,38 @@ pub fn run(
     warmup: u64,
     concurrency: usize,
 ) -> Result<BenchResult, BenchError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    client_runtime()?.block_on(serve_and_call(size, iters, warmup, concurrency))
+}
+
+/// tonic's client, as [`run`] calls tonic's server, against our own echo service served on
+/// `grpc://127.0.0.1` (started outside the client's runtime, on its own threads).
+pub fn run_against_grpc(
+    size: usize,
+    iters: u64,
+    warmup: u64,
+    concurrency: usize,
+) -> Result<BenchResult, BenchError> {
+    let url = "grpc://127.0.0.1:0".parse()?;
+    let server = crate::ours::start_server(&url, rdma_rpc::RdmaConfig::default())?;
+    let target = format!(
+        "http://{}",
+        server.local_url().trim_start_matches("grpc://")
+    );
+    let result =
+        client_runtime()?.block_on(call(&target, GRPC_SERVER, size, iters, warmup, concurrency));
+    server.shutdown_blocking(std::time::Duration::from_secs(1));
+    result
+}
+
+/// The transport name of a tonic client's run against our `grpc://` server.
+pub const GRPC_SERVER: &str = "tonic-to-grpc";
+
+fn client_runtime() -> Result<tokio::runtime::Runtime, BenchError> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKER_THREADS)
         .enable_all()
         .build()
-        .map_err(|e| BenchError::failed("creating the tokio runtime", e))?;
-    runtime.block_on(serve_and_call(size, iters, warmup, concurrency))
+        .map_err(|e| BenchError::failed("creating the tokio runtime", e))
 }
 
 async fn serve_and_call(
@@ -74,13 +102,15 @@ async fn serve_and_call(
             .max_encoding_message_size(message_limit(size)),
     );
     with_server(router, |url| async move {
-        call(&url, size, iters, warmup, concurrency).await
+        call(&url, "tonic", size, iters, warmup, concurrency).await
     })
     .await
 }
 
-/// Serves `router` on 127.0.0.1 (no Nagle) while `run` uses it at the `http://` URL it is
-/// given, then shuts the server down; a failed server is the result's error.
+/// Serves `router` on 127.0.0.1 (no Nagle), on a runtime of its own with
+/// [`SERVER_THREADS`] (as our servers run on their own event loop), while `run` uses it at
+/// the `http://` URL it is given, then shuts the server down; a failed server is the
+/// result's error.
 pub(crate) async fn with_server<T, Fut>(
     router: tonic::transport::server::Router,
     run: impl FnOnce(String) -> Fut,
@@ -88,20 +118,33 @@ pub(crate) async fn with_server<T, Fut>(
 where
     Fut: std::future::Future<Output = Result<T, BenchError>>,
 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
+    let server_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(SERVER_THREADS)
+        .thread_name("tonic-server")
+        .enable_all()
+        .build()
+        .map_err(|e| BenchError::failed("creating the tonic server's runtime", e))?;
+    let bound = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
         .map_err(|e| BenchError::failed("binding the tonic server", e))?;
-    let addr = listener
+    let addr = bound
         .local_addr()
         .map_err(|e| BenchError::failed("tonic server address", e))?;
+    let listener = {
+        let _entered = server_runtime.enter();
+        tokio::net::TcpListener::from_std(bound)
+            .map_err(|e| BenchError::failed("binding the tonic server", e))?
+    };
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+    let server = server_runtime.spawn(router.serve_with_incoming_shutdown(incoming, async {
         let _ = stopped.await;
     }));
     let result = run(format!("http://{addr}")).await;
     let _ = stop.send(());
-    match server.await {
+    let served = server.await;
+    server_runtime.shutdown_background();
+    match served {
         Ok(Ok(())) => result,
         Ok(Err(e)) => Err(BenchError::failed("tonic server", e)),
         Err(e) => Err(BenchError::failed("tonic server task", e)),
@@ -110,6 +153,7 @@ where
 
 async fn call(
     url: &str,
+    transport: &str,
     size: usize,
     iters: u64,
     warmup: u64,
@@ -121,7 +165,7 @@ async fn call(
         .max_decoding_message_size(message_limit(size))
         .max_encoding_message_size(message_limit(size));
     let payloads = Payloads::new(size);
-    let mut recorder = Recorder::new(iters, format!("tonic {url}"));
+    let mut recorder = Recorder::new(iters, format!("{transport} {url}"));
     let concurrency = concurrency.max(1);
     for (seqs, measured) in [(0..warmup, false), (warmup..warmup + iters, true)] {
         if measured {
@@ -153,7 +197,7 @@ async fn call(
         }
     }
     Ok(recorder.finish(RunInfo {
-        transport: "tonic".to_owned(),
+        transport: transport.to_owned(),
         url: url.to_owned(),
         size,
         warmup,
