@@ -10,7 +10,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, Request, StatusCode};
 use prost::Message;
 use rdma_rpc::prelude::*;
-use rdma_rpc::ServerHandle;
+use rdma_rpc::{GrpcServerConfig, ServeOptions, ServerHandle};
 use rpc_examples::streaming::streamer_server::StreamerServer;
 use rpc_examples::streaming::ProduceRequest;
 use rpc_examples::testing::tester_server::TesterServer;
@@ -20,10 +20,20 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 fn serve(streamer: Streamer) -> ServerHandle {
+    serve_with(streamer, GrpcServerConfig::default())
+}
+
+fn serve_with(streamer: Streamer, grpc: GrpcServerConfig) -> ServerHandle {
     Server::builder()
         .add_service(TesterServer::new(Tester::default()))
         .add_service(StreamerServer::new(streamer))
-        .start("grpc://127.0.0.1:0")
+        .start_with(
+            "grpc://127.0.0.1:0",
+            ServeOptions {
+                grpc,
+                ..Default::default()
+            },
+        )
         .expect("the grpc:// server starts")
 }
 
@@ -86,7 +96,7 @@ fn grpc_status(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// A peer that does not speak HTTP/2 is closed; the server goes on serving others.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_speaking_no_http2_is_closed_and_others_go_on() {
     let server = serve(Streamer::default());
     let addr = addr(&server);
@@ -122,7 +132,7 @@ async fn a_peer_speaking_no_http2_is_closed_and_others_go_on() {
 
 /// A request that is not gRPC gets HTTP's answer and runs nothing; a gRPC call of a path
 /// nobody serves is `UNIMPLEMENTED` in a Trailers-Only response.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_that_are_not_grpc_calls() {
     let server = serve(Streamer::default());
     let addr = addr(&server);
@@ -152,7 +162,7 @@ async fn requests_that_are_not_grpc_calls() {
 
 /// A client that never reads its stream holds the handler to the windows: HTTP/2's, and
 /// the dispatcher's stream window behind it, not the 100,000 messages it asked for.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_holds_its_handler() {
     let streamer = Streamer::default();
     let stats: std::sync::Arc<StreamerStats> = streamer.stats.clone();
@@ -194,6 +204,71 @@ async fn a_client_that_never_reads_holds_its_handler() {
         assert!(Instant::now() < until, "the stream was not cancelled");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A request message that never arrives whole fails its call after the read timeout, and
+/// the handler never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_never_arrives_whole_times_out() {
+    let server = serve_with(
+        Streamer::default(),
+        GrpcServerConfig {
+            request_read_timeout: Duration::from_millis(300),
+            ..Default::default()
+        },
+    );
+    let addr = addr(&server);
+    let mut client = connect(addr).await;
+    let request = grpc_request(addr, "/rpc.testing.Tester/Now");
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    // A prefix announcing 100 bytes, and 10 of them.
+    let mut partial = BytesMut::new();
+    partial.put_u8(0);
+    partial.put_u32(100);
+    partial.put_slice(&[0; 10]);
+    send.send_data(partial.freeze(), false).unwrap();
+    let started = Instant::now();
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("the server answered")
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250),
+        "answered after {waited:?}"
+    );
+    assert_eq!(grpc_status(response.headers()), Some("4"), "{response:?}");
+    let message = response.headers()["grpc-message"].to_str().unwrap();
+    assert!(message.contains("request_read_timeout"), "{message}");
+}
+
+/// The handler runs under what is left of the client's deadline once its request arrived,
+/// not the whole of it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handler_gets_what_is_left_of_the_deadline() {
+    let server = serve(Streamer::default());
+    let addr = addr(&server);
+    let mut client = connect(addr).await;
+    let mut request = grpc_request(addr, "/rpc.testing.Tester/Sleep");
+    request
+        .headers_mut()
+        .insert("grpc-timeout", "1000m".parse().unwrap());
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    // Half the budget goes by before the request arrives; the handler sleeps 700 ms.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sleep = SleepRequest {
+        duration: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 700_000_000,
+        }),
+    };
+    send.send_data(framed(&sleep), true).unwrap();
+    let response = response.await.unwrap();
+    let (parts, mut body) = response.into_parts();
+    while body.data().await.is_some() {}
+    let trailers = body.trailers().await.unwrap();
+    let status = grpc_status(trailers.as_ref().unwrap_or(&parts.headers));
+    assert_eq!(status, Some("4"), "the handler slept past the deadline");
 }
 
 /// A graceful shutdown lets a running call answer and tells the client with GOAWAY.

@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
@@ -11,6 +11,7 @@ use http_body::Body;
 use rpc_core::body::EncodeBody;
 use rpc_core::frame::InboundFrame;
 use rpc_core::server::MethodKind;
+use rpc_core::stream::MESSAGES_PER_POLL;
 use rpc_core::{Code, Flags, FrameKind, Header, MetadataMap, ResponseMetadata, Status};
 
 use crate::body::ReplyBody;
@@ -61,10 +62,17 @@ where
     B: Body<Data = Bytes> + Unpin + Send + 'static,
     B::Error: std::fmt::Display,
 {
-    if request.method() != Method::POST || !is_grpc(request.headers()) {
+    let not_grpc = if request.method() != Method::POST {
+        Some(StatusCode::METHOD_NOT_ALLOWED)
+    } else if !is_grpc(request.headers()) {
+        Some(StatusCode::UNSUPPORTED_MEDIA_TYPE)
+    } else {
+        None
+    };
+    if let Some(status) = not_grpc {
         // Not gRPC: HTTP's own answer, as gRPC's protocol asks.
         let mut response = http::Response::new(ReplyBody::Empty);
-        *response.status_mut() = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        *response.status_mut() = status;
         return Ok(response);
     }
     Ok(match start(conn, request).await {
@@ -94,39 +102,49 @@ where
             )));
         }
     }
+    let started = Instant::now();
     let metadata = metadata_from(&parts.headers)?;
     let timeout = timeout_from(&parts.headers)?;
     let limit = conn.dispatcher.config().max_message_size;
-    let mut reader = MessageReader::new(body, limit);
+    let mut reader = MessageReader::new(body, limit, conn.read_budget.clone());
     let mut header = Header::new(FrameKind::Request, 0);
     header.method_id = method.id;
-    header.timeout_us = timeout.map_or(0, |t| (t.as_micros() as u64).max(1));
+    if method.kind.is_streaming() {
+        header.flags = Flags::STREAM;
+    }
+    // Checked before the call exists: a request refused here was never the dispatcher's.
+    let mut request = request_frame(header, &metadata)?;
     // A call whose request is one message reads it before the call starts, within its
-    // deadline.
+    // deadline and the read timeout.
     let single = if method.kind.streams_requests() {
         None
     } else {
-        Some(within(timeout, reader.single()).await?)
+        Some(read_single(&mut reader, timeout, conn.request_read_timeout).await?)
     };
+    if let Some(t) = timeout {
+        // What is left of the client's budget (at least 1 µs: 0 means none).
+        let left = t.saturating_sub(started.elapsed());
+        request.header.timeout_us = (left.as_micros() as u64).max(1);
+    }
     let mut call = CallGuard {
         id: conn.open_call()?,
         conn: conn.clone(),
         ended: false,
     };
-    header.call_id = call.id;
+    request.header.call_id = call.id;
     match (method.kind, single) {
         (MethodKind::Unary, Some(message)) => {
-            conn.deliver(request_frame(header, &metadata, message)?);
+            request.header.payload_len = message.len() as u32;
+            request.payload = message;
+            conn.deliver(request);
         }
         (MethodKind::ServerStreaming, Some(message)) => {
-            header.flags = Flags::STREAM;
-            conn.deliver(request_frame(header, &metadata, Bytes::new())?);
+            conn.deliver(request);
             conn.deliver(stream_frame(FrameKind::Message, call.id, 1, message));
             conn.deliver(stream_frame(FrameKind::HalfClose, call.id, 2, Bytes::new()));
         }
         _ => {
-            header.flags = Flags::STREAM;
-            conn.deliver(request_frame(header, &metadata, Bytes::new())?);
+            conn.deliver(request);
             tokio::spawn(pump(conn.clone(), call.id, reader));
         }
     }
@@ -202,12 +220,14 @@ pub(crate) fn end_headers(frame: &InboundFrame) -> HeaderMap {
     }
 }
 
-/// A gRPC response with `headers` (and the content type) and `body`.
+/// A gRPC response with `headers` (the content type, and the one encoding this server
+/// takes) and `body`.
 fn grpc_response(mut headers: HeaderMap, body: ReplyBody) -> http::Response<ReplyBody> {
     headers.insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static(GRPC_CONTENT_TYPE),
     );
+    headers.insert("grpc-accept-encoding", HeaderValue::from_static("identity"));
     let mut response = http::Response::new(body);
     *response.headers_mut() = headers;
     response
@@ -218,39 +238,44 @@ fn trailers_only(headers: HeaderMap) -> http::Response<ReplyBody> {
     grpc_response(headers, ReplyBody::Empty)
 }
 
-/// The `Request` frame opening a call.
-fn request_frame(
-    mut header: Header,
-    metadata: &MetadataMap,
-    payload: Bytes,
-) -> Result<InboundFrame, Status> {
+/// The `Request` frame opening a call, without its payload yet; metadata over our bound
+/// is refused.
+fn request_frame(mut header: Header, metadata: &MetadataMap) -> Result<InboundFrame, Status> {
     let len = metadata
         .checked_encoded_len()
         .map_err(|e| Status::invalid_argument(format!("request metadata: {e}")))?;
     let mut encoded = vec![0u8; len];
     metadata.encode_into(&mut encoded);
     header.metadata_len = len as u32;
-    header.payload_len = payload.len() as u32;
     Ok(InboundFrame {
         header,
         metadata: encoded.into(),
-        payload,
+        payload: Bytes::new(),
     })
 }
 
-/// `work` within `timeout`, if any: past it, `DEADLINE_EXCEEDED`.
-async fn within<T>(
-    timeout: Option<Duration>,
-    work: impl std::future::Future<Output = Result<T, Status>>,
-) -> Result<T, Status> {
-    match timeout {
-        None => work.await,
-        Some(t) => tokio::time::timeout(t, work).await.unwrap_or_else(|_| {
+/// The one request message, within the call's deadline and `read_timeout`, whichever ends
+/// first: past it, `DEADLINE_EXCEEDED` naming which.
+async fn read_single<B>(
+    reader: &mut MessageReader<B>,
+    deadline: Option<Duration>,
+    read_timeout: Duration,
+) -> Result<Bytes, Status>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let (limit, what) = match deadline {
+        Some(d) if d < read_timeout => (d, "its deadline"),
+        _ => (read_timeout, "the server's request_read_timeout"),
+    };
+    tokio::time::timeout(limit, reader.single())
+        .await
+        .unwrap_or_else(|_| {
             Err(Status::deadline_exceeded(format!(
-                "the request did not arrive within its deadline of {t:?}"
+                "the request message did not arrive within {what} of {limit:?}"
             )))
-        }),
-    }
+        })
 }
 
 /// Hands a streaming call's request messages to the dispatcher as they arrive and its
@@ -262,6 +287,10 @@ where
 {
     let mut seq: u32 = 1;
     loop {
+        if (seq as usize).is_multiple_of(MESSAGES_PER_POLL) {
+            // A client whose messages are always there must not hold the event loop.
+            tokio::task::yield_now().await;
+        }
         let next = std::future::poll_fn(|cx| match conn.poll_room(id, cx) {
             std::task::Poll::Ready(false) => std::task::Poll::Ready(None),
             std::task::Poll::Pending => std::task::Poll::Pending,

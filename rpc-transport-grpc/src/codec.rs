@@ -3,6 +3,8 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -27,11 +29,52 @@ pub(crate) fn framed(message: &[u8]) -> Bytes {
     out.freeze()
 }
 
+/// Bytes a connection's readers hold, against its bound (`GrpcServerConfig::read_budget`).
+#[derive(Debug, Clone)]
+pub(crate) struct ReadBudget {
+    held: Arc<AtomicUsize>,
+    limit: usize,
+}
+
+impl ReadBudget {
+    pub(crate) fn new(limit: usize) -> Self {
+        ReadBudget {
+            held: Arc::new(AtomicUsize::new(0)),
+            limit,
+        }
+    }
+
+    /// Takes `n` bytes, unless that would pass the limit.
+    fn take(&self, n: usize) -> Result<(), Status> {
+        let before = self.held.fetch_add(n, Ordering::AcqRel);
+        if before + n <= self.limit {
+            return Ok(());
+        }
+        self.held.fetch_sub(n, Ordering::AcqRel);
+        Err(Status::resource_exhausted(format!(
+            "this connection holds {before} bytes of requests still arriving, and {n} more \
+             would pass its read budget of {} bytes (GrpcServerConfig::read_budget)",
+            self.limit
+        )))
+    }
+
+    fn give_back(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Bytes held now.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+}
+
 /// Reads the messages of a request body, each at most `limit` bytes. What arrives is kept
 /// as the body's own chunks until a message is whole: a message within one chunk is a
 /// view of it; one spread over several is copied once, into a buffer of its size, after
 /// all its bytes arrived. A message declared larger than `limit` fails at its prefix,
-/// before any of it is kept.
+/// before any of it is kept. What it holds counts against its connection's
+/// [`ReadBudget`] until the message is taken, or the reader dropped.
 #[derive(Debug)]
 pub(crate) struct MessageReader<B> {
     body: B,
@@ -39,7 +82,14 @@ pub(crate) struct MessageReader<B> {
     /// Bytes in `chunks`.
     held: usize,
     limit: usize,
+    budget: ReadBudget,
     ended: bool,
+}
+
+impl<B> Drop for MessageReader<B> {
+    fn drop(&mut self) {
+        self.budget.give_back(self.held);
+    }
 }
 
 impl<B> MessageReader<B>
@@ -47,13 +97,15 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    /// Reads `body`'s messages, refusing any over `limit` bytes.
-    pub(crate) fn new(body: B, limit: usize) -> Self {
+    /// Reads `body`'s messages, refusing any over `limit` bytes, holding what arrives
+    /// against `budget`.
+    pub(crate) fn new(body: B, limit: usize, budget: ReadBudget) -> Self {
         MessageReader {
             body,
             chunks: VecDeque::new(),
             held: 0,
             limit,
+            budget,
             ended: false,
         }
     }
@@ -82,6 +134,7 @@ where
                     // Trailers of a request mean nothing to gRPC.
                     if let Ok(data) = frame.into_data() {
                         if !data.is_empty() {
+                            self.budget.take(data.len())?;
                             self.held += data.len();
                             self.chunks.push_back(data);
                         }
@@ -125,8 +178,8 @@ where
         match prefix[0] {
             0 => {}
             1 => {
-                return Err(Status::unimplemented(
-                    "a compressed message: this server takes grpc-encoding identity only",
+                return Err(Status::internal(
+                    "a compressed message, with no grpc-encoding agreed (identity only)",
                 ))
             }
             flag => {
@@ -165,6 +218,7 @@ where
 
     fn advance(&mut self, mut n: usize) {
         self.held -= n;
+        self.budget.give_back(n);
         while n > 0 {
             let front = self.chunks.front_mut().expect("held bytes are in chunks");
             if front.len() > n {
@@ -188,6 +242,7 @@ where
                 self.chunks.pop_front();
             }
             self.held -= len;
+            self.budget.give_back(len);
             return message;
         }
         let mut message = BytesMut::with_capacity(len);
@@ -227,13 +282,17 @@ mod tests {
     }
 
     fn read_all(chunks: Vec<Bytes>, limit: usize) -> Result<Vec<Bytes>, Status> {
-        let mut reader = MessageReader::new(Chunks(chunks.into()), limit);
+        let budget = ReadBudget::new(usize::MAX / 2);
+        let mut reader = MessageReader::new(Chunks(chunks.into()), limit, budget.clone());
         let mut cx = Context::from_waker(Waker::noop());
         let mut out = Vec::new();
         loop {
             match reader.poll_next(&mut cx) {
                 Poll::Ready(Ok(Some(m))) => out.push(m),
-                Poll::Ready(Ok(None)) => return Ok(out),
+                Poll::Ready(Ok(None)) => {
+                    assert_eq!(budget.held(), 0, "every byte held was given back");
+                    return Ok(out);
+                }
                 Poll::Ready(Err(e)) => return Err(e),
                 Poll::Pending => unreachable!("the test body is always ready"),
             }
@@ -276,11 +335,43 @@ mod tests {
     }
 
     #[test]
+    fn the_connection_budget_bounds_what_readers_hold() {
+        let budget = ReadBudget::new(100);
+        let mut cx = Context::from_waker(Waker::noop());
+        let wire = framed(&[1; 80]);
+        // A first reader holds 60 bytes of its message, still arriving.
+        let first = Chunks(vec![wire.slice(..60)].into());
+        let mut first = MessageReader::new(first, 1024, budget.clone());
+        let _ = first.poll_next(&mut cx);
+        assert_eq!(budget.held(), 60);
+        // A second whose chunk would take the connection past 100 fails, holding nothing.
+        let second = Chunks(vec![wire.clone()].into());
+        let mut second = MessageReader::new(second, 1024, budget.clone());
+        let Poll::Ready(Err(err)) = second.poll_next(&mut cx) else {
+            panic!("the second reader passed the budget")
+        };
+        assert_eq!(err.code(), Code::ResourceExhausted);
+        assert!(err.message().contains("read budget of 100 bytes"), "{err}");
+        assert_eq!(budget.held(), 60);
+        // Dropping the first gives its bytes back; the second's message now fits.
+        drop(first);
+        assert_eq!(budget.held(), 0);
+        let third = Chunks(vec![wire].into());
+        let mut third = MessageReader::new(third, 1024, budget.clone());
+        let Poll::Ready(Ok(Some(message))) = third.poll_next(&mut cx) else {
+            panic!("a lone message within the budget was refused")
+        };
+        assert_eq!(message.len(), 80);
+        assert_eq!(budget.held(), 0, "a message taken leaves the budget");
+    }
+
+    #[test]
     fn compressed_truncated_and_bad_flags() {
         let mut compressed = framed(b"x").to_vec();
         compressed[0] = 1;
         let err = read_all(vec![compressed.into()], 64).unwrap_err();
-        assert_eq!(err.code(), Code::Unimplemented);
+        assert_eq!(err.code(), Code::Internal);
+        assert!(err.message().contains("compressed"), "{err}");
         let mut bad = framed(b"x").to_vec();
         bad[0] = 9;
         let err = read_all(vec![bad.into()], 64).unwrap_err();

@@ -9,6 +9,11 @@ use rpc_core::transport::{DEFAULT_KEEPALIVE, DEFAULT_KEEPALIVE_TIMEOUT};
 pub const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = 32 * 1024;
 /// Connections a server serves at once unless configured.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Largest HTTP/2 frame payload the server accepts (HTTP/2's minimum and default
+/// `SETTINGS_MAX_FRAME_SIZE`): a request body arrives in chunks of at most this.
+pub(crate) const MAX_FRAME_SIZE: usize = 16 * 1024;
+/// Bytes of request messages a connection holds while they arrive, unless configured.
+pub const DEFAULT_READ_BUDGET: usize = 64 << 20;
 
 /// gRPC server settings. Calls per connection, message sizes and the rest of what every
 /// transport shares are the server's own (`ServerConfig`); these are HTTP/2's.
@@ -27,6 +32,22 @@ pub struct GrpcServerConfig {
     /// Longest a ping may go unanswered before the connection is closed and its calls
     /// cancelled.
     pub keepalive_timeout: Duration,
+    /// Longest a new connection may take to send HTTP/2's preface; one that does not (or
+    /// sends something else) is closed.
+    pub handshake_timeout: Duration,
+    /// Longest the request message of a unary or server-streaming call may take to
+    /// arrive whole (its `grpc-timeout` ends the wait sooner); past it the call fails
+    /// with `DEADLINE_EXCEEDED` and its handler never runs.
+    pub request_read_timeout: Duration,
+    /// Bytes of request messages a connection holds while they arrive (a message is held
+    /// until it is whole, then handed to its call). A chunk that would take the
+    /// connection past it fails its call with `RESOURCE_EXHAUSTED`; at least the server's
+    /// `max_message_size` (and a chunk) is allowed, so a lone message always fits.
+    pub read_budget: usize,
+    /// Bytes of response messages a connection's calls queue for HTTP/2 (which takes them
+    /// as its windows allow); past it, the server's senders wait. Statuses and trailers
+    /// always go.
+    pub write_queue: usize,
 }
 
 impl Default for GrpcServerConfig {
@@ -37,6 +58,10 @@ impl Default for GrpcServerConfig {
             max_header_list_size: DEFAULT_MAX_HEADER_LIST_SIZE,
             keepalive: Some(DEFAULT_KEEPALIVE),
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+            handshake_timeout: Duration::from_secs(5),
+            request_read_timeout: Duration::from_secs(30),
+            read_budget: DEFAULT_READ_BUDGET,
+            write_queue: 1 << 20,
         }
     }
 }

@@ -7,11 +7,14 @@
 //! its response messages are returned to the dispatcher's window only as the HTTP/2 peer
 //! takes them. A call's queue thus holds at most the initial stream window
 //! ([`INITIAL_WINDOW`]: 64 messages, 256 KiB, plus one message over), and a client that
-//! reads slowly slows its handler, through HTTP/2's own windows.
+//! reads slowly slows its handler, through HTTP/2's own windows. The connection's queues
+//! together hold at most `GrpcServerConfig::write_queue` bytes of messages (plus one): past
+//! it, the dispatcher's senders wait (`Pending`) until HTTP/2 takes some.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
@@ -22,7 +25,8 @@ use rpc_core::stream::{Wakes, WindowUpdate, INITIAL_WINDOW};
 use rpc_core::{FrameKind, FrameSender, Header, Inbound, Status};
 use tokio::sync::watch;
 
-use crate::codec::{framed, put_prefix, PREFIX_LEN};
+use crate::codec::{framed, put_prefix, ReadBudget, PREFIX_LEN};
+use crate::config::{GrpcServerConfig, MAX_FRAME_SIZE};
 
 /// How far a connection is from its end, as its task is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +68,24 @@ struct CallState {
     failed: Option<Status>,
 }
 
+impl Reply {
+    /// Bytes of messages it counts against the connection's write queue: response
+    /// messages, and a unary answer's message (statuses and trailers are small, one per
+    /// call, and always go, so a call can always end).
+    fn queued_bytes(&self) -> usize {
+        match self {
+            Reply::Message(framed) => framed.len(),
+            Reply::Frame(frame, framed)
+                if frame.header.kind == FrameKind::Response
+                    && frame.header.status == rpc_core::Code::Ok =>
+            {
+                framed.len()
+            }
+            _ => 0,
+        }
+    }
+}
+
 impl CallState {
     fn new() -> Self {
         CallState {
@@ -90,6 +112,24 @@ struct State {
     calls: HashMap<u64, CallState>,
     next_id: u64,
     closed: Option<Status>,
+    /// Bytes of [`Reply::queued_bytes`] in every call's queue.
+    queued: usize,
+    /// The dispatcher's senders waiting for the queue to go below its bound (one per call
+    /// at most: a call's sender waits for one frame at a time).
+    senders: Vec<Waker>,
+}
+
+impl State {
+    /// Takes `bytes` out of the queue's count; the senders to wake if it went below `bound`.
+    fn dequeued(&mut self, bytes: usize, bound: usize) -> Vec<Waker> {
+        let was_full = self.queued >= bound;
+        self.queued -= bytes;
+        if was_full && self.queued < bound {
+            std::mem::take(&mut self.senders)
+        } else {
+            Vec::new()
+        }
+    }
 }
 
 /// One served HTTP/2 connection.
@@ -98,9 +138,16 @@ pub(crate) struct GrpcConn {
     /// `grpc://addr` of the client, for messages.
     pub(crate) peer: String,
     state: Mutex<State>,
+    /// Bytes of messages the calls' queues hold before the dispatcher's senders wait.
+    write_queue: usize,
+    /// Longest a unary or server-streaming request message may take to arrive.
+    pub(crate) request_read_timeout: Duration,
+    /// What the connection's request readers hold.
+    pub(crate) read_budget: ReadBudget,
     /// The dispatcher's side, set once the connection's dispatch exists (it needs this
-    /// connection as its sink first).
-    requests: OnceLock<Arc<Requests>>,
+    /// connection as its sink first), and let go when the connection ends (it holds this
+    /// connection).
+    requests: Mutex<Option<Arc<Requests>>>,
     phase: watch::Sender<Phase>,
 }
 
@@ -114,18 +161,27 @@ impl std::fmt::Debug for GrpcConn {
 }
 
 impl GrpcConn {
-    pub(crate) fn new(dispatcher: Arc<Dispatcher>, peer: String) -> Arc<GrpcConn> {
+    pub(crate) fn new(
+        dispatcher: Arc<Dispatcher>,
+        peer: String,
+        config: &GrpcServerConfig,
+    ) -> Arc<GrpcConn> {
+        // A lone message (and the chunk that brings its last bytes) always fits.
+        let min_budget = dispatcher.config().max_message_size + PREFIX_LEN + MAX_FRAME_SIZE;
         Arc::new(GrpcConn {
+            read_budget: ReadBudget::new(config.read_budget.max(min_budget)),
+            request_read_timeout: config.request_read_timeout,
             dispatcher,
             peer,
             state: Mutex::new(State::default()),
-            requests: OnceLock::new(),
+            write_queue: config.write_queue,
+            requests: Mutex::new(None),
             phase: watch::Sender::new(Phase::Serving),
         })
     }
 
     pub(crate) fn set_requests(&self, requests: Arc<Requests>) {
-        let _ = self.requests.set(requests);
+        *self.requests.lock() = Some(requests);
     }
 
     /// What the connection's task watches.
@@ -159,7 +215,7 @@ impl GrpcConn {
     /// Hands `frame` to the dispatcher (never under this connection's lock: a handler run
     /// inline answers through [`FrameSender::send`] before this returns).
     pub(crate) fn deliver(&self, frame: InboundFrame) {
-        let Some(requests) = self.requests.get() else {
+        let Some(requests) = self.requests.lock().clone() else {
             return;
         };
         let mut wakes = Wakes::new();
@@ -170,9 +226,10 @@ impl GrpcConn {
 
     /// The next thing the dispatcher sent call `id`; a response message taken counts as
     /// consumed, and what was consumed goes back to the dispatcher's window once it is
-    /// half the initial window or nothing more waits.
+    /// half the initial window (in messages or bytes), as the protocol's receivers return
+    /// room.
     pub(crate) fn poll_reply(&self, id: u64, cx: &mut Context<'_>) -> Poll<Reply> {
-        let (reply, update) = {
+        let (reply, update, senders) = {
             let mut state = self.state.lock();
             let closed = state.closed.clone();
             let Some(call) = state.calls.get_mut(&id) else {
@@ -188,13 +245,13 @@ impl GrpcConn {
                 return Poll::Pending;
             };
             let mut update = None;
+            let bytes = reply.queued_bytes();
             if let Reply::Message(message) = &reply {
                 let consumed = &mut call.consumed;
                 consumed.messages += 1;
                 consumed.bytes += (message.len() - PREFIX_LEN) as u64;
                 if consumed.messages >= INITIAL_WINDOW.messages / 2
                     || consumed.bytes >= INITIAL_WINDOW.bytes / 2
-                    || call.replies.is_empty()
                 {
                     update = Some(std::mem::replace(
                         consumed,
@@ -205,8 +262,10 @@ impl GrpcConn {
                     ));
                 }
             }
-            (reply, update)
+            let senders = state.dequeued(bytes, self.write_queue);
+            (reply, update, senders)
         };
+        senders.into_iter().for_each(Waker::wake);
         if let Some(update) = update {
             let payload = Bytes::copy_from_slice(&update.encode());
             self.deliver(stream_frame(FrameKind::WindowUpdate, id, 0, payload));
@@ -260,10 +319,16 @@ impl GrpcConn {
     /// Forgets call `id` (its response ended); with `cancel`, tells the dispatcher to stop
     /// it (the client went away, or the call failed on this side).
     pub(crate) fn end_call(&self, id: u64, cancel: bool) {
-        let call = self.state.lock().calls.remove(&id);
-        let Some(mut call) = call else {
-            return;
+        let (mut call, senders) = {
+            let mut state = self.state.lock();
+            let Some(call) = state.calls.remove(&id) else {
+                return;
+            };
+            let bytes = call.replies.iter().map(Reply::queued_bytes).sum();
+            let senders = state.dequeued(bytes, self.write_queue);
+            (call, senders)
         };
+        senders.into_iter().for_each(Waker::wake);
         call.wake_both().into_iter().flatten().for_each(Waker::wake);
         if cancel {
             self.deliver(stream_frame(FrameKind::Cancel, id, 0, Bytes::new()));
@@ -277,15 +342,12 @@ impl GrpcConn {
             if state.closed.is_none() {
                 state.closed = Some(status.clone());
             }
-            state
-                .calls
-                .values_mut()
-                .flat_map(|call| {
-                    call.failed.get_or_insert_with(|| status.clone());
-                    call.wake_both()
-                })
-                .flatten()
-                .collect()
+            let mut wakes: Vec<Waker> = std::mem::take(&mut state.senders);
+            for call in state.calls.values_mut() {
+                call.failed.get_or_insert_with(|| status.clone());
+                wakes.extend(call.wake_both().into_iter().flatten());
+            }
+            wakes
         };
         wakes.into_iter().for_each(Waker::wake);
     }
@@ -294,23 +356,44 @@ impl GrpcConn {
     /// handlers.
     pub(crate) fn on_closed(&self, status: Status) {
         self.close_calls(&status);
-        if let Some(requests) = self.requests.get() {
+        let requests = self.requests.lock().take();
+        if let Some(requests) = requests {
             requests.on_closed(status);
         }
     }
 
-    /// Queues `reply` for call `id`, if the call is still on.
+    /// Whether the connection's queues are at their bound; if so `cx` is woken once they
+    /// are not.
+    fn poll_queue_room(&self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        let mut state = self.state.lock();
+        if let Some(status) = &state.closed {
+            return Poll::Ready(Err(status.clone()));
+        }
+        if state.queued < self.write_queue {
+            return Poll::Ready(Ok(()));
+        }
+        if !state.senders.iter().any(|w| w.will_wake(cx.waker())) {
+            state.senders.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// Queues `replies` for call `id`, if the call is still on.
     fn queue(&self, id: u64, replies: impl IntoIterator<Item = Reply>) -> Result<(), Status> {
         let reader = {
             let mut state = self.state.lock();
             if let Some(status) = &state.closed {
                 return Err(status.clone());
             }
-            let Some(call) = state.calls.get_mut(&id) else {
+            let State { calls, queued, .. } = &mut *state;
+            let Some(call) = calls.get_mut(&id) else {
                 // Ended or cancelled here: what comes after is of no use.
                 return Ok(());
             };
-            call.replies.extend(replies);
+            for reply in replies {
+                *queued += reply.queued_bytes();
+                call.replies.push_back(reply);
+            }
             call.reader.take()
         };
         if let Some(reader) = reader {
@@ -351,9 +434,27 @@ pub(crate) fn stream_frame(kind: FrameKind, id: u64, seq: u32, payload: Bytes) -
     }
 }
 
-/// The dispatcher's answers: queued per call, never waiting (a call's queue is bounded by
-/// the stream window this side returns, see the module's documentation).
+/// The dispatcher's answers, queued per call (see the module's documentation for the
+/// bounds).
 impl FrameSender for GrpcConn {
+    /// Waits while the connection's queues are at their bound, for a frame that counts
+    /// against it.
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        let header = frame.header();
+        let counted = matches!(header.kind, FrameKind::Message | FrameKind::Messages)
+            || (header.kind == FrameKind::Response && header.status == rpc_core::Code::Ok);
+        if counted {
+            std::task::ready!(self.poll_queue_room(cx))?;
+        }
+        Poll::Ready(self.send(frame))
+    }
+
+    /// Queues the frame whatever the bound (the server's own answers go through
+    /// [`FrameSender::poll_send`]).
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
         let header = *frame.header();
         let id = header.call_id;
@@ -400,14 +501,97 @@ impl FrameSender for GrpcConn {
 }
 
 impl ServedLink for GrpcConn {
-    /// Every call's response was taken by HTTP/2.
+    /// The connection ended: after the shutdown's GOAWAY, HTTP/2 ends it once every
+    /// stream's answer was written.
     fn flushed(&self) -> bool {
-        let state = self.state.lock();
-        state.closed.is_some() || state.calls.is_empty()
+        self.state.lock().closed.is_some()
     }
 
     fn close(&self, status: Status) {
         self.close_calls(&status);
         self.phase.send_replace(Phase::Closed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::Wake;
+
+    use rpc_core::body::RawBody;
+    use rpc_core::frame::EMPTY;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn conn(write_queue: usize) -> Arc<GrpcConn> {
+        let dispatcher = rpc_core::Server::builder().build().unwrap();
+        let config = GrpcServerConfig {
+            write_queue,
+            ..Default::default()
+        };
+        GrpcConn::new(dispatcher, "grpc://test".into(), &config)
+    }
+
+    fn poll_send(
+        conn: &GrpcConn,
+        cx: &mut Context<'_>,
+        header: Header,
+    ) -> Poll<Result<(), Status>> {
+        let payload = [7u8; 300];
+        let body = RawBody(&payload);
+        let mut frame = OutgoingFrame::new(header, &EMPTY, &body).unwrap();
+        conn.poll_send(cx, &mut frame)
+    }
+
+    /// Messages queue up to the write queue's bound (plus the one that crosses it), then
+    /// the sender waits; a status still goes; taking a message wakes the sender.
+    #[test]
+    fn senders_wait_at_the_write_queue_bound() {
+        let conn = conn(1000);
+        let id = conn.open_call().unwrap();
+        let woken = Arc::new(Count::default());
+        let waker = Waker::from(woken.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut sent = 0;
+        while poll_send(
+            &conn,
+            &mut cx,
+            Header::stream(FrameKind::Message, id, sent + 1),
+        )
+        .is_ready()
+        {
+            sent += 1;
+            assert!(sent < 10, "no bound");
+        }
+        // 305 bytes framed each: the fourth crosses 1,000.
+        assert_eq!(sent, 4);
+        let mut trailers = Header::stream(FrameKind::Trailers, id, sent + 1);
+        trailers.status = rpc_core::Code::Ok;
+        assert!(
+            poll_send(&conn, &mut cx, trailers).is_ready(),
+            "a status waits"
+        );
+        assert_eq!(woken.0.load(Ordering::SeqCst), 0);
+        let Poll::Ready(Reply::Message(first)) = conn.poll_reply(id, &mut cx) else {
+            panic!("no message queued");
+        };
+        assert_eq!(first.len(), PREFIX_LEN + 300);
+        assert_eq!(
+            woken.0.load(Ordering::SeqCst),
+            1,
+            "the sender was not woken"
+        );
+        // Ending the call gives back what its queue held.
+        conn.end_call(id, false);
+        assert_eq!(conn.state.lock().queued, 0);
     }
 }

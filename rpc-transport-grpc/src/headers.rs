@@ -69,11 +69,35 @@ fn decode_binary(value: &[u8]) -> Result<Vec<u8>, base64::DecodeError> {
     STANDARD_NO_PAD.decode(unpadded.unwrap_or(value))
 }
 
+/// Whether a response's metadata key is gRPC's or HTTP's own, which the response sets
+/// itself (or HTTP/2 forbids): left out of the headers and trailers.
+fn is_reserved_out(key: &str) -> bool {
+    matches!(
+        key,
+        "content-type"
+            | "te"
+            | "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "upgrade"
+            | "grpc-status"
+            | "grpc-message"
+            | "grpc-encoding"
+            | "grpc-accept-encoding"
+            | "grpc-timeout"
+    )
+}
+
 /// Adds `metadata` to `headers`, `-bin` values in base64 without padding (as gRPC sends
-/// them). Our keys and values are always valid headers; one that is not is left out and
-/// logged.
+/// them), but for keys the response sets itself ([`is_reserved_out`]). Our keys and values
+/// are always valid headers; one that is not is left out and logged.
 pub(crate) fn add_metadata(headers: &mut HeaderMap, metadata: &MetadataMap) {
     for (key, value) in metadata.iter() {
+        if is_reserved_out(key) {
+            tracing::debug!(key, "metadata key reserved by gRPC or HTTP/2; left out");
+            continue;
+        }
         let Ok(name) = HeaderName::from_bytes(key.as_bytes()) else {
             tracing::warn!(key, "metadata key is not a header name; left out");
             continue;
@@ -230,6 +254,28 @@ mod tests {
         add_metadata(&mut map, &metadata);
         assert_eq!(map.get("x-blob-bin").unwrap(), "AP4H");
         assert_eq!(metadata_from(&map).unwrap(), metadata);
+    }
+
+    #[test]
+    fn a_response_cannot_set_what_grpc_and_http2_set() {
+        let mut metadata = MetadataMap::new();
+        for key in [
+            "grpc-status",
+            "grpc-message",
+            "connection",
+            "te",
+            "content-type",
+        ] {
+            metadata.insert(key, "7").unwrap();
+        }
+        metadata.insert("x-kept", "1").unwrap();
+        let map = status_headers(Code::Ok, b"", &metadata);
+        assert_eq!(map.get_all("grpc-status").iter().count(), 1);
+        assert_eq!(map.get("grpc-status").unwrap(), "0");
+        for key in ["grpc-message", "connection", "te", "content-type"] {
+            assert!(map.get(key).is_none(), "{key} was sent");
+        }
+        assert_eq!(map.get("x-kept").unwrap(), "1");
     }
 
     #[test]

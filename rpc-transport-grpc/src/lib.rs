@@ -18,5 +18,7 @@ mod conn;
 mod headers;
 mod server;
 
-pub use config::{GrpcServerConfig, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_LIST_SIZE};
+pub use config::{
+    GrpcServerConfig, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_LIST_SIZE, DEFAULT_READ_BUDGET,
+};
 pub use server::GrpcServer;

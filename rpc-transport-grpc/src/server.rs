@@ -14,8 +14,9 @@ use rpc_core::auth::Peer;
 use rpc_core::server::{shut_down, ConnectionDispatch, Dispatcher, Requests, Served};
 use rpc_core::Status;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
-use crate::config::GrpcServerConfig;
+use crate::config::{GrpcServerConfig, MAX_FRAME_SIZE};
 use crate::conn::{GrpcConn, Phase};
 
 /// Pause after a failed `accept` (out of file descriptors, say) before the next.
@@ -25,6 +26,13 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 const CLOSE_LINGER: Duration = Duration::from_millis(100);
 /// How long a shutdown waits for the accept loop and the connections' tasks to end.
 const TASKS_END_WAIT: Duration = Duration::from_secs(1);
+/// What every HTTP/2 client sends first.
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// Pause before looking again at a preface that arrived in part.
+const PREFACE_RECHECK: Duration = Duration::from_millis(1);
+/// Bytes hyper buffers per stream for sending (its default is 400 KiB): response messages
+/// wait in the calls' queues instead, under `GrpcServerConfig::write_queue`.
+const MAX_SEND_BUFFER: usize = 64 * 1024;
 
 struct Shared {
     dispatcher: Arc<Dispatcher>,
@@ -181,7 +189,7 @@ fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>, t
     }
     let _ = stream.set_nodelay(true);
     let addr = format!("grpc://{peer}");
-    let conn = GrpcConn::new(shared.dispatcher.clone(), addr.clone());
+    let conn = GrpcConn::new(shared.dispatcher.clone(), addr.clone(), &shared.config);
     let dispatch = ConnectionDispatch::new(
         shared.dispatcher.clone(),
         conn.clone(),
@@ -208,12 +216,63 @@ fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>, t
         gone.connections.lock().remove(&id);
     }));
     conn.set_requests(Arc::new(requests));
-    tokio::spawn(tasks.track(serve_connection(stream, conn, shared.config.clone())));
+    // Subscribed before the task starts: a shutdown that comes first is not missed.
+    let phase = conn.phase();
+    tokio::spawn(tasks.track(serve_connection(stream, conn, phase, shared.config.clone())));
 }
 
 /// Serves one connection over HTTP/2 until it ends or the server closes it.
-async fn serve_connection(stream: TcpStream, conn: Arc<GrpcConn>, config: GrpcServerConfig) {
-    let mut phase = conn.phase();
+async fn serve_connection(
+    stream: TcpStream,
+    conn: Arc<GrpcConn>,
+    mut phase: watch::Receiver<Phase>,
+    config: GrpcServerConfig,
+) {
+    let ended = match preface(&stream, config.handshake_timeout).await {
+        Ok(()) => serve_http2(stream, &conn, &mut phase, &config).await,
+        Err(why) => Err(why),
+    };
+    let status = match ended {
+        Ok(()) => Status::unavailable(format!("{} closed the connection", conn.peer)),
+        Err(why) => {
+            tracing::debug!(peer = %conn.peer, %why, "gRPC connection ended");
+            Status::unavailable(format!("{}: {why}", conn.peer))
+        }
+    };
+    conn.on_closed(status);
+}
+
+/// Waits for the client's HTTP/2 preface, at most `timeout`, without taking it (hyper
+/// reads it).
+async fn preface(stream: &TcpStream, timeout: Duration) -> Result<(), String> {
+    let mut seen = [0u8; PREFACE.len()];
+    let wait = async {
+        loop {
+            let n = stream.peek(&mut seen).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("the client closed the connection before its preface".to_owned());
+            }
+            if seen[..n] != PREFACE[..n] {
+                return Err("the client does not speak HTTP/2 (no HTTP/2 preface)".to_owned());
+            }
+            if n == PREFACE.len() {
+                return Ok(());
+            }
+            // Part of it: the rest follows (peeking again at once would find the same).
+            tokio::time::sleep(PREFACE_RECHECK).await;
+        }
+    };
+    tokio::time::timeout(timeout, wait)
+        .await
+        .unwrap_or_else(|_| Err(format!("no HTTP/2 preface within {timeout:?}")))
+}
+
+async fn serve_http2(
+    stream: TcpStream,
+    conn: &Arc<GrpcConn>,
+    phase: &mut watch::Receiver<Phase>,
+    config: &GrpcServerConfig,
+) -> Result<(), String> {
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
@@ -221,6 +280,8 @@ async fn serve_connection(stream: TcpStream, conn: Arc<GrpcConn>, config: GrpcSe
             u32::try_from(conn.dispatcher.config().max_calls_per_connection).unwrap_or(u32::MAX),
         )
         .max_header_list_size(config.max_header_list_size)
+        .max_frame_size(MAX_FRAME_SIZE as u32)
+        .max_send_buf_size(MAX_SEND_BUFFER)
         .keep_alive_interval(config.keepalive)
         .keep_alive_timeout(config.keepalive_timeout);
     let calls = conn.clone();
@@ -228,25 +289,24 @@ async fn serve_connection(stream: TcpStream, conn: Arc<GrpcConn>, config: GrpcSe
         hyper::service::service_fn(move |request| crate::call::serve(calls.clone(), request));
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);
-    let ended = loop {
+    let mut now = *phase.borrow_and_update();
+    loop {
+        if now != Phase::Serving {
+            connection.as_mut().graceful_shutdown();
+        }
+        if now == Phase::Closed {
+            return match tokio::time::timeout(CLOSE_LINGER, connection.as_mut()).await {
+                Ok(ended) => ended.map_err(|e| e.to_string()),
+                Err(_) => Err("closed by the server's shutdown".to_owned()),
+            };
+        }
         tokio::select! {
-            ended = connection.as_mut() => break ended,
+            ended = connection.as_mut() => return ended.map_err(|e| e.to_string()),
             changed = phase.changed() => {
-                let now = if changed.is_ok() { *phase.borrow_and_update() } else { Phase::Closed };
-                connection.as_mut().graceful_shutdown();
-                if now == Phase::Closed {
-                    break tokio::time::timeout(CLOSE_LINGER, connection.as_mut())
-                        .await
-                        .unwrap_or(Ok(()));
-                }
+                now = if changed.is_ok() { *phase.borrow_and_update() } else { Phase::Closed };
             }
         }
-    };
-    let status = match ended {
-        Ok(()) => Status::unavailable(format!("{} closed the connection", conn.peer)),
-        Err(e) => Status::unavailable(format!("{}: {e}", conn.peer)),
-    };
-    conn.on_closed(status);
+    }
 }
 
 /// The server's tasks still running (the accept loop, each connection's), so that a
