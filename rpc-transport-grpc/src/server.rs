@@ -1,9 +1,7 @@
 //! The server: an event loop that accepts connections and serves each over HTTP/2.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,18 +11,17 @@ use parking_lot::{Condvar, Mutex};
 use rpc_core::auth::Peer;
 use rpc_core::server::{shut_down, ConnectionDispatch, Dispatcher, Requests, Served};
 use rpc_core::Status;
-use tokio::net::{TcpListener, TcpStream};
+use rpc_transport_tcp::listen::{listen, ServedConnections};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::config::{GrpcServerConfig, MAX_FRAME_SIZE};
 use crate::conn::{GrpcConn, Phase};
 
-/// Pause after a failed `accept` (out of file descriptors, say) before the next.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 /// How long a connection told to close still sends what it has (its GOAWAY, the last
 /// trailers) before it is dropped.
 const CLOSE_LINGER: Duration = Duration::from_millis(100);
-/// How long a shutdown waits for the accept loop and the connections' tasks to end.
+/// How long a shutdown waits for the connections' tasks to end.
 const TASKS_END_WAIT: Duration = Duration::from_secs(1);
 /// What every HTTP/2 client sends first.
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -38,19 +35,15 @@ struct Shared {
     dispatcher: Arc<Dispatcher>,
     config: GrpcServerConfig,
     local_addr: SocketAddr,
-    draining: AtomicBool,
-    next_conn: AtomicU64,
-    connections: Mutex<HashMap<u64, Served<GrpcConn>>>,
-    /// Tells the accept loop to close the listener (the start of a shutdown).
-    stop_accepting: tokio::sync::Notify,
+    connections: Arc<ServedConnections<GrpcConn>>,
+    /// The connections' tasks, which a shutdown lets end before it drops their runtime.
+    tasks: TaskCount,
 }
 
 /// A running gRPC server. Dropping it shuts it down gracefully.
 pub struct GrpcServer {
     shared: Arc<Shared>,
     runtime: Option<tokio::runtime::Runtime>,
-    /// Ends when the accept loop and every connection's task ended.
-    tasks: TaskCount,
 }
 
 impl std::fmt::Debug for GrpcServer {
@@ -78,35 +71,26 @@ impl GrpcServer {
                  do not speak that handshake; check credentials in an interceptor instead",
             ));
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(config.io_threads.max(1))
-            .thread_name("rpc-grpc-server")
-            .enable_io()
-            .enable_time()
-            .build()?;
-        let listener = std::net::TcpListener::bind(addr).map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot listen on grpc://{addr}: {e}"))
-        })?;
-        listener.set_nonblocking(true)?;
-        let listener = {
-            let _entered = runtime.enter();
-            TcpListener::from_std(listener)?
-        };
+        let (runtime, listener) = listen("grpc", addr, config.io_threads, "rpc-grpc-server")?;
         let shared = Arc::new(Shared {
             dispatcher,
             config,
             local_addr: listener.local_addr()?,
-            draining: AtomicBool::new(false),
-            next_conn: AtomicU64::new(0),
-            connections: Mutex::new(HashMap::new()),
-            stop_accepting: tokio::sync::Notify::new(),
+            connections: ServedConnections::new(),
+            tasks: TaskCount::default(),
         });
-        let tasks = TaskCount::default();
-        runtime.spawn(tasks.track(accept_loop(listener, shared.clone(), tasks.clone())));
+        let accepting = shared.clone();
+        runtime.spawn(async move {
+            let connections = accepting.connections.clone();
+            connections
+                .accept(listener, |stream, peer| {
+                    start_connection(stream, peer, &accepting)
+                })
+                .await;
+        });
         Ok(GrpcServer {
             shared,
             runtime: Some(runtime),
-            tasks,
         })
     }
 
@@ -117,26 +101,24 @@ impl GrpcServer {
 
     /// Connections being served.
     pub fn connections(&self) -> usize {
-        self.shared.connections.lock().len()
+        self.shared.connections.len()
     }
 
     /// Stops accepting and sends every connection HTTP/2's GOAWAY, refuses new calls with
     /// `UNAVAILABLE`, lets running handlers answer for up to `grace`, then closes every
-    /// connection once its answers are taken (within what is left of `grace`). Blocks until
-    /// done.
+    /// connection once HTTP/2 wrote its answers (within what is left of `grace`). Blocks
+    /// until done.
     pub fn shutdown(&mut self, grace: Duration) {
         let Some(runtime) = self.runtime.take() else {
             return;
         };
         let started = Instant::now();
-        self.shared.draining.store(true, Ordering::SeqCst);
-        self.shared.stop_accepting.notify_one();
-        let served: Vec<_> = self.shared.connections.lock().values().cloned().collect();
+        let served = self.shared.connections.drain();
         for s in &served {
             s.link.go_away();
         }
         shut_down(&self.shared.dispatcher, &served, started, grace);
-        if !self.tasks.wait_idle(TASKS_END_WAIT) {
+        if !self.shared.tasks.wait_idle(TASKS_END_WAIT) {
             tracing::warn!("gRPC connections did not end within {TASKS_END_WAIT:?}");
         }
         runtime.shutdown_background();
@@ -160,30 +142,9 @@ impl Drop for GrpcServer {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, tasks: TaskCount) {
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = shared.stop_accepting.notified() => return,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                if shared.draining.load(Ordering::SeqCst) {
-                    return;
-                }
-                start_connection(stream, peer, &shared, &tasks);
-            }
-            Err(e) => {
-                tracing::warn!(%e, "accept failed");
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-            }
-        }
-    }
-}
-
-fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>, tasks: &TaskCount) {
+fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
     let max = shared.config.max_connections;
-    if shared.connections.lock().len() >= max {
+    if shared.connections.len() >= max {
         tracing::warn!(%peer, max, "connection refused: at the connection limit");
         return;
     }
@@ -195,30 +156,22 @@ fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>, t
         conn.clone(),
         Peer::anonymous(addr),
     );
-    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-    {
-        let mut connections = shared.connections.lock();
-        // A shutdown sets `draining` before it takes its list of the connections under this
-        // lock: a connection joins the list in time, or is dropped here.
-        if shared.draining.load(Ordering::SeqCst) {
-            return;
-        }
-        connections.insert(
-            id,
-            Served {
-                link: conn.clone(),
-                dispatch: dispatch.clone(),
-            },
-        );
-    }
-    let gone = shared.clone();
-    let requests = Requests::new(dispatch).on_closed_then(Box::new(move || {
-        gone.connections.lock().remove(&id);
-    }));
-    conn.set_requests(Arc::new(requests));
+    let served = Served {
+        link: conn.clone(),
+        dispatch: dispatch.clone(),
+    };
+    let Some(forget) = shared.connections.add(served) else {
+        return;
+    };
+    conn.set_requests(Arc::new(Requests::new(dispatch).on_closed_then(forget)));
     // Subscribed before the task starts: a shutdown that comes first is not missed.
     let phase = conn.phase();
-    tokio::spawn(tasks.track(serve_connection(stream, conn, phase, shared.config.clone())));
+    let config = shared.config.clone();
+    tokio::spawn(
+        shared
+            .tasks
+            .track(serve_connection(stream, conn, phase, config)),
+    );
 }
 
 /// Serves one connection over HTTP/2 until it ends or the server closes it.

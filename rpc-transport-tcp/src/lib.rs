@@ -21,6 +21,7 @@ mod config;
 mod conn;
 mod deadline;
 pub mod handshake;
+pub mod listen;
 mod metrics;
 mod outbox;
 mod reader;

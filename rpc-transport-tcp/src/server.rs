@@ -1,53 +1,39 @@
 //! The server side: an event loop that accepts connections and drives all of them.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use parking_lot::Mutex;
 use rpc_core::auth::{Checker, Peer};
 use rpc_core::body::RawBody;
 use rpc_core::frame::OutgoingFrame;
 use rpc_core::server::{shut_down, ConnectionDispatch, Dispatcher, Requests, Served};
 use rpc_core::{FrameKind, Header, MetadataMap, Status};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
 
 use crate::config::TcpServerConfig;
 use crate::conn::{Conn, ReadPolicy};
 use crate::handshake;
-
-/// Pause after a failed `accept` (out of file descriptors, say) before the next.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
-/// How long a shutdown waits for the accept loop to close the listener (it takes a task
-/// switch; a runtime with every thread stuck in a handler is the only way to miss it).
-const LISTENER_CLOSE_WAIT: Duration = Duration::from_secs(1);
+use crate::listen::{listen, ServedConnections};
 
 struct Shared {
     dispatcher: Arc<Dispatcher>,
     config: TcpServerConfig,
     local_addr: SocketAddr,
-    draining: AtomicBool,
-    next_conn: AtomicU64,
-    connections: Mutex<HashMap<u64, Served<Conn>>>,
+    connections: Arc<ServedConnections<Conn>>,
     /// Authenticates new connections, if the server requires it.
     auth: Option<Checker>,
     /// Connections accepted and authenticating (they count against `max_connections`).
     handshaking: AtomicUsize,
-    /// Tells the accept loop to close the listener (the start of a shutdown).
-    stop_accepting: tokio::sync::Notify,
 }
 
 /// A running TCP server. Dropping it shuts it down gracefully.
 pub struct TcpServer {
     shared: Arc<Shared>,
     runtime: Option<tokio::runtime::Runtime>,
-    /// Told when the accept loop has closed the listener.
-    listener_closed: std::sync::mpsc::Receiver<()>,
 }
 
 impl std::fmt::Debug for TcpServer {
@@ -66,19 +52,7 @@ impl TcpServer {
         dispatcher: Arc<Dispatcher>,
         config: TcpServerConfig,
     ) -> io::Result<TcpServer> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(config.io_threads.max(1))
-            .thread_name("rpc-tcp-server")
-            .enable_io()
-            .enable_time()
-            .build()?;
-        let listener = std::net::TcpListener::bind(addr)
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on tcp://{addr}: {e}")))?;
-        listener.set_nonblocking(true)?;
-        let listener = {
-            let _entered = runtime.enter();
-            TcpListener::from_std(listener)?
-        };
+        let (runtime, listener) = listen("tcp", addr, config.io_threads, "rpc-tcp-server")?;
         let auth = dispatcher.config().auth.clone().map(Checker::new);
         let shared = Arc::new(Shared {
             auth,
@@ -86,17 +60,18 @@ impl TcpServer {
             dispatcher,
             config,
             local_addr: listener.local_addr()?,
-            draining: AtomicBool::new(false),
-            next_conn: AtomicU64::new(0),
-            connections: Mutex::new(HashMap::new()),
-            stop_accepting: tokio::sync::Notify::new(),
+            connections: ServedConnections::new(),
         });
-        let (closed, listener_closed) = std::sync::mpsc::sync_channel(1);
-        runtime.spawn(accept_loop(listener, shared.clone(), closed));
+        let accepting = shared.clone();
+        runtime.spawn(async move {
+            let connections = accepting.connections.clone();
+            connections
+                .accept(listener, |stream, peer| accepted(stream, peer, &accepting))
+                .await;
+        });
         Ok(TcpServer {
             shared,
             runtime: Some(runtime),
-            listener_closed,
         })
     }
 
@@ -107,7 +82,7 @@ impl TcpServer {
 
     /// Connections being served.
     pub fn connections(&self) -> usize {
-        self.shared.connections.lock().len()
+        self.shared.connections.len()
     }
 
     /// Stops accepting, refuses new requests with `UNAVAILABLE`, lets running handlers
@@ -118,18 +93,7 @@ impl TcpServer {
             return;
         };
         let started = Instant::now();
-        self.shared.draining.store(true, Ordering::SeqCst);
-        // New connections are refused from now on, not accepted and then reset: a client
-        // that reconnects meanwhile learns at once that nobody listens here.
-        self.shared.stop_accepting.notify_one();
-        if self
-            .listener_closed
-            .recv_timeout(LISTENER_CLOSE_WAIT)
-            .is_err()
-        {
-            tracing::warn!("the listener did not close within {LISTENER_CLOSE_WAIT:?}");
-        }
-        let served: Vec<_> = self.shared.connections.lock().values().cloned().collect();
+        let served = self.shared.connections.drain();
         shut_down(&self.shared.dispatcher, &served, started, grace);
         runtime.shutdown_background();
     }
@@ -152,42 +116,15 @@ impl Drop for TcpServer {
     }
 }
 
-/// Accepts connections until the shutdown says stop, then closes the listener and says so
-/// on `closed`.
-async fn accept_loop(
-    listener: TcpListener,
-    shared: Arc<Shared>,
-    closed: std::sync::mpsc::SyncSender<()>,
-) {
-    accept_until_stopped(listener, &shared).await;
-    let _ = closed.try_send(());
-}
-
-async fn accept_until_stopped(listener: TcpListener, shared: &Arc<Shared>) {
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = shared.stop_accepting.notified() => return,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                if shared.draining.load(Ordering::SeqCst) {
-                    return;
-                }
-                if shared.auth.is_some() {
-                    tokio::spawn(authenticate(stream, peer, shared.clone()));
-                    continue;
-                }
-                let who = Peer::anonymous(format!("tcp://{peer}"));
-                if let Err(e) = start_connection(stream, who, shared) {
-                    tracing::warn!(%peer, %e, "could not start a connection");
-                }
-            }
-            Err(e) => {
-                tracing::warn!(%e, "accept failed");
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
-            }
-        }
+/// A new connection: authenticated first if the server requires it, then served.
+fn accepted(stream: tokio::net::TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
+    if shared.auth.is_some() {
+        tokio::spawn(authenticate(stream, peer, shared.clone()));
+        return;
+    }
+    let who = Peer::anonymous(format!("tcp://{peer}"));
+    if let Err(e) = start_connection(stream, who, shared) {
+        tracing::warn!(%peer, %e, "could not start a connection");
     }
 }
 
@@ -208,7 +145,7 @@ async fn authenticate(mut stream: tokio::net::TcpStream, peer: SocketAddr, share
     };
     shared.handshaking.fetch_add(1, Ordering::AcqRel);
     let counted = Handshaking(&shared.handshaking);
-    if shared.draining.load(Ordering::SeqCst) {
+    if shared.connections.is_draining() {
         // Accepted just before the shutdown: closed before anything is built for it.
         return;
     }
@@ -255,7 +192,7 @@ fn at_limit(
         .handshaking
         .load(Ordering::Acquire)
         .saturating_sub(pending);
-    if shared.connections.lock().len() + handshaking < max {
+    if shared.connections.len() + handshaking < max {
         return false;
     }
     refuse(
@@ -283,32 +220,19 @@ fn start_connection(
     };
     let conn = Conn::new(stream, who.addr.clone(), &shared.config.limits, policy)?;
     let dispatch = ConnectionDispatch::new(shared.dispatcher.clone(), conn.clone(), who);
-    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-    {
-        let mut connections = shared.connections.lock();
-        // A shutdown sets `draining` before it takes its list of the connections under this
-        // lock: a connection joins the list in time, or is refused here (one that finished
-        // its handshake while the shutdown ran).
-        if shared.draining.load(Ordering::SeqCst) {
-            drop(connections);
-            refuse(
-                &conn.stream,
-                &Status::unavailable("the server is shutting down"),
-            );
-            return Ok(());
-        }
-        connections.insert(
-            id,
-            Served {
-                link: conn.clone(),
-                dispatch: dispatch.clone(),
-            },
+    let served = Served {
+        link: conn.clone(),
+        dispatch: dispatch.clone(),
+    };
+    let Some(forget) = shared.connections.add(served) else {
+        // Done its handshake while a shutdown began.
+        refuse(
+            &conn.stream,
+            &Status::unavailable("the server is shutting down"),
         );
-    }
-    let gone = shared.clone();
-    let requests = Requests::new(dispatch).on_closed_then(Box::new(move || {
-        gone.connections.lock().remove(&id);
-    }));
+        return Ok(());
+    };
+    let requests = Requests::new(dispatch).on_closed_then(forget);
     conn.start(&tokio::runtime::Handle::current(), Arc::new(requests));
     Ok(())
 }

@@ -1,0 +1,159 @@
+//! What every server on a TCP port shares, whatever it speaks there (our frames here, gRPC's
+//! HTTP/2 in `rpc-transport-grpc`): its event loop and listener, the accept loop, the set of
+//! connections it serves, and the start of its graceful shutdown.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use rpc_core::server::{OnClosed, Served};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Pause after a failed `accept` (out of file descriptors, say) before the next.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
+/// How long a shutdown waits for the accept loop to close the listener (it takes a task
+/// switch; a runtime with every thread stuck in a handler is the only way to miss it).
+const LISTENER_CLOSE_WAIT: Duration = Duration::from_secs(1);
+
+/// A server's event loop (`threads` named `thread_name`) and the listener bound on `addr`
+/// for it; `scheme` names the URL in errors (`cannot listen on tcp://…`).
+pub fn listen(
+    scheme: &str,
+    addr: &str,
+    threads: usize,
+    thread_name: &str,
+) -> io::Result<(tokio::runtime::Runtime, TcpListener)> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name(thread_name)
+        .enable_io()
+        .enable_time()
+        .build()?;
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| {
+        io::Error::new(e.kind(), format!("cannot listen on {scheme}://{addr}: {e}"))
+    })?;
+    listener.set_nonblocking(true)?;
+    let listener = {
+        let _entered = runtime.enter();
+        TcpListener::from_std(listener)?
+    };
+    Ok((runtime, listener))
+}
+
+/// The connections a server serves, and whether it still takes new ones.
+pub struct ServedConnections<L: ?Sized> {
+    draining: AtomicBool,
+    next_id: AtomicU64,
+    served: Mutex<HashMap<u64, Served<L>>>,
+    /// Tells the accept loop to close the listener (the start of a shutdown).
+    stop_accepting: tokio::sync::Notify,
+    /// Whether the accept loop closed the listener, and who waits for it.
+    listener_closed: (Mutex<bool>, Condvar),
+}
+
+impl<L: ?Sized> std::fmt::Debug for ServedConnections<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServedConnections")
+            .field("served", &self.served.lock().len())
+            .field("draining", &self.draining.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl<L: ?Sized + Send + Sync + 'static> ServedConnections<L> {
+    /// None yet, new ones taken.
+    pub fn new() -> Arc<Self> {
+        Arc::new(ServedConnections {
+            draining: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
+            served: Mutex::new(HashMap::new()),
+            stop_accepting: tokio::sync::Notify::new(),
+            listener_closed: (Mutex::new(false), Condvar::new()),
+        })
+    }
+
+    /// Connections being served.
+    pub fn len(&self) -> usize {
+        self.served.lock().len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether a shutdown began: new connections are refused.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Serves `served` from now on, unless a shutdown began (`None`: drop it). What it
+    /// returns forgets the connection; run it once the connection ended.
+    pub fn add(self: &Arc<Self>, served: Served<L>) -> Option<OnClosed> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut all = self.served.lock();
+            // A shutdown sets `draining` before it takes its list of the connections under
+            // this lock: a connection joins the list in time, or is refused here.
+            if self.is_draining() {
+                return None;
+            }
+            all.insert(id, served);
+        }
+        let this = self.clone();
+        Some(Box::new(move || {
+            this.served.lock().remove(&id);
+        }))
+    }
+
+    /// Starts a shutdown: new connections are refused from now on (the listener closes
+    /// rather than accepting and resetting them: a client that reconnects meanwhile learns
+    /// at once that nobody listens here). Waits for the accept loop to close the listener,
+    /// then returns the connections served.
+    pub fn drain(&self) -> Vec<Served<L>> {
+        self.draining.store(true, Ordering::SeqCst);
+        self.stop_accepting.notify_one();
+        let (closed, changed) = &self.listener_closed;
+        let mut closed = closed.lock();
+        if !*closed
+            && changed
+                .wait_while_for(&mut closed, |closed| !*closed, LISTENER_CLOSE_WAIT)
+                .timed_out()
+        {
+            tracing::warn!("the listener did not close within {LISTENER_CLOSE_WAIT:?}");
+        }
+        drop(closed);
+        self.served.lock().values().cloned().collect()
+    }
+
+    /// Accepts connections on `listener` and hands each to `accepted` until a shutdown
+    /// begins, then closes the listener.
+    pub async fn accept(
+        &self,
+        listener: TcpListener,
+        mut accepted: impl FnMut(TcpStream, SocketAddr),
+    ) {
+        loop {
+            let next = tokio::select! {
+                next = listener.accept() => next,
+                () = self.stop_accepting.notified() => break,
+            };
+            match next {
+                Ok(_) if self.is_draining() => break,
+                Ok((stream, peer)) => accepted(stream, peer),
+                Err(e) => {
+                    tracing::warn!(%e, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            }
+        }
+        drop(listener);
+        let (closed, changed) = &self.listener_closed;
+        *closed.lock() = true;
+        changed.notify_all();
+    }
+}
