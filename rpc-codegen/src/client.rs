@@ -147,6 +147,17 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> Generated {
         ],
     );
 
+    // What the method's static says of it: its path, and which sides stream.
+    let method_init = match method.kind {
+        MethodKind::Unary => quote!(#core::Method::new(#path)),
+        MethodKind::ServerStreaming => {
+            quote!(#core::Method::of_kind(#path, #core::MethodKind::ServerStreaming))
+        }
+        MethodKind::ClientStreaming => {
+            quote!(#core::Method::of_kind(#path, #core::MethodKind::ClientStreaming))
+        }
+        MethodKind::Bidi => quote!(#core::Method::of_kind(#path, #core::MethodKind::Streaming)),
+    };
     // A named request type instead of `impl IntoRequest`, so that `use<R>` can keep the
     // future from capturing `&self` (Rust 2024 capture rules): it outlives the client.
     let async_fn =
@@ -159,7 +170,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> Generated {
                 ) -> impl ::core::future::Future<
                     Output = ::core::result::Result<#core::Response<#out>, #core::Status>,
                 > + ::core::marker::Send + 'static + use<#captures> {
-                    static METHOD: #core::Method = #core::Method::new(#path);
+                    static METHOD: #core::Method = #method_init;
                     #call
                 }
             }
@@ -184,7 +195,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> Generated {
                     &self,
                     request: impl #core::IntoRequest<#input>,
                 ) -> ::core::result::Result<#core::Response<#output>, #core::Status> {
-                    static METHOD: #core::Method = #core::Method::new(#path);
+                    static METHOD: #core::Method = #method_init;
                     #core::client::service::unary_blocking(
                         &self.service,
                         &METHOD,
@@ -210,7 +221,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> Generated {
                     #core::Response<#core::stream::BlockingStreaming<#output>>,
                     #core::Status,
                 > {
-                    static METHOD: #core::Method = #core::Method::new(#path);
+                    static METHOD: #core::Method = #method_init;
                     self.service.server_streaming_blocking(
                         &METHOD,
                         #core::IntoRequest::<#input>::into_request(request),
@@ -232,7 +243,7 @@ fn generate_method(service: &ServiceModel, method: &MethodModel) -> Generated {
                     &self,
                     request: impl #core::IntoRequest<I>,
                 ) -> ::core::result::Result<#core::Response<#output>, #core::Status> {
-                    static METHOD: #core::Method = #core::Method::new(#path);
+                    static METHOD: #core::Method = #method_init;
                     self.service.client_streaming_blocking(
                         &METHOD,
                         #core::IntoRequest::<I>::into_request(request),

@@ -40,7 +40,7 @@ pub use frame::FrameSender;
 pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};
 pub use interceptor::{AsyncInterceptor, Interceptor};
 pub use message::{method_id, IntoRequest, IntoStreamingRequest, Request, Response};
-pub use observe::{Method, MethodRef};
+pub use observe::{Method, MethodKind, MethodRef};
 pub use rpc_wire::{Code, Status, STATUS_DETAILS_KEY};
 pub use rpc_wire::{MetadataMap, ResponseMetadata, BINARY_SUFFIX, MAX_METADATA_LEN};
 pub use server::InterceptedService;

@@ -11,7 +11,6 @@ use http_body::Body;
 use rpc_core::body::EncodeBody;
 use rpc_core::frame::InboundFrame;
 use rpc_core::server::MethodKind;
-use rpc_core::stream::MESSAGES_PER_POLL;
 use rpc_core::{Code, Flags, FrameKind, Header, MetadataMap, ResponseMetadata, Status};
 
 use crate::body::ReplyBody;
@@ -21,6 +20,15 @@ use crate::headers::{
     add_metadata, headers_of, is_grpc, metadata_from, status_headers, timeout_from,
     GRPC_CONTENT_TYPE,
 };
+use crate::pump::pump;
+
+/// What a server's calls need of it.
+#[derive(Debug)]
+pub(crate) struct ServerSide {
+    pub(crate) dispatcher: Arc<rpc_core::server::Dispatcher>,
+    /// Longest a unary or server-streaming request message may take to arrive.
+    pub(crate) request_read_timeout: Duration,
+}
 
 /// A call on its way: forgotten when dropped, and cancelled at the dispatcher if its
 /// response had not ended (HTTP/2 drops a stream's response when the client resets it).
@@ -56,6 +64,7 @@ impl Drop for CallGuard {
 /// Serves one HTTP/2 request as a gRPC call.
 pub(crate) async fn serve<B>(
     conn: Arc<GrpcConn>,
+    server: Arc<ServerSide>,
     request: http::Request<B>,
 ) -> Result<http::Response<ReplyBody>, Infallible>
 where
@@ -75,7 +84,7 @@ where
         *response.status_mut() = status;
         return Ok(response);
     }
-    Ok(match start(conn, request).await {
+    Ok(match start(conn, &server, request).await {
         Ok(response) => response,
         Err(status) => trailers_only(headers_of(&status)),
     })
@@ -83,6 +92,7 @@ where
 
 async fn start<B>(
     conn: Arc<GrpcConn>,
+    server: &ServerSide,
     request: http::Request<B>,
 ) -> Result<http::Response<ReplyBody>, Status>
 where
@@ -91,7 +101,7 @@ where
 {
     let (parts, body) = request.into_parts();
     let path = parts.uri.path();
-    let method = conn
+    let method = server
         .dispatcher
         .method(path)
         .ok_or_else(|| Status::unimplemented(format!("unknown method {path}")))?;
@@ -105,7 +115,7 @@ where
     let started = Instant::now();
     let metadata = metadata_from(&parts.headers)?;
     let timeout = timeout_from(&parts.headers)?;
-    let limit = conn.dispatcher.config().max_message_size;
+    let limit = server.dispatcher.config().max_message_size;
     let mut reader = MessageReader::new(body, limit, conn.read_budget.clone());
     let mut header = Header::new(FrameKind::Request, 0);
     header.method_id = method.id;
@@ -119,7 +129,7 @@ where
     let single = if method.kind.streams_requests() {
         None
     } else {
-        Some(read_single(&mut reader, timeout, conn.request_read_timeout).await?)
+        Some(read_single(&mut reader, timeout, server.request_read_timeout).await?)
     };
     if let Some(t) = timeout {
         // What is left of the client's budget (at least 1 µs: 0 means none).
@@ -145,7 +155,12 @@ where
         }
         _ => {
             conn.deliver(request);
-            tokio::spawn(pump(conn.clone(), call.id, reader));
+            let (conn, id) = (conn.clone(), call.id);
+            tokio::spawn(async move {
+                if let Some(end) = pump(&conn, id, &mut reader).await {
+                    conn.deliver(stream_frame(FrameKind::HalfClose, id, end, Bytes::new()));
+                }
+            });
         }
     }
     let first = std::future::poll_fn(|cx| conn.poll_reply(call.id, cx)).await;
@@ -276,44 +291,4 @@ where
                 "the request message did not arrive within {what} of {limit:?}"
             )))
         })
-}
-
-/// Hands a streaming call's request messages to the dispatcher as they arrive and its
-/// window has room, then its half-close; stops when the call is over.
-async fn pump<B>(conn: Arc<GrpcConn>, id: u64, mut reader: MessageReader<B>)
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
-{
-    let mut seq: u32 = 1;
-    loop {
-        if (seq as usize).is_multiple_of(MESSAGES_PER_POLL) {
-            // A client whose messages are always there must not hold the event loop.
-            tokio::task::yield_now().await;
-        }
-        let next = std::future::poll_fn(|cx| match conn.poll_room(id, cx) {
-            std::task::Poll::Ready(false) => std::task::Poll::Ready(None),
-            std::task::Poll::Pending => std::task::Poll::Pending,
-            std::task::Poll::Ready(true) => reader.poll_next(cx).map(Some),
-        })
-        .await;
-        match next {
-            None => return,
-            Some(Ok(Some(message))) => {
-                if seq == u32::MAX {
-                    let status = Status::resource_exhausted(
-                        "the request stream is longer than a stream carries (2^32 - 2 messages)",
-                    );
-                    return conn.fail_call(id, status);
-                }
-                conn.take_room(id, message.len());
-                conn.deliver(stream_frame(FrameKind::Message, id, seq, message));
-                seq += 1;
-            }
-            Some(Ok(None)) => {
-                return conn.deliver(stream_frame(FrameKind::HalfClose, id, seq, Bytes::new()));
-            }
-            Some(Err(status)) => return conn.fail_call(id, status),
-        }
-    }
 }

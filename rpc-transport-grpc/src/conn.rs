@@ -1,11 +1,12 @@
-//! One HTTP/2 connection served as gRPC, as the dispatcher sees it: the frames it hands
-//! the dispatcher for each call, and the dispatcher's answers (it is the connection's
-//! [`ReplySink`](rpc_core::server::ReplySink)), queued per call until HTTP/2 takes them.
+//! One HTTP/2 connection carrying gRPC, as our side of it sees it (the server's
+//! dispatcher, or a client's channel: the connection's "upper side"): the frames it hands
+//! the upper side for each call, and the upper side's frames (it is the connection's
+//! [`FrameSender`]), queued per call until HTTP/2 takes them.
 //!
-//! The connection plays our protocol's client for the dispatcher, flow control included:
-//! a call's request messages go only while the dispatcher's stream window has room, and
-//! its response messages are returned to the dispatcher's window only as the HTTP/2 peer
-//! takes them. A call's queue thus holds at most the initial stream window
+//! The connection plays our protocol's peer for the upper side, flow control included: a
+//! call's messages that arrived by HTTP/2 go up only while the upper side's stream window
+//! has room, and the upper side's messages are returned to its window only as the HTTP/2
+//! peer takes them. A call's queue thus holds at most the initial stream window
 //! ([`INITIAL_WINDOW`]: 64 messages, 256 KiB, plus one message over), and a client that
 //! reads slowly slows its handler, through HTTP/2's own windows. The connection's queues
 //! together hold at most `GrpcServerConfig::write_queue` bytes of messages (plus one): past
@@ -14,19 +15,18 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::server::{Dispatcher, Requests, ServedLink};
+use rpc_core::server::ServedLink;
 use rpc_core::stream::batch::Batch;
 use rpc_core::stream::{Wakes, WindowUpdate, INITIAL_WINDOW};
 use rpc_core::{FrameKind, FrameSender, Header, Inbound, Status};
 use tokio::sync::watch;
 
 use crate::codec::{framed, put_prefix, ReadBudget, PREFIX_LEN};
-use crate::config::{GrpcServerConfig, MAX_FRAME_SIZE};
+use crate::config::MAX_FRAME_SIZE;
 
 /// How far a connection is from its end, as its task is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,15 +38,15 @@ pub(crate) enum Phase {
     Closed,
 }
 
-/// What the dispatcher sent a call, as HTTP/2 will carry it.
+/// What the upper side sent a call, as HTTP/2 will carry it.
 #[derive(Debug)]
 pub(crate) enum Reply {
-    /// A response message after its gRPC prefix.
+    /// A message after its gRPC prefix.
     Message(Bytes),
-    /// Any other frame of the call (headers, a response, trailers), and its payload after
-    /// a gRPC prefix (a unary response's message as HTTP/2 carries it).
+    /// Any other frame of the call (headers, a response, trailers, a half-close), and its
+    /// payload after a gRPC prefix (a unary message as HTTP/2 carries it).
     Frame(InboundFrame, Bytes),
-    /// The call failed on this side (the client's request was bad), or the connection
+    /// The call failed on this side (what HTTP/2 brought was bad), or the connection
     /// ended: the status ends it.
     Failed(Status),
 }
@@ -132,22 +132,18 @@ impl State {
     }
 }
 
-/// One served HTTP/2 connection.
+/// One HTTP/2 connection's calls.
 pub(crate) struct GrpcConn {
-    pub(crate) dispatcher: Arc<Dispatcher>,
-    /// `grpc://addr` of the client, for messages.
+    /// `grpc://addr` of the peer, for messages.
     pub(crate) peer: String,
     state: Mutex<State>,
-    /// Bytes of messages the calls' queues hold before the dispatcher's senders wait.
+    /// Bytes of messages the calls' queues hold before the upper side's senders wait.
     write_queue: usize,
-    /// Longest a unary or server-streaming request message may take to arrive.
-    pub(crate) request_read_timeout: Duration,
-    /// What the connection's request readers hold.
+    /// What the connection's message readers hold.
     pub(crate) read_budget: ReadBudget,
-    /// The dispatcher's side, set once the connection's dispatch exists (it needs this
-    /// connection as its sink first), and let go when the connection ends (it holds this
-    /// connection).
-    requests: Mutex<Option<Arc<Requests>>>,
+    /// The upper side, set once it exists (it needs this connection as its sender first),
+    /// and let go when the connection ends (it holds this connection).
+    upper: Mutex<Option<Arc<dyn Inbound>>>,
     phase: watch::Sender<Phase>,
 }
 
@@ -161,27 +157,28 @@ impl std::fmt::Debug for GrpcConn {
 }
 
 impl GrpcConn {
+    /// The calls of a connection with `peer`; its readers hold at most `read_budget` bytes
+    /// (at least a message of `max_message` bytes and a frame: a lone message always fits)
+    /// and its queues `write_queue`.
     pub(crate) fn new(
-        dispatcher: Arc<Dispatcher>,
         peer: String,
-        config: &GrpcServerConfig,
+        max_message: usize,
+        read_budget: usize,
+        write_queue: usize,
     ) -> Arc<GrpcConn> {
-        // A lone message (and the chunk that brings its last bytes) always fits.
-        let min_budget = dispatcher.config().max_message_size + PREFIX_LEN + MAX_FRAME_SIZE;
+        let min_budget = max_message + PREFIX_LEN + MAX_FRAME_SIZE;
         Arc::new(GrpcConn {
-            read_budget: ReadBudget::new(config.read_budget.max(min_budget)),
-            request_read_timeout: config.request_read_timeout,
-            dispatcher,
+            read_budget: ReadBudget::new(read_budget.max(min_budget)),
             peer,
             state: Mutex::new(State::default()),
-            write_queue: config.write_queue,
-            requests: Mutex::new(None),
+            write_queue,
+            upper: Mutex::new(None),
             phase: watch::Sender::new(Phase::Serving),
         })
     }
 
-    pub(crate) fn set_requests(&self, requests: Arc<Requests>) {
-        *self.requests.lock() = Some(requests);
+    pub(crate) fn set_upper(&self, upper: Arc<dyn Inbound>) {
+        *self.upper.lock() = Some(upper);
     }
 
     /// What the connection's task watches.
@@ -200,27 +197,34 @@ impl GrpcConn {
         });
     }
 
-    /// A new call; `UNAVAILABLE` once the connection ended.
+    /// A new call, numbered here (a server's); `UNAVAILABLE` once the connection ended.
     pub(crate) fn open_call(&self) -> Result<u64, Status> {
+        let mut state = self.state.lock();
+        state.next_id += 1;
+        let id = state.next_id;
+        drop(state);
+        self.open_call_as(id).map(|()| id)
+    }
+
+    /// A new call numbered `id` by the upper side (a client's channel).
+    pub(crate) fn open_call_as(&self, id: u64) -> Result<(), Status> {
         let mut state = self.state.lock();
         if let Some(status) = &state.closed {
             return Err(status.clone());
         }
-        state.next_id += 1;
-        let id = state.next_id;
         state.calls.insert(id, CallState::new());
-        Ok(id)
+        Ok(())
     }
 
-    /// Hands `frame` to the dispatcher (never under this connection's lock: a handler run
+    /// Hands `frame` to the upper side (never under this connection's lock: a handler run
     /// inline answers through [`FrameSender::send`] before this returns).
     pub(crate) fn deliver(&self, frame: InboundFrame) {
-        let Some(requests) = self.requests.lock().clone() else {
+        let Some(upper) = self.upper.lock().clone() else {
             return;
         };
         let mut wakes = Wakes::new();
-        if let Err(status) = requests.on_frame(frame, &mut wakes) {
-            tracing::debug!(%status, "the dispatcher refused a frame");
+        if let Err(status) = upper.on_frame(frame, &mut wakes) {
+            tracing::debug!(%status, "the upper side refused a frame");
         }
     }
 
@@ -352,13 +356,13 @@ impl GrpcConn {
         wakes.into_iter().for_each(Waker::wake);
     }
 
-    /// The connection ended: every call fails with `status`, and the dispatcher stops its
-    /// handlers.
+    /// The connection ended: every call fails with `status`, and the upper side hears of
+    /// it (a dispatcher stops its handlers, a channel fails its calls).
     pub(crate) fn on_closed(&self, status: Status) {
         self.close_calls(&status);
-        let requests = self.requests.lock().take();
-        if let Some(requests) = requests {
-            requests.on_closed(status);
+        let upper = self.upper.lock().take();
+        if let Some(upper) = upper {
+            upper.on_closed(status);
         }
     }
 
@@ -456,24 +460,10 @@ impl FrameSender for GrpcConn {
     /// Queues the frame whatever the bound (the server's own answers go through
     /// [`FrameSender::poll_send`]).
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        let header = *frame.header();
+        let (inbound, framed_payload) = take_frame(frame);
+        let header = inbound.header;
         let id = header.call_id;
-        let metadata_len = header.metadata_len as usize;
-        let payload_len = header.payload_len as usize;
-        // The metadata, a gap for the gRPC prefix, then the payload: a message is framed
-        // for HTTP/2 where it is written.
-        let mut buf = BytesMut::zeroed(metadata_len + PREFIX_LEN + payload_len);
-        frame.metadata().encode_into(&mut buf[..metadata_len]);
-        frame
-            .payload()
-            .encode_into(&mut buf[metadata_len + PREFIX_LEN..]);
-        put_prefix(
-            &mut buf[metadata_len..metadata_len + PREFIX_LEN],
-            payload_len,
-        );
-        let mut buf = buf.freeze();
-        let framed_payload = buf.split_off(metadata_len);
-        let payload = framed_payload.slice(PREFIX_LEN..);
+        let payload = inbound.payload.clone();
         match header.kind {
             FrameKind::WindowUpdate => match WindowUpdate::decode(&payload) {
                 Ok(update) => self.add_room(id, &update),
@@ -487,17 +477,36 @@ impl FrameSender for GrpcConn {
                     .map(|message| Reply::Message(framed(&message)));
                 self.queue(id, messages)?;
             }
-            _ => {
-                let inbound = InboundFrame {
-                    header,
-                    metadata: buf,
-                    payload,
-                };
-                self.queue(id, [Reply::Frame(inbound, framed_payload)])?;
-            }
+            _ => self.queue(id, [Reply::Frame(inbound, framed_payload)])?,
         }
         Ok(())
     }
+}
+
+/// `frame` as it would arrive, and its payload after a gRPC prefix. The metadata, a gap for
+/// the prefix, then the payload are written into one buffer: a message is framed for HTTP/2
+/// where it is encoded.
+pub(crate) fn take_frame(frame: &OutgoingFrame<'_>) -> (InboundFrame, Bytes) {
+    let header = *frame.header();
+    let metadata_len = header.metadata_len as usize;
+    let payload_len = header.payload_len as usize;
+    let mut buf = BytesMut::zeroed(metadata_len + PREFIX_LEN + payload_len);
+    frame.metadata().encode_into(&mut buf[..metadata_len]);
+    frame
+        .payload()
+        .encode_into(&mut buf[metadata_len + PREFIX_LEN..]);
+    put_prefix(
+        &mut buf[metadata_len..metadata_len + PREFIX_LEN],
+        payload_len,
+    );
+    let mut metadata = buf.freeze();
+    let framed = metadata.split_off(metadata_len);
+    let inbound = InboundFrame {
+        header,
+        metadata,
+        payload: framed.slice(PREFIX_LEN..),
+    };
+    (inbound, framed)
 }
 
 impl ServedLink for GrpcConn {
@@ -533,12 +542,7 @@ mod tests {
     }
 
     fn conn(write_queue: usize) -> Arc<GrpcConn> {
-        let dispatcher = rpc_core::Server::builder().build().unwrap();
-        let config = GrpcServerConfig {
-            write_queue,
-            ..Default::default()
-        };
-        GrpcConn::new(dispatcher, "grpc://test".into(), &config)
+        GrpcConn::new("grpc://test".into(), 1024, 1 << 20, write_queue)
     }
 
     fn poll_send(

@@ -16,6 +16,7 @@ mod codec;
 mod config;
 mod conn;
 mod headers;
+mod pump;
 mod server;
 
 pub use config::{

@@ -15,6 +15,7 @@ use rpc_transport_tcp::listen::{listen, ServedConnections};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::call::ServerSide;
 use crate::config::{GrpcServerConfig, MAX_FRAME_SIZE};
 use crate::conn::{GrpcConn, Phase};
 
@@ -33,6 +34,8 @@ const MAX_SEND_BUFFER: usize = 64 * 1024;
 
 struct Shared {
     dispatcher: Arc<Dispatcher>,
+    /// What each call needs of the server.
+    side: Arc<ServerSide>,
     config: GrpcServerConfig,
     local_addr: SocketAddr,
     connections: Arc<ServedConnections<GrpcConn>>,
@@ -72,7 +75,12 @@ impl GrpcServer {
             ));
         }
         let (runtime, listener) = listen("grpc", addr, config.io_threads, "rpc-grpc-server")?;
+        let side = Arc::new(ServerSide {
+            dispatcher: dispatcher.clone(),
+            request_read_timeout: config.request_read_timeout,
+        });
         let shared = Arc::new(Shared {
+            side,
             dispatcher,
             config,
             local_addr: listener.local_addr()?,
@@ -150,7 +158,12 @@ fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
     }
     let _ = stream.set_nodelay(true);
     let addr = format!("grpc://{peer}");
-    let conn = GrpcConn::new(shared.dispatcher.clone(), addr.clone(), &shared.config);
+    let conn = GrpcConn::new(
+        addr.clone(),
+        shared.dispatcher.config().max_message_size,
+        shared.config.read_budget,
+        shared.config.write_queue,
+    );
     let dispatch = ConnectionDispatch::new(
         shared.dispatcher.clone(),
         conn.clone(),
@@ -163,26 +176,25 @@ fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
     let Some(forget) = shared.connections.add(served) else {
         return;
     };
-    conn.set_requests(Arc::new(Requests::new(dispatch).on_closed_then(forget)));
+    conn.set_upper(Arc::new(Requests::new(dispatch).on_closed_then(forget)));
     // Subscribed before the task starts: a shutdown that comes first is not missed.
     let phase = conn.phase();
     let config = shared.config.clone();
-    tokio::spawn(
-        shared
-            .tasks
-            .track(serve_connection(stream, conn, phase, config)),
-    );
+    let server = shared.side.clone();
+    let serving = serve_connection(stream, conn, server, phase, config);
+    tokio::spawn(shared.tasks.track(serving));
 }
 
 /// Serves one connection over HTTP/2 until it ends or the server closes it.
 async fn serve_connection(
     stream: TcpStream,
     conn: Arc<GrpcConn>,
+    server: Arc<ServerSide>,
     mut phase: watch::Receiver<Phase>,
     config: GrpcServerConfig,
 ) {
     let ended = match preface(&stream, config.handshake_timeout).await {
-        Ok(()) => serve_http2(stream, &conn, &mut phase, &config).await,
+        Ok(()) => serve_http2(stream, &conn, server, &mut phase, &config).await,
         Err(why) => Err(why),
     };
     let status = match ended {
@@ -223,6 +235,7 @@ async fn preface(stream: &TcpStream, timeout: Duration) -> Result<(), String> {
 async fn serve_http2(
     stream: TcpStream,
     conn: &Arc<GrpcConn>,
+    server: Arc<ServerSide>,
     phase: &mut watch::Receiver<Phase>,
     config: &GrpcServerConfig,
 ) -> Result<(), String> {
@@ -230,7 +243,7 @@ async fn serve_http2(
     builder
         .timer(TokioTimer::new())
         .max_concurrent_streams(
-            u32::try_from(conn.dispatcher.config().max_calls_per_connection).unwrap_or(u32::MAX),
+            u32::try_from(server.dispatcher.config().max_calls_per_connection).unwrap_or(u32::MAX),
         )
         .max_header_list_size(config.max_header_list_size)
         .max_frame_size(MAX_FRAME_SIZE as u32)
@@ -238,8 +251,9 @@ async fn serve_http2(
         .keep_alive_interval(config.keepalive)
         .keep_alive_timeout(config.keepalive_timeout);
     let calls = conn.clone();
-    let service =
-        hyper::service::service_fn(move |request| crate::call::serve(calls.clone(), request));
+    let service = hyper::service::service_fn(move |request| {
+        crate::call::serve(calls.clone(), server.clone(), request)
+    });
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);
     let mut now = *phase.borrow_and_update();

@@ -1,14 +1,15 @@
 //! Which method a call invokes, as the client names it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 
 use super::{MethodMetrics, Side};
 
-/// A method as generated clients name it: its path, its id, and (once called) its client
-/// metrics.
+/// A method as generated clients name it: its path, its id, which sides stream, and (once
+/// called) its client metrics.
 ///
 /// ```
 /// static SAY_HELLO: rpc_core::Method = rpc_core::Method::new("/hello.Greeter/SayHello");
@@ -18,17 +19,33 @@ use super::{MethodMetrics, Side};
 pub struct Method {
     path: &'static str,
     id: u32,
+    kind: MethodKind,
     pub(super) metrics: OnceLock<&'static MethodMetrics>,
+    /// Whether [`called`] knows it.
+    noted: AtomicBool,
 }
 
 impl Method {
-    /// The method at `path` (`/package.Service/Method`).
+    /// The unary method at `path` (`/package.Service/Method`).
     pub const fn new(path: &'static str) -> Method {
+        Method::of_kind(path, MethodKind::Unary)
+    }
+
+    /// The method at `path`, of `kind` (generated code says which sides of a streaming
+    /// method stream).
+    pub const fn of_kind(path: &'static str, kind: MethodKind) -> Method {
         Method {
             path,
             id: crate::message::method_id(path),
+            kind,
             metrics: OnceLock::new(),
+            noted: AtomicBool::new(false),
         }
+    }
+
+    /// Which sides stream.
+    pub const fn kind(&self) -> MethodKind {
+        self.kind
     }
 
     /// Its path.
@@ -64,7 +81,29 @@ impl From<u32> for MethodRef {
     }
 }
 
+/// The [`Method`]s this process called, by id.
+static CALLED: OnceLock<RwLock<FxHashMap<u32, &'static Method>>> = OnceLock::new();
+
+/// The method of id `id`, if this process called it as a [`Method`] (generated clients
+/// do): how a transport that names methods by path (gRPC's) finds the path of a request.
+/// The table holds each method at most once: it is bounded by the methods the program
+/// names.
+pub fn called(id: u32) -> Option<&'static Method> {
+    CALLED.get()?.read().get(&id).copied()
+}
+
 impl MethodRef {
+    /// Makes the method known to [`called`] (once per method: later calls cost one load).
+    pub(crate) fn note(self) {
+        if let MethodRef::Named(method) = self {
+            if !method.noted.load(Ordering::Acquire) {
+                let table = CALLED.get_or_init(Default::default);
+                table.write().insert(method.id, method);
+                method.noted.store(true, Ordering::Release);
+            }
+        }
+    }
+
     /// The id on the wire.
     pub fn id(self) -> u32 {
         match self {
@@ -89,6 +128,37 @@ impl MethodRef {
                 .get_or_init(|| MethodMetrics::of(Side::Client, method.path)),
             MethodRef::Id(id) => MethodMetrics::of(Side::Client, unknown_path(id)),
         }
+    }
+}
+
+/// Which sides of a method stream, as its `.proto` declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MethodKind {
+    /// One request, one response.
+    #[default]
+    Unary,
+    /// One request, a stream of responses.
+    ServerStreaming,
+    /// A stream of requests, one response.
+    ClientStreaming,
+    /// Streams both ways.
+    Streaming,
+}
+
+impl MethodKind {
+    /// Whether the client opens the call as a stream (every kind but unary).
+    pub fn is_streaming(self) -> bool {
+        self != MethodKind::Unary
+    }
+
+    /// Whether the client sends a stream of requests.
+    pub fn streams_requests(self) -> bool {
+        matches!(self, MethodKind::ClientStreaming | MethodKind::Streaming)
+    }
+
+    /// Whether the server answers with a stream of responses.
+    pub fn streams_responses(self) -> bool {
+        matches!(self, MethodKind::ServerStreaming | MethodKind::Streaming)
     }
 }
 

@@ -32,7 +32,7 @@ use std::time::Instant;
 use tracing::field::{display, Empty};
 
 pub(crate) use self::metrics::MethodMetrics;
-pub use method::{Method, MethodRef};
+pub use method::{called, Method, MethodKind, MethodRef};
 use trace::{TraceContext, TRACEPARENT};
 
 use crate::MetadataMap;
@@ -76,6 +76,7 @@ impl CallRecord {
     /// unless one is there already: the current handler's, continued, or a new trace if
     /// this call's span is recorded.
     pub(crate) fn client(method: MethodRef, peer: &str, metadata: &mut MetadataMap) -> CallRecord {
+        method.note();
         let span = tracing::info_span!(
             "rpc.client",
             rpc.method = method.path(),

@@ -30,6 +30,7 @@ mod tests;
 
 use std::sync::Arc;
 
+pub use crate::MethodKind;
 pub use dispatch::{
     ConnectionDispatch, Dispatcher, ReplySink, ServerConfig, DEFAULT_MAX_CALLS,
     DEFAULT_MAX_CALLS_PER_CONNECTION,
@@ -39,8 +40,8 @@ pub use layer::CallStack;
 pub use requests::{OnClosed, Requests};
 pub use reuse::{HandlerFuture, ReplyBody};
 pub use service::{
-    client_streaming, server_streaming, streaming, unary, MethodDescriptor, MethodKind,
-    NamedService, ServerCall, ServerReply, Service,
+    client_streaming, server_streaming, streaming, unary, MethodDescriptor, NamedService,
+    ServerCall, ServerReply, Service,
 };
 pub use shutdown::{shut_down, Served, ServedLink, FLUSH_AT_LEAST};
 

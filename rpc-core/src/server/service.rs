@@ -10,8 +10,8 @@ use crate::auth::Peer;
 use crate::message::{Request, Response};
 use crate::server::reuse::{self, HandlerFuture, ReplyBody};
 use crate::stream::{Link, MessageStream, StreamShared, Streaming, TypedMessages};
-use crate::Status;
 use crate::{MetadataMap, ResponseMetadata};
+use crate::{MethodKind, Status};
 
 /// A method a service serves: its path, the id derived from it, and which of its sides
 /// stream.
@@ -39,37 +39,6 @@ impl MethodDescriptor {
     /// The same method, of `kind`.
     pub const fn with_kind(self, kind: MethodKind) -> Self {
         MethodDescriptor { kind, ..self }
-    }
-}
-
-/// Which sides of a method stream, as its `.proto` declares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MethodKind {
-    /// One request, one response.
-    #[default]
-    Unary,
-    /// One request, a stream of responses.
-    ServerStreaming,
-    /// A stream of requests, one response.
-    ClientStreaming,
-    /// Streams both ways.
-    Streaming,
-}
-
-impl MethodKind {
-    /// Whether the client opens the call as a stream (every kind but unary).
-    pub fn is_streaming(self) -> bool {
-        self != MethodKind::Unary
-    }
-
-    /// Whether the client sends a stream of requests.
-    pub fn streams_requests(self) -> bool {
-        matches!(self, MethodKind::ClientStreaming | MethodKind::Streaming)
-    }
-
-    /// Whether the server answers with a stream of responses.
-    pub fn streams_responses(self) -> bool {
-        matches!(self, MethodKind::ServerStreaming | MethodKind::Streaming)
     }
 }
 
