@@ -1,4 +1,5 @@
-//! gRPC's call model through generated stubs, over TCP (host) and RDMA (soft-RoCE VM):
+//! gRPC's call model through generated stubs, over TCP and gRPC's HTTP/2 (host) and RDMA
+//! (soft-RoCE VM):
 //! trailers on unary and streaming responses, statuses with details and metadata, and
 //! binary metadata.
 
@@ -24,6 +25,12 @@ fn builder() -> rdma_rpc::ServerBuilder {
 
 fn tcp_server() -> ServerHandle {
     builder().start("tcp://127.0.0.1:0").expect("server starts")
+}
+
+fn grpc_server() -> ServerHandle {
+    builder()
+        .start("grpc://127.0.0.1:0")
+        .expect("server starts")
 }
 
 fn rdma_server() -> ServerHandle {
@@ -288,4 +295,17 @@ async fn rdma_statuses_carry_details_and_metadata() {
 async fn rdma_streams_end_with_trailers() {
     let server = rdma_server();
     streams_end_with_trailers(server.local_url()).await;
+}
+
+/// Our client and server speaking gRPC over HTTP/2: every part of the call model crosses
+/// as gRPC's headers and trailers (`-bin` in base64, details as
+/// `grpc-status-details-bin`), trailers of 10 KiB included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_carries_the_whole_call_model() {
+    let server = grpc_server();
+    let url = server.local_url();
+    unary_trailers_and_binary_metadata(url).await;
+    statuses_carry_details_and_metadata(url).await;
+    streams_end_with_trailers(url).await;
+    trailers_beyond_a_frame(url, true).await;
 }

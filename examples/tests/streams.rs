@@ -207,7 +207,14 @@ async fn slow_reader_holds_back_only_its_stream(url: &str) {
     let produced = streamer.stats.produced.load(Ordering::SeqCst);
     // The default window's bytes bind first here (2 MiB, 16,384 messages): chunks of 1,005
     // encoded bytes go while room is left, the last one overshooting.
-    let window = rdma_rpc::stream::DEFAULT_STREAM_WINDOW.bytes;
+    let mut window = rdma_rpc::stream::DEFAULT_STREAM_WINDOW.bytes;
+    if url.starts_with("grpc://") {
+        // HTTP/2's stream window, the server's send buffer and its queue of answers (the
+        // initial stream window) hold more on the way.
+        use rdma_rpc::grpc::{HTTP2_SEND_BUFFER, HTTP2_STREAM_WINDOW};
+        let queued = rdma_rpc::stream::INITIAL_WINDOW.bytes;
+        window += u64::from(HTTP2_STREAM_WINDOW) + HTTP2_SEND_BUFFER as u64 + queued;
+    }
     let bound = window.div_ceil(1005) + 1;
     assert!(
         produced <= bound,
@@ -475,105 +482,92 @@ async fn dropped_opening_cancels(url: &str) {
 fn start_for(url: &str, streamer: &Streamer) -> ServerHandle {
     if url.starts_with("rdma://") {
         rdma_server(streamer)
+    } else if url.starts_with("grpc://") {
+        builder(streamer)
+            .start("grpc://127.0.0.1:0")
+            .expect("server starts")
     } else {
         tcp_server(streamer)
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_server_streams() {
-    let server = tcp_server(&Streamer::default());
-    server_streams(server.local_url()).await;
+/// Runs each suite over every transport, as `suite::tcp`, `suite::grpc` (our client and
+/// server speaking gRPC over HTTP/2) and `suite::rdma` (soft-RoCE, in the VM). A suite
+/// takes the scheme (`tcp://`), and starts its server with [`start_for`].
+macro_rules! on_every_transport {
+    ($($suite:ident),* $(,)?) => {$(
+        mod $suite {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tcp() {
+                super::$suite("tcp://").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn grpc() {
+                super::$suite("grpc://").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+            async fn rdma() {
+                super::$suite("rdma://").await;
+            }
+        }
+    )*};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_client_and_bidi_streams() {
-    let server = tcp_server(&Streamer::default());
-    client_and_bidi_streams(server.local_url()).await;
+/// A suite given the server's URL, started for the scheme.
+async fn served<F: std::future::Future<Output = ()>>(
+    scheme: &str,
+    suite: impl FnOnce(String) -> F,
+) {
+    let server = start_for(scheme, &Streamer::default());
+    suite(server.local_url().to_owned()).await;
+    drop(server);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_requests_all_sent_before_the_headers() {
-    let server = tcp_server(&Streamer::default());
-    requests_all_sent_before_the_headers(server.local_url()).await;
+async fn on_server_streams(scheme: &str) {
+    served(scheme, |url| async move { server_streams(&url).await }).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
-async fn rdma_requests_all_sent_before_the_headers() {
-    let server = rdma_server(&Streamer::default());
-    requests_all_sent_before_the_headers(server.local_url()).await;
+async fn on_client_and_bidi_streams(scheme: &str) {
+    served(
+        scheme,
+        |url| async move { client_and_bidi_streams(&url).await },
+    )
+    .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_large_messages_stream() {
-    let server = tcp_server(&Streamer::default());
-    large_messages_stream(server.local_url()).await;
+async fn on_requests_all_sent_before_the_headers(scheme: &str) {
+    served(scheme, |url| async move {
+        requests_all_sent_before_the_headers(&url).await
+    })
+    .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_slow_reader_holds_back_only_its_stream() {
-    slow_reader_holds_back_only_its_stream("tcp://").await;
+async fn on_large_messages_stream(scheme: &str) {
+    served(
+        scheme,
+        |url| async move { large_messages_stream(&url).await },
+    )
+    .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_deadline_covers_the_stream() {
-    deadline_covers_the_stream("tcp://").await;
+async fn on_server_answers_early(scheme: &str) {
+    served(
+        scheme,
+        |url| async move { server_answers_early(&url).await },
+    )
+    .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_server_answers_early() {
-    let server = tcp_server(&Streamer::default());
-    server_answers_early(server.local_url()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_dropped_opening_cancels() {
-    dropped_opening_cancels("tcp://").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
-async fn rdma_server_answers_early() {
-    let server = rdma_server(&Streamer::default());
-    server_answers_early(server.local_url()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
-async fn rdma_dropped_opening_cancels() {
-    dropped_opening_cancels("rdma://").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
-async fn rdma_server_streams() {
-    let server = rdma_server(&Streamer::default());
-    server_streams(server.local_url()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
-async fn rdma_client_and_bidi_streams() {
-    let server = rdma_server(&Streamer::default());
-    client_and_bidi_streams(server.local_url()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
-async fn rdma_large_messages_stream() {
-    let server = rdma_server(&Streamer::default());
-    large_messages_stream(server.local_url()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
-async fn rdma_slow_reader_holds_back_only_its_stream() {
-    slow_reader_holds_back_only_its_stream("rdma://").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
-async fn rdma_deadline_covers_the_stream() {
-    deadline_covers_the_stream("rdma://").await;
-}
+on_every_transport!(
+    on_server_streams,
+    on_client_and_bidi_streams,
+    on_requests_all_sent_before_the_headers,
+    on_large_messages_stream,
+    on_server_answers_early,
+    slow_reader_holds_back_only_its_stream,
+    deadline_covers_the_stream,
+    dropped_opening_cancels,
+);

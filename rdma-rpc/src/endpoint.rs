@@ -13,7 +13,7 @@ pub enum TransportKind {
     Tcp,
     /// `rdma://`: RC queue pairs set up with rdma_cm.
     Rdma,
-    /// `grpc://`: standard gRPC over HTTP/2, for clients in any language (servers only).
+    /// `grpc://`: standard gRPC over HTTP/2, to and from gRPC peers in any language.
     Grpc,
 }
 

@@ -32,7 +32,11 @@ pub use dns::{Resolve, SystemResolver, DEFAULT_DNS_REFRESH, MAX_RESOLVED_ADDRESS
 pub use endpoint::{Endpoint, TransportKind};
 pub use error::Error;
 pub use rpc_core::*;
-pub use rpc_transport_grpc::GrpcServerConfig;
+pub use rpc_transport_grpc::{GrpcClientConfig, GrpcServerConfig};
+/// gRPC over HTTP/2 (`grpc://`): its settings and the windows HTTP/2 adds to ours.
+pub mod grpc {
+    pub use rpc_transport_grpc::*;
+}
 pub use rpc_transport_rdma::verbs::{fork_init, fork_status, ForkStatus};
 pub use rpc_transport_rdma::{
     LargeBodies, Liveness, Nic, PollMode, Polling, RdmaConfig, Receives, Rings, SharedRecvConfig,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rpc_core::server::Dispatcher;
 use rpc_core::{CallTable, ClientTransport, Listener, Status};
-use rpc_transport_grpc::GrpcServer;
+use rpc_transport_grpc::{GrpcClient, GrpcClientConfig, GrpcServer};
 use rpc_transport_rdma::{RdmaClient, RdmaServer};
 use rpc_transport_tcp::{TcpClient, TcpConfig, TcpServer};
 
@@ -59,12 +59,7 @@ pub(crate) static SCHEMES: [Scheme; 3] = [
     Scheme {
         kind: TransportKind::Grpc,
         name: "grpc",
-        connect: |authority, _, _| {
-            Err(Status::unimplemented(format!(
-                "grpc://{authority}: grpc:// serves gRPC clients of any language, but this \
-                 client connects over tcp:// or rdma:// only"
-            )))
-        },
+        connect: connect_grpc,
         listen: |authority, dispatcher, options| {
             Ok(Box::new(GrpcServer::bind(
                 authority,
@@ -118,6 +113,27 @@ fn connect_tcp(
         config.caller_reads = wait;
     }
     Ok(TcpClient::connect(authority, calls, &config)?)
+}
+
+fn connect_grpc(
+    authority: &str,
+    calls: Arc<CallTable>,
+    settings: &ClientBuilder,
+) -> Result<Arc<dyn ClientTransport>, Status> {
+    if settings.credentials.is_some() {
+        return Err(Status::unauthenticated(format!(
+            "grpc://{authority}: gRPC servers do not speak our connection handshake; send \
+             credentials as metadata (an interceptor) instead"
+        )));
+    }
+    let mut config = GrpcClientConfig {
+        max_message_size: settings.channel.max_message_size,
+        ..Default::default()
+    };
+    if let Some(t) = settings.connect_timeout {
+        config.connect_timeout = t;
+    }
+    Ok(GrpcClient::connect(authority, calls, &config)?)
 }
 
 fn connect_rdma(

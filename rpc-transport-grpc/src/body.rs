@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
@@ -10,7 +11,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame};
 
 use crate::call::{end_headers, CallGuard};
-use crate::conn::Reply;
+use crate::conn::{GrpcConn, Reply};
 use crate::headers::headers_of;
 
 /// A gRPC response's body.
@@ -25,6 +26,13 @@ pub(crate) enum ReplyBody {
     },
     /// A stream's messages, then its trailers.
     Stream { call: CallGuard, done: bool },
+    /// A client's request stream: its messages until the half-close (the call goes on,
+    /// for its response).
+    Requests {
+        conn: Arc<GrpcConn>,
+        id: u64,
+        done: bool,
+    },
 }
 
 impl ReplyBody {
@@ -54,7 +62,15 @@ impl Body for ReplyBody {
                 Some(message) => Some(Frame::data(message)),
                 None => trailers.take().map(Frame::trailers),
             },
-            ReplyBody::Stream { done: true, .. } => None,
+            ReplyBody::Stream { done: true, .. } | ReplyBody::Requests { done: true, .. } => None,
+            ReplyBody::Requests { conn, id, done } => match ready!(conn.poll_reply(*id, cx)) {
+                Reply::Message(message) => Some(Frame::data(message)),
+                // The half-close, or the call's end here: the request is over.
+                Reply::Frame(..) | Reply::Failed(_) => {
+                    *done = true;
+                    None
+                }
+            },
             ReplyBody::Stream { call, done } => {
                 let reply = ready!(call.conn.poll_reply(call.id, cx));
                 Some(match reply {
@@ -79,7 +95,7 @@ impl Body for ReplyBody {
         match self {
             ReplyBody::Empty => true,
             ReplyBody::Unary { message, trailers } => message.is_none() && trailers.is_none(),
-            ReplyBody::Stream { done, .. } => *done,
+            ReplyBody::Stream { done, .. } | ReplyBody::Requests { done, .. } => *done,
         }
     }
 }

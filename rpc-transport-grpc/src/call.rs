@@ -20,7 +20,7 @@ use crate::headers::{
     add_metadata, headers_of, is_grpc, metadata_from, status_headers, timeout_from,
     GRPC_CONTENT_TYPE,
 };
-use crate::pump::pump;
+use crate::pump::{pump, Ending};
 
 /// What a server's calls need of it.
 #[derive(Debug)]
@@ -157,8 +157,12 @@ where
             conn.deliver(request);
             let (conn, id) = (conn.clone(), call.id);
             tokio::spawn(async move {
-                if let Some(end) = pump(&conn, id, &mut reader).await {
-                    conn.deliver(stream_frame(FrameKind::HalfClose, id, end, Bytes::new()));
+                match pump(&conn, id, &mut reader).await {
+                    Ending::Ended(seq) => {
+                        conn.deliver(stream_frame(FrameKind::HalfClose, id, seq, Bytes::new()));
+                    }
+                    Ending::Failed(status, _) => conn.fail_call(id, status),
+                    Ending::Over => {}
                 }
             });
         }
@@ -284,7 +288,7 @@ where
         Some(d) if d < read_timeout => (d, "its deadline"),
         _ => (read_timeout, "the server's request_read_timeout"),
     };
-    tokio::time::timeout(limit, reader.single())
+    tokio::time::timeout(limit, reader.single("request"))
         .await
         .unwrap_or_else(|_| {
             Err(Status::deadline_exceeded(format!(

@@ -84,6 +84,8 @@ pub(crate) struct MessageReader<B> {
     limit: usize,
     budget: ReadBudget,
     ended: bool,
+    /// The body's trailers, once they came (a response's status).
+    trailers: Option<http::HeaderMap>,
 }
 
 impl<B> Drop for MessageReader<B> {
@@ -107,7 +109,13 @@ where
             limit,
             budget,
             ended: false,
+            trailers: None,
         }
+    }
+
+    /// The body's trailers, if it ended with some.
+    pub(crate) fn take_trailers(&mut self) -> Option<http::HeaderMap> {
+        self.trailers.take()
     }
 
     /// The next message; `None` once the body ended between messages.
@@ -130,16 +138,20 @@ where
             }
             match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
                 None => self.ended = true,
-                Some(Ok(frame)) => {
-                    // Trailers of a request mean nothing to gRPC.
-                    if let Ok(data) = frame.into_data() {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
                         if !data.is_empty() {
                             self.budget.take(data.len())?;
                             self.held += data.len();
                             self.chunks.push_back(data);
                         }
                     }
-                }
+                    Err(frame) => {
+                        if let Ok(trailers) = frame.into_trailers() {
+                            self.trailers = Some(trailers);
+                        }
+                    }
+                },
                 Some(Err(e)) => {
                     return Poll::Ready(Err(Status::cancelled(format!(
                         "the request body failed: {e}"
@@ -154,18 +166,19 @@ where
         std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 
-    /// The one message of a call that sends one: exactly one, then the end.
-    pub(crate) async fn single(&mut self) -> Result<Bytes, Status> {
+    /// The one message of a body that carries one: exactly one, then the end (`what`
+    /// names the body in errors: `request`, `response`).
+    pub(crate) async fn single(&mut self, what: &str) -> Result<Bytes, Status> {
         let Some(message) = self.next().await? else {
-            return Err(Status::internal(
-                "the request body ended without its message",
-            ));
+            return Err(Status::internal(format!(
+                "the {what} body ended without its message"
+            )));
         };
         match self.next().await? {
             None => Ok(message),
-            Some(_) => Err(Status::internal(
-                "the method takes one request message, but the body holds more",
-            )),
+            Some(_) => Err(Status::internal(format!(
+                "the method has one {what} message, but the body holds more"
+            ))),
         }
     }
 

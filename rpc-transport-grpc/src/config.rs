@@ -9,6 +9,15 @@ use rpc_core::transport::{DEFAULT_KEEPALIVE, DEFAULT_KEEPALIVE_TIMEOUT};
 pub const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = 32 * 1024;
 /// Connections a server serves at once unless configured.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// HTTP/2's window of each stream, both sides (`SETTINGS_INITIAL_WINDOW_SIZE`): how far a
+/// peer may send a stream's bytes ahead of their reader, beyond our own stream windows.
+pub const HTTP2_STREAM_WINDOW: u32 = 1 << 20;
+/// HTTP/2's window of a whole connection, both sides.
+pub const HTTP2_CONNECTION_WINDOW: u32 = 4 << 20;
+/// Bytes hyper buffers per stream for sending (its default is 400 KiB): messages wait in
+/// the calls' queues instead, under the `write_queue` bound.
+pub const HTTP2_SEND_BUFFER: usize = 64 * 1024;
+
 /// Largest HTTP/2 frame payload the server accepts (HTTP/2's minimum and default
 /// `SETTINGS_MAX_FRAME_SIZE`): a request body arrives in chunks of at most this.
 pub(crate) const MAX_FRAME_SIZE: usize = 16 * 1024;

@@ -33,10 +33,12 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         })
 }
 
-/// Whether a request header is gRPC's or HTTP's own, not the call's metadata: the content
-/// type, `te`, and every `grpc-` key (reserved by gRPC).
+/// Whether a header is gRPC's or HTTP's own, not the call's metadata: the content type,
+/// `te`, and every `grpc-` key (reserved by gRPC) but a status's details.
 fn is_reserved(name: &str) -> bool {
-    name == "content-type" || name == "te" || name.starts_with("grpc-")
+    name == "content-type"
+        || name == "te"
+        || (name.starts_with("grpc-") && name != rpc_core::STATUS_DETAILS_KEY)
 }
 
 /// A request's metadata: every header but the reserved ones, `-bin` values decoded from
@@ -170,6 +172,62 @@ pub(crate) fn headers_of(status: &Status) -> HeaderMap {
     status_headers(status.code(), wire.message.as_bytes(), &wire.metadata)
 }
 
+/// Digits a `grpc-timeout` value carries at most.
+const TIMEOUT_LIMIT: u64 = 100_000_000;
+
+/// `grpc-timeout` for a budget of `micros` microseconds: the finest unit whose value fits
+/// 8 digits.
+pub(crate) fn grpc_timeout(micros: u64) -> HeaderValue {
+    let value = [(1, 'u'), (1_000, 'm'), (1_000_000, 'S'), (60_000_000, 'M')]
+        .into_iter()
+        .find(|(per, _)| micros / per < TIMEOUT_LIMIT)
+        .map_or_else(
+            || format!("{}H", (micros / 3_600_000_000).min(TIMEOUT_LIMIT - 1)),
+            |(per, unit)| format!("{}{unit}", micros / per),
+        );
+    HeaderValue::from_str(&value).expect("digits and a unit are a header value")
+}
+
+/// The status that headers (a Trailers-Only response) or trailers end a call with, if they
+/// carry `grpc-status`: its code (an unknown one is `UNKNOWN`), its message
+/// (percent-decoded) and its metadata, details included; metadata our rules refuse is
+/// `INTERNAL`.
+pub(crate) fn status_of(headers: &HeaderMap) -> Option<Status> {
+    let raw = headers.get("grpc-status")?;
+    let code = raw
+        .to_str()
+        .ok()
+        .and_then(|v| v.parse::<u16>().ok())
+        .map_or(Code::Unknown, |n| {
+            Code::from_wire(n).unwrap_or(Code::Unknown)
+        });
+    let message = headers
+        .get("grpc-message")
+        .map(|v| {
+            percent_encoding::percent_decode(v.as_bytes())
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .unwrap_or_default();
+    Some(match metadata_from(headers) {
+        Ok(metadata) => Status::from_wire(code, message.as_bytes(), metadata),
+        Err(e) => Status::internal(format!("the server's status metadata: {}", e.message())),
+    })
+}
+
+/// The status of an HTTP answer that is not gRPC's (gRPC's own mapping of HTTP statuses).
+pub(crate) fn status_of_http(status: http::StatusCode) -> Status {
+    let code = match status.as_u16() {
+        400 => Code::Internal,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::Unimplemented,
+        429 | 502..=504 => Code::Unavailable,
+        _ => Code::Unknown,
+    };
+    Status::new(code, format!("the server answered HTTP {status}, not gRPC"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,6 +353,41 @@ mod tests {
         assert_eq!(map.get("grpc-status").unwrap(), "5");
         assert!(map.get("grpc-message").is_none());
         assert_eq!(map.get("grpc-status-details-bin").unwrap(), "CAU");
+    }
+
+    #[test]
+    fn timeouts_sent_in_the_finest_unit_that_fits() {
+        assert_eq!(grpc_timeout(1), "1u");
+        assert_eq!(grpc_timeout(99_999_999), "99999999u");
+        assert_eq!(grpc_timeout(100_000_000), "100000m");
+        assert_eq!(grpc_timeout(u64::MAX), "99999999H");
+        for micros in [1, 999, 123_456_789, 10_u64.pow(14), u64::MAX] {
+            let sent = timeout_from(&headers(&[(
+                "grpc-timeout",
+                grpc_timeout(micros).to_str().unwrap(),
+            )]))
+            .unwrap()
+            .unwrap();
+            assert!(sent <= Duration::from_micros(micros), "{micros}: {sent:?}");
+        }
+    }
+
+    #[test]
+    fn statuses_read_from_headers() {
+        let sent = Status::with_details(Code::NotFound, "gone: 50%", &b"why"[..]);
+        let read = status_of(&headers_of(&sent)).unwrap();
+        assert_eq!(read, sent);
+        assert!(status_of(&HeaderMap::new()).is_none());
+        let odd = status_of(&headers(&[("grpc-status", "99")])).unwrap();
+        assert_eq!(odd.code(), Code::Unknown);
+        assert_eq!(
+            status_of_http(http::StatusCode::NOT_FOUND).code(),
+            Code::Unimplemented
+        );
+        assert_eq!(
+            status_of_http(http::StatusCode::BAD_GATEWAY).code(),
+            Code::Unavailable
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! gRPC over HTTP/2 for rdma-rpc: a server's services answered to any gRPC client (grpcio,
-//! grpc-go, tonic, grpcurl), as `grpc://host:port`.
+//! gRPC over HTTP/2 for rdma-rpc, as `grpc://host:port`: a server's services answered to
+//! any gRPC client (grpcio, grpc-go, tonic, grpcurl), and our generated clients calling any
+//! gRPC server.
 //!
 //! HTTP/2 is hyper's. Each HTTP/2 request becomes a call of our protocol, handed to the
 //! server's dispatcher like a call that arrived over `tcp://` or `rdma://`, so routing,
@@ -12,14 +13,18 @@
 
 mod body;
 mod call;
+mod client;
 mod codec;
 mod config;
 mod conn;
+mod exchange;
 mod headers;
 mod pump;
 mod server;
 
+pub use client::{GrpcClient, GrpcClientConfig};
 pub use config::{
     GrpcServerConfig, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HEADER_LIST_SIZE, DEFAULT_READ_BUDGET,
+    HTTP2_CONNECTION_WINDOW, HTTP2_SEND_BUFFER, HTTP2_STREAM_WINDOW,
 };
 pub use server::GrpcServer;

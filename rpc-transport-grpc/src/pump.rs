@@ -9,11 +9,21 @@ use rpc_core::{FrameKind, Status};
 use crate::codec::MessageReader;
 use crate::conn::{stream_frame, GrpcConn};
 
+/// How a [`pump`] ended.
+#[derive(Debug)]
+pub(crate) enum Ending {
+    /// The body ended; the sequence number of the end (one past the last message).
+    Ended(u32),
+    /// The call is over (ended, cancelled, failed) before the body ended.
+    Over,
+    /// What arrived was bad: the call fails with this status, after the messages before
+    /// sequence number `seq`.
+    Failed(Status, u32),
+}
+
 /// Hands call `id`'s messages from `reader` to the upper side as `Message` frames, each
-/// once the upper side's window has room; returns the sequence number of the end (one past
-/// the last message) once the body ended, or `None` if the call ended first or failed (its
-/// reply then says why).
-pub(crate) async fn pump<B>(conn: &GrpcConn, id: u64, reader: &mut MessageReader<B>) -> Option<u32>
+/// once the upper side's window has room, until the body or the call ends.
+pub(crate) async fn pump<B>(conn: &GrpcConn, id: u64, reader: &mut MessageReader<B>) -> Ending
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
@@ -30,24 +40,21 @@ where
             std::task::Poll::Ready(true) => reader.poll_next(cx).map(Some),
         })
         .await;
-        match next? {
-            Ok(Some(message)) => {
+        match next {
+            None => return Ending::Over,
+            Some(Ok(Some(message))) => {
                 if seq == u32::MAX {
                     let status = Status::resource_exhausted(
                         "the stream is longer than a stream carries (2^32 - 2 messages)",
                     );
-                    conn.fail_call(id, status);
-                    return None;
+                    return Ending::Failed(status, seq);
                 }
                 conn.take_room(id, message.len());
                 conn.deliver(stream_frame(FrameKind::Message, id, seq, message));
                 seq += 1;
             }
-            Ok(None) => return Some(seq),
-            Err(status) => {
-                conn.fail_call(id, status);
-                return None;
-            }
+            Some(Ok(None)) => return Ending::Ended(seq),
+            Some(Err(status)) => return Ending::Failed(status, seq),
         }
     }
 }

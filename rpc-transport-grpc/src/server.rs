@@ -11,12 +11,15 @@ use parking_lot::{Condvar, Mutex};
 use rpc_core::auth::Peer;
 use rpc_core::server::{shut_down, ConnectionDispatch, Dispatcher, Requests, Served};
 use rpc_core::Status;
-use rpc_transport_tcp::listen::{listen, ServedConnections};
+use rpc_transport_tcp::sockets::{listen, ServedConnections};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::call::ServerSide;
-use crate::config::{GrpcServerConfig, MAX_FRAME_SIZE};
+use crate::config::{
+    GrpcServerConfig, HTTP2_CONNECTION_WINDOW, HTTP2_SEND_BUFFER, HTTP2_STREAM_WINDOW,
+    MAX_FRAME_SIZE,
+};
 use crate::conn::{GrpcConn, Phase};
 
 /// How long a connection told to close still sends what it has (its GOAWAY, the last
@@ -28,9 +31,6 @@ const TASKS_END_WAIT: Duration = Duration::from_secs(1);
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Pause before looking again at a preface that arrived in part.
 const PREFACE_RECHECK: Duration = Duration::from_millis(1);
-/// Bytes hyper buffers per stream for sending (its default is 400 KiB): response messages
-/// wait in the calls' queues instead, under `GrpcServerConfig::write_queue`.
-const MAX_SEND_BUFFER: usize = 64 * 1024;
 
 struct Shared {
     dispatcher: Arc<Dispatcher>,
@@ -242,12 +242,16 @@ async fn serve_http2(
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
+        // A response's headers are its metadata: nothing of hyper's own.
+        .auto_date_header(false)
         .max_concurrent_streams(
             u32::try_from(server.dispatcher.config().max_calls_per_connection).unwrap_or(u32::MAX),
         )
         .max_header_list_size(config.max_header_list_size)
         .max_frame_size(MAX_FRAME_SIZE as u32)
-        .max_send_buf_size(MAX_SEND_BUFFER)
+        .max_send_buf_size(HTTP2_SEND_BUFFER)
+        .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+        .initial_connection_window_size(HTTP2_CONNECTION_WINDOW)
         .keep_alive_interval(config.keepalive)
         .keep_alive_timeout(config.keepalive_timeout);
     let calls = conn.clone();

@@ -1,7 +1,5 @@
 //! The client side of a TCP connection.
 
-use std::io;
-use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -14,6 +12,7 @@ use rpc_core::{CallTable, ClientTransport, Drive, FrameSender, Status};
 use crate::conn::{Conn, ReadPolicy};
 use crate::handshake;
 use crate::outbox::{Class, Pushed};
+use crate::sockets::connect_any;
 
 pub use crate::config::TcpConfig;
 
@@ -83,22 +82,6 @@ impl TcpClient {
             caller_reads: config.caller_reads,
         }))
     }
-}
-
-fn connect_any(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
-    let mut last = None;
-    for resolved in addr.to_socket_addrs()? {
-        match TcpStream::connect_timeout(&resolved, timeout) {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::NotFound,
-            "the host name resolved to no address",
-        )
-    }))
 }
 
 /// Requests go through the connection's output queue, as the server's answers do.

@@ -21,11 +21,11 @@ mod config;
 mod conn;
 mod deadline;
 pub mod handshake;
-pub mod listen;
 mod metrics;
 mod outbox;
 mod reader;
 mod server;
+pub mod sockets;
 
 pub use client::TcpClient;
 pub use config::{ConnectionLimits, TcpConfig, TcpServerConfig, DEFAULT_KEEPALIVE};

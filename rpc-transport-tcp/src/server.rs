@@ -17,7 +17,7 @@ use tokio::io::AsyncWriteExt;
 use crate::config::TcpServerConfig;
 use crate::conn::{Conn, ReadPolicy};
 use crate::handshake;
-use crate::listen::{listen, ServedConnections};
+use crate::sockets::{listen, ServedConnections};
 
 struct Shared {
     dispatcher: Arc<Dispatcher>,

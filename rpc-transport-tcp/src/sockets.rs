@@ -1,10 +1,10 @@
-//! What every server on a TCP port shares, whatever it speaks there (our frames here, gRPC's
-//! HTTP/2 in `rpc-transport-grpc`): its event loop and listener, the accept loop, the set of
-//! connections it serves, and the start of its graceful shutdown.
+//! What every transport over TCP shares, whatever it speaks there (our frames here, gRPC's
+//! HTTP/2 in `rpc-transport-grpc`): a server's event loop and listener, its accept loop, the
+//! set of connections it serves and the start of its graceful shutdown; a client's connect.
 
 use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,4 +156,22 @@ impl<L: ?Sized + Send + Sync + 'static> ServedConnections<L> {
         *closed.lock() = true;
         changed.notify_all();
     }
+}
+
+/// Connects to the first address `addr` (`host:port`) resolves to that answers within
+/// `timeout` (each address gets the whole of it).
+pub fn connect_any(addr: &str, timeout: Duration) -> io::Result<std::net::TcpStream> {
+    let mut last = None;
+    for resolved in addr.to_socket_addrs()? {
+        match std::net::TcpStream::connect_timeout(&resolved, timeout) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "the host name resolved to no address",
+        )
+    }))
 }

@@ -1,0 +1,288 @@
+//! `grpc://` for our clients: a channel's calls as standard gRPC over HTTP/2, to any gRPC
+//! server (tonic, grpc-go, grpcio, ours).
+//!
+//! The channel's frames become HTTP/2 requests: a `Request` starts one (the path from the
+//! method's [`called`](rpc_core::observe::called) entry, metadata as headers, the budget as
+//! `grpc-timeout`), a stream's messages are its body until the half-close, a `Cancel`
+//! resets it. What comes back becomes our frames for the channel ([`crate::exchange`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{HeaderValue, Method};
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use parking_lot::Mutex;
+use rpc_core::client::Responses;
+use rpc_core::frame::OutgoingFrame;
+use rpc_core::transport::{DEFAULT_KEEPALIVE, DEFAULT_KEEPALIVE_TIMEOUT};
+use rpc_core::{CallTable, ClientTransport, Flags, FrameKind, FrameSender, MethodKind, Status};
+use rpc_transport_tcp::sockets::connect_any;
+use tokio::task::AbortHandle;
+
+use crate::body::ReplyBody;
+use crate::config::{
+    DEFAULT_READ_BUDGET, HTTP2_CONNECTION_WINDOW, HTTP2_SEND_BUFFER, HTTP2_STREAM_WINDOW,
+};
+use crate::conn::{take_frame, GrpcConn};
+use crate::exchange::{exchange, Exchange};
+use crate::headers::{add_metadata, grpc_timeout, GRPC_CONTENT_TYPE};
+
+/// `grpc://` client settings.
+#[derive(Debug, Clone)]
+pub struct GrpcClientConfig {
+    /// How long to wait for the TCP handshake with each resolved address, then for
+    /// HTTP/2's.
+    pub connect_timeout: Duration,
+    /// Largest response message accepted; a larger one fails its call with
+    /// `RESOURCE_EXHAUSTED`.
+    pub max_message_size: usize,
+    /// Idle time after which the client pings the server (HTTP/2 PING); `None`: never.
+    pub keepalive: Option<Duration>,
+    /// Longest a ping may go unanswered before the connection is closed and its calls
+    /// fail with `UNAVAILABLE`.
+    pub keepalive_timeout: Duration,
+    /// Bytes of response messages the connection holds while they arrive.
+    pub read_budget: usize,
+    /// Bytes of request messages the connection's calls queue for HTTP/2; past it the
+    /// channel's senders wait.
+    pub write_queue: usize,
+}
+
+impl Default for GrpcClientConfig {
+    fn default() -> Self {
+        GrpcClientConfig {
+            connect_timeout: Duration::from_secs(5),
+            max_message_size: rpc_core::client::DEFAULT_MAX_MESSAGE_SIZE,
+            keepalive: Some(DEFAULT_KEEPALIVE),
+            keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+            read_budget: DEFAULT_READ_BUDGET,
+            write_queue: 1 << 20,
+        }
+    }
+}
+
+/// The event loop of every `grpc://` client connection in the process: one thread,
+/// started with the first connection.
+fn client_runtime() -> Result<&'static tokio::runtime::Runtime, Status> {
+    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("rpc-grpc-client")
+                .enable_io()
+                .enable_time()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| Status::internal(format!("cannot start the gRPC event loop: {e}")))
+}
+
+/// A `grpc://` client connection.
+pub struct GrpcClient {
+    link: Arc<GrpcConn>,
+    sender: http2::SendRequest<ReplyBody>,
+    /// `host:port`, the requests' authority.
+    authority: String,
+    max_message_size: usize,
+    runtime: tokio::runtime::Handle,
+    /// Each call's exchange, to reset it when the call is cancelled.
+    exchanges: Arc<Mutex<HashMap<u64, AbortHandle>>>,
+    connection: AbortHandle,
+}
+
+impl std::fmt::Debug for GrpcClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcClient")
+            .field("peer", &self.link.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GrpcClient {
+    /// Connects to `authority` (`host:port`); what comes back completes calls in `calls`.
+    pub fn connect(
+        authority: &str,
+        calls: Arc<CallTable>,
+        config: &GrpcClientConfig,
+    ) -> Result<Arc<GrpcClient>, Status> {
+        let peer = format!("grpc://{authority}");
+        let unavailable = |e: &dyn std::fmt::Display| Status::unavailable(format!("{peer}: {e}"));
+        let runtime = client_runtime()?;
+        let stream = connect_any(authority, config.connect_timeout).map_err(|e| unavailable(&e))?;
+        let _ = stream.set_nodelay(true);
+        stream.set_nonblocking(true).map_err(|e| unavailable(&e))?;
+        let stream = {
+            let _entered = runtime.enter();
+            tokio::net::TcpStream::from_std(stream).map_err(|e| unavailable(&e))?
+        };
+        let mut builder = http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .keep_alive_interval(config.keepalive)
+            .keep_alive_timeout(config.keepalive_timeout)
+            .keep_alive_while_idle(true)
+            .max_send_buf_size(HTTP2_SEND_BUFFER)
+            .initial_stream_window_size(HTTP2_STREAM_WINDOW)
+            .initial_connection_window_size(HTTP2_CONNECTION_WINDOW);
+        // The handshake runs on the event loop; this thread (a connect is blocking) waits
+        // for it.
+        let (done, handshaken) = std::sync::mpsc::sync_channel(1);
+        runtime.spawn(async move {
+            let _ = done.send(builder.handshake(TokioIo::new(stream)).await);
+        });
+        let (sender, connection) = handshaken
+            .recv_timeout(config.connect_timeout)
+            .map_err(|_| unavailable(&"no HTTP/2 handshake within the connect timeout"))?
+            .map_err(|e| unavailable(&e))?;
+        let link = GrpcConn::new(
+            peer.clone(),
+            config.max_message_size,
+            config.read_budget,
+            config.write_queue,
+        );
+        let responses = Responses::new(calls, peer.clone(), config.max_message_size);
+        link.set_upper(Arc::new(responses));
+        let ended = link.clone();
+        let connection = runtime.spawn(async move {
+            let status = match connection.await {
+                Ok(()) => Status::unavailable(format!("{} closed the connection", ended.peer)),
+                Err(e) => Status::unavailable(format!("{}: {e}", ended.peer)),
+            };
+            ended.on_closed(status);
+        });
+        Ok(Arc::new(GrpcClient {
+            link,
+            sender,
+            authority: authority.to_owned(),
+            max_message_size: config.max_message_size,
+            runtime: runtime.handle().clone(),
+            exchanges: Arc::default(),
+            connection: connection.abort_handle(),
+        }))
+    }
+
+    /// Starts the HTTP/2 request of the call `frame` opens.
+    fn start(&self, frame: &OutgoingFrame<'_>) -> Result<(), Status> {
+        let (request, framed) = take_frame(frame);
+        let header = request.header;
+        let id = header.call_id;
+        let method = rpc_core::observe::called(header.method_id).ok_or_else(|| {
+            Status::unimplemented(format!(
+                "grpc:// names a method by its path, and method id {:#010x} has none here: \
+                 call it through a generated client (or an rpc_core::Method)",
+                header.method_id
+            ))
+        })?;
+        let metadata = request
+            .decode_metadata()
+            .map_err(|e| Status::internal(format!("request {e}")))?;
+        let streaming = header.flags.contains(Flags::STREAM);
+        let mut http = http::Request::builder()
+            .method(Method::POST)
+            .uri(format!("http://{}{}", self.authority, method.path()))
+            .body(())
+            .map_err(|e| Status::internal(format!("request for {}: {e}", method.path())))?;
+        let headers = http.headers_mut();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static(GRPC_CONTENT_TYPE),
+        );
+        headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+        if header.timeout_us > 0 {
+            headers.insert("grpc-timeout", grpc_timeout(header.timeout_us));
+        }
+        add_metadata(headers, &metadata);
+        self.link.open_call_as(id)?;
+        let body = if streaming {
+            ReplyBody::Requests {
+                conn: self.link.clone(),
+                id,
+                done: false,
+            }
+        } else {
+            ReplyBody::Unary {
+                message: Some(framed),
+                trailers: None,
+            }
+        };
+        // A stream answers in the stream shape (headers, messages, trailers) unless its
+        // method answers once (client streaming): then as a unary call does.
+        let answers_once = !streaming || method.kind() == MethodKind::ClientStreaming;
+        let exchange_of = Exchange {
+            link: self.link.clone(),
+            id,
+            method_id: header.method_id,
+            answers_once,
+            limit: self.max_message_size,
+        };
+        let exchanges = self.exchanges.clone();
+        let sender = self.sender.clone();
+        let task = self.runtime.spawn(async move {
+            exchange(exchange_of, sender, http.map(|()| body)).await;
+            exchanges.lock().remove(&id);
+        });
+        let mut exchanges = self.exchanges.lock();
+        if !task.is_finished() {
+            exchanges.insert(id, task.abort_handle());
+        }
+        Ok(())
+    }
+
+    /// The call was given up on: its HTTP/2 stream is reset, and nothing more of it goes up.
+    fn cancel(&self, id: u64) {
+        let exchange = self.exchanges.lock().remove(&id);
+        if let Some(exchange) = exchange {
+            exchange.abort();
+        }
+        self.link.end_call(id, false);
+    }
+}
+
+impl FrameSender for GrpcClient {
+    fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
+        match frame.header().kind {
+            FrameKind::Request => self.start(frame),
+            FrameKind::Cancel => {
+                self.cancel(frame.header().call_id);
+                Ok(())
+            }
+            _ => self.link.send(frame),
+        }
+    }
+
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        frame: &mut OutgoingFrame<'_>,
+    ) -> Poll<Result<(), Status>> {
+        match frame.header().kind {
+            FrameKind::Request | FrameKind::Cancel => Poll::Ready(self.send(frame)),
+            _ => self.link.poll_send(cx, frame),
+        }
+    }
+}
+
+impl ClientTransport for GrpcClient {
+    fn peer(&self) -> &str {
+        &self.link.peer
+    }
+
+    fn close(&self) {
+        self.connection.abort();
+        let aborted: Vec<AbortHandle> = self.exchanges.lock().drain().map(|(_, e)| e).collect();
+        aborted.iter().for_each(AbortHandle::abort);
+        self.link
+            .on_closed(Status::unavailable(format!("{} closed", self.link.peer)));
+    }
+}
+
+impl Drop for GrpcClient {
+    fn drop(&mut self) {
+        self.connection.abort();
+    }
+}
