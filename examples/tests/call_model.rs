@@ -309,3 +309,12 @@ async fn grpc_carries_the_whole_call_model() {
     streams_end_with_trailers(url).await;
     trailers_beyond_a_frame(url, true).await;
 }
+
+/// The call model against a gRPC server we did not write (Python's grpcio serving the same
+/// Tester and Streamer): trailers, binary metadata, statuses with details and metadata.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_server_carries_the_call_model() {
+    let peer = common::grpcio::GrpcioServer::start();
+    unary_trailers_and_binary_metadata(peer.url()).await;
+    streams_end_with_trailers(peer.url()).await;
+}

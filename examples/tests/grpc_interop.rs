@@ -1,7 +1,10 @@
-//! Python's grpcio, a gRPC client we did not write, against our `grpc://` server: the gRPC
-//! interop suite's cases (`examples/tests/grpc/interop.py`) on the examples' services, and
-//! what the server saw of them. Needs `python3` with `grpcio` and `grpcio-tools` (the
+//! Python's grpcio, a gRPC peer we did not write, both ways: its client against our
+//! `grpc://` server (the gRPC interop suite's cases, `examples/tests/grpc/interop.py`, and
+//! what the server saw of them), and our generated client against its server
+//! (`examples/tests/grpc/server.py`). Needs `python3` with `grpcio` and `grpcio-tools` (the
 //! README's test command installs them); a machine without them fails here, naming them.
+
+mod common;
 
 use std::path::Path;
 use std::process::Command;
@@ -10,9 +13,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_rpc::prelude::*;
-use rdma_rpc::ServerHandle;
+use rdma_rpc::{Code, ServerHandle};
 use rpc_examples::streaming::streamer_server::StreamerServer;
+use rpc_examples::testing::tester_client::TesterClient;
 use rpc_examples::testing::tester_server::TesterServer;
+use rpc_examples::testing::{BulkRequest, FailRequest, SleepRequest};
 use rpc_examples::{Streamer, StreamerStats, Tester, TesterStats};
 
 struct Served {
@@ -130,5 +135,68 @@ fn deadlines_and_cancellation_reach_the_handlers() {
     assert_eq!(served.tester.sleeps_finished.load(Ordering::SeqCst), 0);
     eventually("both produce streams were dropped", || {
         served.streamer.produce_dropped.load(Ordering::SeqCst) == 2
+    });
+}
+
+/// Our generated client against grpcio's server: large messages both ways, a unicode
+/// status with details, an unimplemented method, a deadline and a cancel that reach the
+/// server's handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_client_against_grpcio() {
+    let peer = common::grpcio::GrpcioServer::start();
+    let channel = rdma_rpc::client()
+        .max_message_size(16 << 20)
+        .connect(peer.url())
+        .await
+        .unwrap();
+    let tester = TesterClient::new(channel);
+
+    let payload = rpc_examples::bulk_pattern(5 << 20, 9);
+    let reply = tester
+        .bulk(BulkRequest {
+            reply_len: 7 << 20,
+            seed: 9,
+            payload: payload.into(),
+            delay: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.matched && reply.received == 5 << 20);
+    assert!(reply.payload == rpc_examples::bulk_pattern(7 << 20, 9));
+
+    let message = "\t\ntest with whitespace\r\nand Unicode BMP \u{263a} and non-BMP \u{1f608}\t\n";
+    let status = tester
+        .fail(FailRequest {
+            code: Code::Unknown as u32,
+            message: message.into(),
+            details: vec![8, 2, 0xff],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unknown);
+    assert_eq!(status.message(), message);
+    assert_eq!(status.details(), [8, 2, 0xff]);
+
+    let status = tester.panic(()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unimplemented, "{status}");
+
+    let sleep = || SleepRequest {
+        duration: Some(prost_types::Duration {
+            seconds: 20,
+            nanos: 0,
+        }),
+    };
+    let started = Instant::now();
+    let mut request = Request::new(sleep());
+    request.set_timeout(Duration::from_millis(300));
+    let status = tester.sleep(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let cancelled = tokio::time::timeout(Duration::from_millis(300), tester.sleep(sleep())).await;
+    assert!(cancelled.is_err(), "the sleep answered early");
+    eventually("grpcio saw both sleeps end early", || {
+        let now = futures::executor::block_on(tester.now(())).unwrap();
+        now.metadata().get("sleeps-cancelled") == Some(&b"2"[..])
     });
 }

@@ -571,3 +571,13 @@ on_every_transport!(
     deadline_covers_the_stream,
     dropped_opening_cancels,
 );
+
+/// Our generated clients against a gRPC server we did not write (Python's grpcio serving
+/// the same Streamer): every shape, large messages, blocking forms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_server_streams_every_shape() {
+    let peer = common::grpcio::GrpcioServer::start();
+    server_streams(peer.url()).await;
+    client_and_bidi_streams(peer.url()).await;
+    large_messages_stream(peer.url()).await;
+}

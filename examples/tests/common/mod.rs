@@ -2,6 +2,8 @@
 
 // Each test binary uses some of them.
 #[allow(dead_code)]
+pub mod grpcio;
+#[allow(dead_code)]
 pub mod load;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

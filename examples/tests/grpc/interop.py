@@ -8,33 +8,15 @@ proto/streaming.proto) and exits non-zero on the first failure, naming it. Stubs
 generated from the repository's .proto files with grpcio-tools at start.
 """
 
-import functools
 import os
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import grpc
-from grpc_tools import protoc
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-PROTO = os.path.join(ROOT, "proto")
-INCLUDE = os.path.join(ROOT, "rpc-codegen", "proto-include")
-WELL_KNOWN = os.path.join(os.path.dirname(protoc.__file__), "_proto")
-
-
-def generate():
-    out = tempfile.mkdtemp(prefix="rdma-rpc-grpc-")
-    for proto in ["echo.proto", "testing.proto", "streaming.proto",
-                  "google/api/annotations.proto", "google/api/http.proto"]:
-        args = ["protoc", f"-I{PROTO}", f"-I{INCLUDE}", f"-I{WELL_KNOWN}",
-                f"--python_out={out}", f"--grpc_python_out={out}", proto]
-        if protoc.main(args) != 0:
-            sys.exit(f"grpc_tools.protoc failed on {proto}")
-    sys.path.insert(0, out)
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stubs import generate, pattern  # noqa: E402
 
 generate()
 import echo_pb2  # noqa: E402
@@ -46,24 +28,6 @@ from google.protobuf import duration_pb2, empty_pb2  # noqa: E402
 
 MAX = 64 << 20
 OPTIONS = [("grpc.max_send_message_length", MAX), ("grpc.max_receive_message_length", MAX)]
-
-
-@functools.lru_cache(maxsize=64)
-def pattern(length, seed):
-    """The examples' bulk_pattern: 64 KiB blocks, each starting with its tagged index."""
-    block_len = 64 * 1024
-    block = bytes(((i * 131 + seed) & 0xFF) for i in range(block_len))
-    out = bytearray()
-    index = 0
-    while len(out) < length:
-        take = min(block_len, length - len(out))
-        start = len(out)
-        out += block[:take]
-        tag = ((index ^ seed) & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
-        tagged = min(len(tag), take)
-        out[start:start + tagged] = tag[:tagged]
-        index += 1
-    return bytes(out)
 
 
 def check(condition, what):
