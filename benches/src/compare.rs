@@ -42,6 +42,16 @@ pub struct CompareReport {
     pub grpc_p50_over_tonic: f64,
     /// `grpc_in_flight.calls_per_sec / tonic_in_flight.calls_per_sec`.
     pub grpc_over_tonic_in_flight: f64,
+    /// Our client over `grpc://` against tonic's server, one call at a time (blocking
+    /// stub).
+    pub grpc_client: BenchResult,
+    /// Our client over `grpc://` against tonic's server, `in_flight` calls (async stubs).
+    pub grpc_client_in_flight: BenchResult,
+    /// `grpc_client.p50_us / tonic.p50_us`: our gRPC client's latency against tonic's,
+    /// same tonic server.
+    pub grpc_client_p50_over_tonic: f64,
+    /// `grpc_client_in_flight.calls_per_sec / tonic_in_flight.calls_per_sec`.
+    pub grpc_client_over_tonic_in_flight: f64,
     /// `ours.p50_us / floor.p50_us`.
     pub ours_p50_over_floor: f64,
     /// `tonic.p50_us / floor.p50_us`.
@@ -67,7 +77,15 @@ pub fn run(
     let tonic_in_flight = tonic_echo::run(size, iters, warmup, in_flight)?;
     let grpc = tonic_echo::run_against_grpc(size, iters, warmup, 1)?;
     let grpc_in_flight = tonic_echo::run_against_grpc(size, iters, warmup, in_flight)?;
+    let grpc_client = tonic_echo::run_ours_against_tonic(&plan(size, iters, warmup, 1))?;
+    let grpc_client_in_flight =
+        tonic_echo::run_ours_against_tonic(&plan(size, iters, warmup, in_flight))?;
     Ok(CompareReport {
+        grpc_client_p50_over_tonic: grpc_client.p50_us / tonic.p50_us,
+        grpc_client_over_tonic_in_flight: grpc_client_in_flight.calls_per_sec
+            / tonic_in_flight.calls_per_sec,
+        grpc_client,
+        grpc_client_in_flight,
         grpc_p50_over_tonic: grpc.p50_us / tonic.p50_us,
         grpc_over_tonic_in_flight: grpc_in_flight.calls_per_sec / tonic_in_flight.calls_per_sec,
         grpc,
@@ -88,6 +106,20 @@ pub fn run(
     })
 }
 
+/// `iters` echo calls of `size` bytes after `warmup`, `concurrency` in flight (the blocking
+/// stub when one at a time).
+fn plan(size: usize, iters: u64, warmup: u64, concurrency: usize) -> ClientPlan {
+    ClientPlan {
+        size,
+        iters,
+        warmup,
+        concurrency,
+        async_stubs: false,
+        rdma: rdma_rpc::RdmaConfig::default(),
+        poll: None,
+    }
+}
+
 fn run_ours(
     size: usize,
     iters: u64,
@@ -96,16 +128,7 @@ fn run_ours(
 ) -> Result<BenchResult, BenchError> {
     let url = "tcp://127.0.0.1:0".parse()?;
     let server = ours::start_server(&url, rdma_rpc::RdmaConfig::default())?;
-    let plan = ClientPlan {
-        size,
-        iters,
-        warmup,
-        concurrency,
-        async_stubs: false,
-        rdma: rdma_rpc::RdmaConfig::default(),
-        poll: None,
-    };
-    let result = ours::run_client(server.local_url(), &plan);
+    let result = ours::run_client(server.local_url(), &plan(size, iters, warmup, concurrency));
     server.shutdown_blocking(std::time::Duration::from_secs(1));
     result
 }
@@ -141,6 +164,12 @@ impl CompareReport {
                 self.grpc.p50_us / self.floor.p50_us,
                 self.grpc.calls_per_sec / self.floor.calls_per_sec,
             ),
+            (
+                "grpc:// (ours), tonic server",
+                &self.grpc_client,
+                self.grpc_client.p50_us / self.floor.p50_us,
+                self.grpc_client.calls_per_sec / self.floor.calls_per_sec,
+            ),
         ];
         for (name, r, p50_ratio, rate_ratio) in rows {
             out += &format!(
@@ -165,6 +194,7 @@ impl CompareReport {
             ("rdma-rpc tcp:// (ours)", &self.ours_in_flight),
             ("tonic (HTTP/2)", &self.tonic_in_flight),
             ("tonic client, grpc:// (ours)", &self.grpc_in_flight),
+            ("grpc:// (ours), tonic server", &self.grpc_client_in_flight),
         ] {
             out += &format!(
                 "{name:<28} {:>9.1} {:>9.1} {:>10.0}\n",
@@ -178,6 +208,10 @@ impl CompareReport {
         out += &format!(
             "our grpc:// server / tonic's, same tonic client: p50 {:.2}x one at a time, calls/s {:.2}x at {} in flight\n",
             self.grpc_p50_over_tonic, self.grpc_over_tonic_in_flight, self.in_flight
+        );
+        out += &format!(
+            "our grpc:// client / tonic's, same tonic server: p50 {:.2}x one at a time, calls/s {:.2}x at {} in flight\n",
+            self.grpc_client_p50_over_tonic, self.grpc_client_over_tonic_in_flight, self.in_flight
         );
         out
     }

@@ -90,18 +90,33 @@ fn client_runtime() -> Result<tokio::runtime::Runtime, BenchError> {
         .map_err(|e| BenchError::failed("creating the tokio runtime", e))
 }
 
+/// Our client over `grpc://`, making the calls `plan` says, against tonic's echo server.
+pub fn run_ours_against_tonic(plan: &crate::ours::ClientPlan) -> Result<BenchResult, BenchError> {
+    let plan = plan.clone();
+    client_runtime()?.block_on(with_server(echo_router(plan.size), |url| async move {
+        let url = url.replacen("http://", "grpc://", 1);
+        tokio::task::spawn_blocking(move || crate::ours::run_client(&url, &plan))
+            .await
+            .map_err(|e| BenchError::failed("our client's thread", e))?
+    }))
+}
+
+/// tonic's echo server, for messages of `size` bytes.
+fn echo_router(size: usize) -> tonic::transport::server::Router {
+    tonic::transport::Server::builder().add_service(
+        EchoServer::new(TonicEcho)
+            .max_decoding_message_size(message_limit(size))
+            .max_encoding_message_size(message_limit(size)),
+    )
+}
+
 async fn serve_and_call(
     size: usize,
     iters: u64,
     warmup: u64,
     concurrency: usize,
 ) -> Result<BenchResult, BenchError> {
-    let router = tonic::transport::Server::builder().add_service(
-        EchoServer::new(TonicEcho)
-            .max_decoding_message_size(message_limit(size))
-            .max_encoding_message_size(message_limit(size)),
-    );
-    with_server(router, |url| async move {
+    with_server(echo_router(size), |url| async move {
         call(&url, "tonic", size, iters, warmup, concurrency).await
     })
     .await
