@@ -178,6 +178,17 @@ async fn our_client_against_grpcio() {
     assert_eq!(status.message(), message);
     assert_eq!(status.details(), [8, 2, 0xff]);
 
+    // An error after the headers (no message): its status, not a missing message.
+    let mut request = Request::new(FailRequest {
+        code: Code::NotFound as u32,
+        message: "no such row".into(),
+        details: Vec::new(),
+    });
+    request.metadata_mut().insert("headers-first", "1").unwrap();
+    let status = tester.fail(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status}");
+    assert_eq!(status.message(), "no such row");
+
     let status = tester.panic(()).await.unwrap_err();
     assert_eq!(status.code(), Code::Unimplemented, "{status}");
 
@@ -199,4 +210,64 @@ async fn our_client_against_grpcio() {
         let now = futures::executor::block_on(tester.now(())).unwrap();
         now.metadata().get("sleeps-cancelled") == Some(&b"2"[..])
     });
+}
+
+/// A graceful shutdown of the server (HTTP/2 GOAWAY) lets a running stream finish on our
+/// client: the connection's end reaches the channel once its calls ended, not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_client_finishes_its_stream_through_a_goaway() {
+    use futures::StreamExt;
+    use rpc_examples::streaming::streamer_client::StreamerClient;
+    use rpc_examples::streaming::ProduceRequest;
+
+    let served = serve();
+    let url = served.server.local_url().to_owned();
+    let client = StreamerClient::new(rdma_rpc::connect(&url).await.unwrap());
+    let ask = ProduceRequest {
+        count: 30,
+        size: 10,
+        interval: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 20_000_000,
+        }),
+        ..Default::default()
+    };
+    let mut stream = client.produce(ask).await.unwrap().into_inner();
+    let first = stream.next().await.unwrap().unwrap();
+    assert_eq!(first.index, 0);
+    let server = served.server;
+    let shutdown = std::thread::spawn(move || server.shutdown_blocking(Duration::from_secs(10)));
+    let mut read = 1;
+    while let Some(chunk) = stream.next().await {
+        assert_eq!(
+            chunk.unwrap().index,
+            read,
+            "the stream was cut by the GOAWAY"
+        );
+        read += 1;
+    }
+    assert_eq!(read, 30);
+    shutdown.join().unwrap();
+}
+
+/// A client-streaming method called through a `Method` that does not say so is answered
+/// by a gRPC server in the stream shape: the call fails, naming the fix, instead of
+/// returning a default message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_streaming_method_not_declared_so_fails_clearly() {
+    use rpc_examples::streaming::{Chunk, ConsumeSummary};
+
+    static UNDECLARED: rdma_rpc::Method = rdma_rpc::Method::new("/rpc.streaming.Streamer/Consume");
+    let served = serve();
+    let channel = rdma_rpc::connect(served.server.local_url()).await.unwrap();
+    let chunks = futures::stream::iter(vec![Chunk::default()]);
+    let answer = channel
+        .client_streaming::<_, Chunk, ConsumeSummary>(&UNDECLARED, Request::new(chunks))
+        .await;
+    let status = answer.unwrap_err();
+    assert_eq!(status.code(), Code::Internal);
+    assert!(
+        status.message().contains("MethodKind::ClientStreaming"),
+        "{status}"
+    );
 }

@@ -1,7 +1,6 @@
 //! The body of a gRPC response, as hyper sends it: nothing (the headers ended the call),
 //! a unary answer, or a stream's messages taken from its call as HTTP/2 has room for them.
 
-use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -50,12 +49,14 @@ impl ReplyBody {
 
 impl Body for ReplyBody {
     type Data = Bytes;
-    type Error = Infallible;
+    /// Only a client's request stream fails: its call was cancelled or failed here, and
+    /// HTTP/2 resets the stream (`CANCEL`) rather than ending it as if it were whole.
+    type Error = h2::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
         let frame = match self.get_mut() {
             ReplyBody::Empty => None,
             ReplyBody::Unary { message, trailers } => match message.take() {
@@ -65,10 +66,15 @@ impl Body for ReplyBody {
             ReplyBody::Stream { done: true, .. } | ReplyBody::Requests { done: true, .. } => None,
             ReplyBody::Requests { conn, id, done } => match ready!(conn.poll_reply(*id, cx)) {
                 Reply::Message(message) => Some(Frame::data(message)),
-                // The half-close, or the call's end here: the request is over.
-                Reply::Frame(..) | Reply::Failed(_) => {
+                // The half-close: the request is whole.
+                Reply::Frame(..) => {
                     *done = true;
                     None
+                }
+                // The call ended here (cancelled, failed, its connection gone).
+                Reply::Failed(_) => {
+                    *done = true;
+                    return Poll::Ready(Some(Err(h2::Error::from(h2::Reason::CANCEL))));
                 }
             },
             ReplyBody::Stream { call, done } => {

@@ -69,7 +69,7 @@ pub(crate) async fn serve<B>(
 ) -> Result<http::Response<ReplyBody>, Infallible>
 where
     B: Body<Data = Bytes> + Unpin + Send + 'static,
-    B::Error: std::fmt::Display,
+    B::Error: std::error::Error + Send + Sync + 'static,
 {
     let not_grpc = if request.method() != Method::POST {
         Some(StatusCode::METHOD_NOT_ALLOWED)
@@ -97,7 +97,7 @@ async fn start<B>(
 ) -> Result<http::Response<ReplyBody>, Status>
 where
     B: Body<Data = Bytes> + Unpin + Send + 'static,
-    B::Error: std::fmt::Display,
+    B::Error: std::error::Error + Send + Sync + 'static,
 {
     let (parts, body) = request.into_parts();
     let path = parts.uri.path();
@@ -282,13 +282,19 @@ async fn read_single<B>(
 ) -> Result<Bytes, Status>
 where
     B: Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
+    B::Error: std::error::Error + Send + Sync + 'static,
 {
     let (limit, what) = match deadline {
         Some(d) if d < read_timeout => (d, "its deadline"),
         _ => (read_timeout, "the server's request_read_timeout"),
     };
-    tokio::time::timeout(limit, reader.single("request"))
+    let single = async {
+        reader
+            .single()
+            .await?
+            .ok_or_else(|| Status::internal("the request body ended without its message"))
+    };
+    tokio::time::timeout(limit, single)
         .await
         .unwrap_or_else(|_| {
             Err(Status::deadline_exceeded(format!(

@@ -17,16 +17,17 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use parking_lot::Mutex;
 use rpc_core::client::Responses;
 use rpc_core::frame::OutgoingFrame;
-use rpc_core::transport::{DEFAULT_KEEPALIVE, DEFAULT_KEEPALIVE_TIMEOUT};
+use rpc_core::transport::DEFAULT_KEEPALIVE_TIMEOUT;
 use rpc_core::{CallTable, ClientTransport, Flags, FrameKind, FrameSender, MethodKind, Status};
 use rpc_transport_tcp::sockets::connect_any;
 use tokio::task::AbortHandle;
 
 use crate::body::ReplyBody;
 use crate::config::{
-    DEFAULT_READ_BUDGET, HTTP2_CONNECTION_WINDOW, HTTP2_SEND_BUFFER, HTTP2_STREAM_WINDOW,
+    DEFAULT_MAX_HEADER_LIST_SIZE, DEFAULT_READ_BUDGET, HTTP2_CONNECTION_WINDOW, HTTP2_SEND_BUFFER,
+    HTTP2_STREAM_WINDOW,
 };
-use crate::conn::{take_frame, GrpcConn};
+use crate::conn::{take_frame, GrpcConn, Side};
 use crate::exchange::{exchange, Exchange};
 use crate::headers::{add_metadata, grpc_timeout, GRPC_CONTENT_TYPE};
 
@@ -39,16 +40,24 @@ pub struct GrpcClientConfig {
     /// Largest response message accepted; a larger one fails its call with
     /// `RESOURCE_EXHAUSTED`.
     pub max_message_size: usize,
-    /// Idle time after which the client pings the server (HTTP/2 PING); `None`: never.
+    /// Time after which the client pings a server it has calls running on and heard
+    /// nothing from (HTTP/2 PING); `None` (the default, as gRPC clients do): never. gRPC
+    /// servers by default allow a ping every 5 minutes and only while calls run, and
+    /// answer more with GOAWAY (`too_many_pings`).
     pub keepalive: Option<Duration>,
     /// Longest a ping may go unanswered before the connection is closed and its calls
     /// fail with `UNAVAILABLE`.
     pub keepalive_timeout: Duration,
-    /// Bytes of response messages the connection holds while they arrive.
+    /// Bytes of response messages the connection holds while they arrive; past it, the
+    /// call whose message would pass it fails with `RESOURCE_EXHAUSTED` (at least one
+    /// message of `max_message_size` always fits).
     pub read_budget: usize,
-    /// Bytes of request messages the connection's calls queue for HTTP/2; past it the
-    /// channel's senders wait.
+    /// Bytes of request messages the connection's calls queue for HTTP/2 (each call at
+    /// most its stream window, 256 KiB and a message); past it the channel's senders wait.
     pub write_queue: usize,
+    /// Largest header block (headers or trailers) a response may carry, in HTTP/2's
+    /// measure.
+    pub max_header_list_size: u32,
 }
 
 impl Default for GrpcClientConfig {
@@ -56,10 +65,11 @@ impl Default for GrpcClientConfig {
         GrpcClientConfig {
             connect_timeout: Duration::from_secs(5),
             max_message_size: rpc_core::client::DEFAULT_MAX_MESSAGE_SIZE,
-            keepalive: Some(DEFAULT_KEEPALIVE),
+            keepalive: None,
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
             read_budget: DEFAULT_READ_BUDGET,
-            write_queue: 1 << 20,
+            write_queue: 16 << 20,
+            max_header_list_size: DEFAULT_MAX_HEADER_LIST_SIZE,
         }
     }
 }
@@ -125,7 +135,8 @@ impl GrpcClient {
             .timer(TokioTimer::new())
             .keep_alive_interval(config.keepalive)
             .keep_alive_timeout(config.keepalive_timeout)
-            .keep_alive_while_idle(true)
+            .keep_alive_while_idle(false)
+            .max_header_list_size(config.max_header_list_size)
             .max_send_buf_size(HTTP2_SEND_BUFFER)
             .initial_stream_window_size(HTTP2_STREAM_WINDOW)
             .initial_connection_window_size(HTTP2_CONNECTION_WINDOW);
@@ -141,6 +152,7 @@ impl GrpcClient {
             .map_err(|e| unavailable(&e))?;
         let link = GrpcConn::new(
             peer.clone(),
+            Side::Client,
             config.max_message_size,
             config.read_budget,
             config.write_queue,
@@ -150,7 +162,14 @@ impl GrpcClient {
         let ended = link.clone();
         let connection = runtime.spawn(async move {
             let status = match connection.await {
-                Ok(()) => Status::unavailable(format!("{} closed the connection", ended.peer)),
+                Ok(()) => {
+                    // A GOAWAY: the server takes no new call, and ends those it has.
+                    // New calls fail `UNAVAILABLE` from now on; the channel hears of the end
+                    // (and reconnects) once the running ones ended.
+                    ended.peer_goes_away();
+                    ended.drained().await;
+                    Status::unavailable(format!("{} went away (HTTP/2 GOAWAY)", ended.peer))
+                }
                 Err(e) => Status::unavailable(format!("{}: {e}", ended.peer)),
             };
             ended.on_closed(status);
@@ -222,14 +241,14 @@ impl GrpcClient {
         };
         let exchanges = self.exchanges.clone();
         let sender = self.sender.clone();
+        // Spawned and registered under the lock: the task's own removal, which takes it,
+        // comes after.
+        let mut running = self.exchanges.lock();
         let task = self.runtime.spawn(async move {
             exchange(exchange_of, sender, http.map(|()| body)).await;
             exchanges.lock().remove(&id);
         });
-        let mut exchanges = self.exchanges.lock();
-        if !task.is_finished() {
-            exchanges.insert(id, task.abort_handle());
-        }
+        running.insert(id, task.abort_handle());
         Ok(())
     }
 

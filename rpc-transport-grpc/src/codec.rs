@@ -34,13 +34,20 @@ pub(crate) fn framed(message: &[u8]) -> Bytes {
 pub(crate) struct ReadBudget {
     held: Arc<AtomicUsize>,
     limit: usize,
+    /// Which messages the connection reads (`request`, `response`), for errors.
+    what: &'static str,
+    /// The setting that sets `limit`, for errors.
+    knob: &'static str,
 }
 
 impl ReadBudget {
-    pub(crate) fn new(limit: usize) -> Self {
+    /// `limit` bytes of `what` messages (`request`, `response`), set by `knob`.
+    pub(crate) fn new(limit: usize, what: &'static str, knob: &'static str) -> Self {
         ReadBudget {
             held: Arc::new(AtomicUsize::new(0)),
             limit,
+            what,
+            knob,
         }
     }
 
@@ -52,9 +59,9 @@ impl ReadBudget {
         }
         self.held.fetch_sub(n, Ordering::AcqRel);
         Err(Status::resource_exhausted(format!(
-            "this connection holds {before} bytes of requests still arriving, and {n} more \
-             would pass its read budget of {} bytes (GrpcServerConfig::read_budget)",
-            self.limit
+            "this connection holds {before} bytes of {} messages still arriving, and {n} \
+             more would pass its read budget of {} bytes ({})",
+            self.what, self.limit, self.knob
         )))
     }
 
@@ -97,7 +104,7 @@ impl<B> Drop for MessageReader<B> {
 impl<B> MessageReader<B>
 where
     B: Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
+    B::Error: std::error::Error + Send + Sync + 'static,
 {
     /// Reads `body`'s messages, refusing any over `limit` bytes, holding what arrives
     /// against `budget`.
@@ -152,11 +159,7 @@ where
                         }
                     }
                 },
-                Some(Err(e)) => {
-                    return Poll::Ready(Err(Status::cancelled(format!(
-                        "the request body failed: {e}"
-                    ))))
-                }
+                Some(Err(e)) => return Poll::Ready(Err(body_failed(&e, self.budget.what))),
             }
         }
     }
@@ -166,18 +169,17 @@ where
         std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 
-    /// The one message of a body that carries one: exactly one, then the end (`what`
-    /// names the body in errors: `request`, `response`).
-    pub(crate) async fn single(&mut self, what: &str) -> Result<Bytes, Status> {
+    /// The one message of a body that carries one, if it carries any; more than one
+    /// fails.
+    pub(crate) async fn single(&mut self) -> Result<Option<Bytes>, Status> {
         let Some(message) = self.next().await? else {
-            return Err(Status::internal(format!(
-                "the {what} body ended without its message"
-            )));
+            return Ok(None);
         };
         match self.next().await? {
-            None => Ok(message),
+            None => Ok(Some(message)),
             Some(_) => Err(Status::internal(format!(
-                "the method has one {what} message, but the body holds more"
+                "the method has one {} message, but the body holds more",
+                self.budget.what
             ))),
         }
     }
@@ -204,7 +206,7 @@ where
         let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
         if len > self.limit {
             return Err(Status::message_too_large(
-                "request message",
+                &format!("{} message", self.budget.what),
                 len as u64,
                 self.limit as u64,
             ));
@@ -269,6 +271,32 @@ where
     }
 }
 
+/// The status a body that failed ends its call with: as gRPC maps the HTTP/2 reset that
+/// ended it (`CANCEL` is `CANCELLED`, `REFUSED_STREAM` `UNAVAILABLE`, `ENHANCE_YOUR_CALM`
+/// `RESOURCE_EXHAUSTED`, `INADEQUATE_SECURITY` `PERMISSION_DENIED`, any other `INTERNAL`),
+/// or `UNAVAILABLE` if the connection failed.
+fn body_failed(e: &(dyn std::error::Error + 'static), what: &str) -> Status {
+    let mut source = Some(e);
+    let mut reason = None;
+    while let Some(err) = source {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            reason = h2.reason();
+            break;
+        }
+        source = err.source();
+    }
+    let message = format!("the {what} body failed: {e}");
+    let code = match reason {
+        None => rpc_core::Code::Unavailable,
+        Some(h2::Reason::CANCEL | h2::Reason::NO_ERROR) => rpc_core::Code::Cancelled,
+        Some(h2::Reason::REFUSED_STREAM) => rpc_core::Code::Unavailable,
+        Some(h2::Reason::ENHANCE_YOUR_CALM) => rpc_core::Code::ResourceExhausted,
+        Some(h2::Reason::INADEQUATE_SECURITY) => rpc_core::Code::PermissionDenied,
+        Some(_) => rpc_core::Code::Internal,
+    };
+    Status::new(code, message)
+}
+
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
@@ -295,7 +323,7 @@ mod tests {
     }
 
     fn read_all(chunks: Vec<Bytes>, limit: usize) -> Result<Vec<Bytes>, Status> {
-        let budget = ReadBudget::new(usize::MAX / 2);
+        let budget = ReadBudget::new(usize::MAX / 2, "request", "the test's");
         let mut reader = MessageReader::new(Chunks(chunks.into()), limit, budget.clone());
         let mut cx = Context::from_waker(Waker::noop());
         let mut out = Vec::new();
@@ -349,7 +377,7 @@ mod tests {
 
     #[test]
     fn the_connection_budget_bounds_what_readers_hold() {
-        let budget = ReadBudget::new(100);
+        let budget = ReadBudget::new(100, "request", "the test's");
         let mut cx = Context::from_waker(Waker::noop());
         let wire = framed(&[1; 80]);
         // A first reader holds 60 bytes of its message, still arriving.

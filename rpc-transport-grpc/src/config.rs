@@ -12,8 +12,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// HTTP/2's window of each stream, both sides (`SETTINGS_INITIAL_WINDOW_SIZE`): how far a
 /// peer may send a stream's bytes ahead of their reader, beyond our own stream windows.
 pub const HTTP2_STREAM_WINDOW: u32 = 1 << 20;
-/// HTTP/2's window of a whole connection, both sides.
-pub const HTTP2_CONNECTION_WINDOW: u32 = 4 << 20;
+/// HTTP/2's window of a whole connection, both sides: sixteen streams' worth, so that a few
+/// streams whose readers stall leave room for the connection's other calls.
+pub const HTTP2_CONNECTION_WINDOW: u32 = 16 << 20;
 /// Bytes hyper buffers per stream for sending (its default is 400 KiB): messages wait in
 /// the calls' queues instead, under the `write_queue` bound.
 pub const HTTP2_SEND_BUFFER: usize = 64 * 1024;

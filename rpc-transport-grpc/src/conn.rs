@@ -28,6 +28,15 @@ use tokio::sync::watch;
 use crate::codec::{framed, put_prefix, ReadBudget, PREFIX_LEN};
 use crate::config::MAX_FRAME_SIZE;
 
+/// Which side of HTTP/2 a connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// It serves requests.
+    Server,
+    /// It sends them.
+    Client,
+}
+
 /// How far a connection is from its end, as its task is told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
@@ -112,6 +121,8 @@ struct State {
     calls: HashMap<u64, CallState>,
     next_id: u64,
     closed: Option<Status>,
+    /// The peer said GOAWAY: no new call opens.
+    going_away: bool,
     /// Bytes of [`Reply::queued_bytes`] in every call's queue.
     queued: usize,
     /// The dispatcher's senders waiting for the queue to go below its bound (one per call
@@ -145,6 +156,8 @@ pub(crate) struct GrpcConn {
     /// and let go when the connection ends (it holds this connection).
     upper: Mutex<Option<Arc<dyn Inbound>>>,
     phase: watch::Sender<Phase>,
+    /// Told when a call ends, for [`GrpcConn::drained`].
+    call_ended: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for GrpcConn {
@@ -159,21 +172,27 @@ impl std::fmt::Debug for GrpcConn {
 impl GrpcConn {
     /// The calls of a connection with `peer`; its readers hold at most `read_budget` bytes
     /// (at least a message of `max_message` bytes and a frame: a lone message always fits)
-    /// and its queues `write_queue`.
+    /// and its queues `write_queue`. `side` says which.
     pub(crate) fn new(
         peer: String,
+        side: Side,
         max_message: usize,
         read_budget: usize,
         write_queue: usize,
     ) -> Arc<GrpcConn> {
         let min_budget = max_message + PREFIX_LEN + MAX_FRAME_SIZE;
+        let (what, knob) = match side {
+            Side::Server => ("request", "GrpcServerConfig::read_budget"),
+            Side::Client => ("response", "GrpcClientConfig::read_budget"),
+        };
         Arc::new(GrpcConn {
-            read_budget: ReadBudget::new(read_budget.max(min_budget)),
+            read_budget: ReadBudget::new(read_budget.max(min_budget), what, knob),
             peer,
             state: Mutex::new(State::default()),
             write_queue,
             upper: Mutex::new(None),
             phase: watch::Sender::new(Phase::Serving),
+            call_ended: tokio::sync::Notify::new(),
         })
     }
 
@@ -211,6 +230,12 @@ impl GrpcConn {
         let mut state = self.state.lock();
         if let Some(status) = &state.closed {
             return Err(status.clone());
+        }
+        if state.going_away {
+            return Err(Status::unavailable(format!(
+                "{} is going away (HTTP/2 GOAWAY): it takes no new call",
+                self.peer
+            )));
         }
         state.calls.insert(id, CallState::new());
         Ok(())
@@ -334,8 +359,25 @@ impl GrpcConn {
         };
         senders.into_iter().for_each(Waker::wake);
         call.wake_both().into_iter().flatten().for_each(Waker::wake);
+        self.call_ended.notify_waiters();
         if cancel {
             self.deliver(stream_frame(FrameKind::Cancel, id, 0, Bytes::new()));
+        }
+    }
+
+    /// The peer said GOAWAY: new calls are refused, running ones go on.
+    pub(crate) fn peer_goes_away(&self) {
+        self.state.lock().going_away = true;
+    }
+
+    /// Waits until no call runs.
+    pub(crate) async fn drained(&self) {
+        loop {
+            let ended = self.call_ended.notified();
+            if self.state.lock().calls.is_empty() {
+                return;
+            }
+            ended.await;
         }
     }
 
@@ -542,7 +584,13 @@ mod tests {
     }
 
     fn conn(write_queue: usize) -> Arc<GrpcConn> {
-        GrpcConn::new("grpc://test".into(), 1024, 1 << 20, write_queue)
+        GrpcConn::new(
+            "grpc://test".into(),
+            Side::Server,
+            1024,
+            1 << 20,
+            write_queue,
+        )
     }
 
     fn poll_send(

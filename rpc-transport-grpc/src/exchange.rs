@@ -70,11 +70,21 @@ impl Exchange {
         };
         let mut reader = MessageReader::new(body, self.limit, self.link.read_budget.clone());
         if self.answers_once {
-            let message = match reader.single("response").await {
+            let message = match reader.single().await {
                 Ok(message) => message,
                 Err(status) => return self.respond(&status),
             };
             let status = ended_with(&mut reader);
+            let Some(message) = message else {
+                // No message: an error status says why (after headers, as a handler that
+                // sent its headers first ends); an OK one breaks the method's shape.
+                return self.respond(&match status.code() {
+                    Code::Ok => {
+                        Status::internal("the server ended the call without its response message")
+                    }
+                    _ => status,
+                });
+            };
             if status.code() != Code::Ok {
                 return self.respond(&status);
             }
@@ -121,7 +131,7 @@ impl Exchange {
 fn ended_with<B>(reader: &mut MessageReader<B>) -> Status
 where
     B: http_body::Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
+    B::Error: std::error::Error + Send + Sync + 'static,
 {
     reader
         .take_trailers()

@@ -26,7 +26,7 @@ pub(crate) enum Ending {
 pub(crate) async fn pump<B>(conn: &GrpcConn, id: u64, reader: &mut MessageReader<B>) -> Ending
 where
     B: Body<Data = Bytes> + Unpin,
-    B::Error: std::fmt::Display,
+    B::Error: std::error::Error + Send + Sync + 'static,
 {
     let mut seq: u32 = 1;
     loop {

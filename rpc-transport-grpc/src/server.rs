@@ -20,7 +20,7 @@ use crate::config::{
     GrpcServerConfig, HTTP2_CONNECTION_WINDOW, HTTP2_SEND_BUFFER, HTTP2_STREAM_WINDOW,
     MAX_FRAME_SIZE,
 };
-use crate::conn::{GrpcConn, Phase};
+use crate::conn::{GrpcConn, Phase, Side};
 
 /// How long a connection told to close still sends what it has (its GOAWAY, the last
 /// trailers) before it is dropped.
@@ -160,6 +160,7 @@ fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
     let addr = format!("grpc://{peer}");
     let conn = GrpcConn::new(
         addr.clone(),
+        Side::Server,
         shared.dispatcher.config().max_message_size,
         shared.config.read_budget,
         shared.config.write_queue,

@@ -70,6 +70,9 @@ class Tester(testing_pb2_grpc.TesterServicer):
 
     def Fail(self, request, context):
         metadata = [(k, v) for k, v in context.invocation_metadata() if k != "user-agent"]
+        if dict(metadata).get("headers-first"):
+            # Headers, then the error: the status comes in trailers after them.
+            context.send_initial_metadata([("x-sent", "first")])
         fail(context, request.code, request.message, metadata, request.details)
 
     def Now(self, request, context):

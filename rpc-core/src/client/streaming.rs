@@ -236,7 +236,18 @@ impl Channel {
                 let (mut call, sending, guard) = channel.start_stream(method.id(), request).await?;
                 let frame = await_headers(&mut call, &mut Some(sending)).await;
                 guard.finish_quietly();
-                finish(frame?)
+                let frame = frame?;
+                if frame.header.flags.contains(Flags::STREAM) {
+                    // Headers of a stream: the transport took the method for one that
+                    // streams its responses (a gRPC peer's answer, for a `Method` that did
+                    // not say it is client streaming).
+                    return Err(Status::internal(format!(
+                        "{} answered a client-streaming call as a stream: declare its Method \
+                         with MethodKind::ClientStreaming",
+                        method.path()
+                    )));
+                }
+                finish(frame)
             }
             .instrument(span)
             .await;

@@ -81,15 +81,15 @@ impl From<u32> for MethodRef {
     }
 }
 
-/// The [`Method`]s this process called, by id.
-static CALLED: OnceLock<RwLock<FxHashMap<u32, &'static Method>>> = OnceLock::new();
+/// The [`Method`]s this process called, by id (`None`: two paths of the same id).
+static CALLED: OnceLock<RwLock<FxHashMap<u32, Option<&'static Method>>>> = OnceLock::new();
 
 /// The method of id `id`, if this process called it as a [`Method`] (generated clients
-/// do): how a transport that names methods by path (gRPC's) finds the path of a request.
-/// The table holds each method at most once: it is bounded by the methods the program
-/// names.
+/// do), and no other path with the same id: how a transport that names methods by path
+/// (gRPC's) finds the path of a request. The table holds each method at most once: it is
+/// bounded by the methods the program names.
 pub fn called(id: u32) -> Option<&'static Method> {
-    CALLED.get()?.read().get(&id).copied()
+    CALLED.get()?.read().get(&id).copied().flatten()
 }
 
 impl MethodRef {
@@ -98,7 +98,16 @@ impl MethodRef {
         if let MethodRef::Named(method) = self {
             if !method.noted.load(Ordering::Acquire) {
                 let table = CALLED.get_or_init(Default::default);
-                table.write().insert(method.id, method);
+                let mut table = table.write();
+                let entry = table.entry(method.id).or_insert(Some(method));
+                if entry.is_some_and(|known| known.path != method.path) {
+                    tracing::warn!(
+                        first = entry.map_or("", |m| m.path),
+                        second = method.path,
+                        "two methods share an id: neither can be called by path"
+                    );
+                    *entry = None;
+                }
                 method.noted.store(true, Ordering::Release);
             }
         }
