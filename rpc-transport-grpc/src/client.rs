@@ -19,7 +19,7 @@ use rpc_core::client::Responses;
 use rpc_core::frame::OutgoingFrame;
 use rpc_core::transport::DEFAULT_KEEPALIVE_TIMEOUT;
 use rpc_core::{CallTable, ClientTransport, Flags, FrameKind, FrameSender, MethodKind, Status};
-use rpc_transport_tcp::sockets::connect_any;
+use rpc_transport_tcp::sockets::{client_event_loop, connect_any};
 use tokio::task::AbortHandle;
 
 use crate::body::ReplyBody;
@@ -78,18 +78,7 @@ impl Default for GrpcClientConfig {
 /// started with the first connection.
 fn client_runtime() -> Result<&'static tokio::runtime::Runtime, Status> {
     static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("rpc-grpc-client")
-                .enable_io()
-                .enable_time()
-                .build()
-                .map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(|e| Status::internal(format!("cannot start the gRPC event loop: {e}")))
+    client_event_loop(&RUNTIME, "rpc-grpc-client")
 }
 
 /// A `grpc://` client connection.

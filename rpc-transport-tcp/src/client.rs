@@ -12,7 +12,7 @@ use rpc_core::{CallTable, ClientTransport, Drive, FrameSender, Status};
 use crate::conn::{Conn, ReadPolicy};
 use crate::handshake;
 use crate::outbox::{Class, Pushed};
-use crate::sockets::connect_any;
+use crate::sockets::{client_event_loop, connect_any};
 
 pub use crate::config::TcpConfig;
 
@@ -20,18 +20,7 @@ pub use crate::config::TcpConfig;
 /// the first connection, that reads responses and writes what senders could not.
 fn client_runtime() -> Result<&'static tokio::runtime::Runtime, Status> {
     static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("rpc-tcp-client")
-                .enable_io()
-                .enable_time()
-                .build()
-                .map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(|e| Status::internal(format!("cannot start the TCP event loop: {e}")))
+    client_event_loop(&RUNTIME, "rpc-tcp-client")
 }
 
 /// A connected TCP client transport. Frames are written on the calling thread when the

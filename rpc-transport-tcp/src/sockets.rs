@@ -158,6 +158,27 @@ impl<L: ?Sized + Send + Sync + 'static> ServedConnections<L> {
     }
 }
 
+/// A process-wide client event loop: one thread named `thread_name`, started in `cell` with
+/// the first connection that needs it.
+pub fn client_event_loop(
+    cell: &'static std::sync::OnceLock<Result<tokio::runtime::Runtime, String>>,
+    thread_name: &str,
+) -> Result<&'static tokio::runtime::Runtime, rpc_core::Status> {
+    cell.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(thread_name)
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| {
+        rpc_core::Status::internal(format!("cannot start the {thread_name} event loop: {e}"))
+    })
+}
+
 /// Connects to the first address `addr` (`host:port`) resolves to that answers within
 /// `timeout` (each address gets the whole of it).
 pub fn connect_any(addr: &str, timeout: Duration) -> io::Result<std::net::TcpStream> {

@@ -112,11 +112,22 @@ fn package_name(id: &str) -> String {
 /// connection manager does not take new connections for minutes after.
 pub const RUNS_LAST: &[&str] = &["chaos_link"];
 
+/// Test binaries with no RDMA in them (gRPC over HTTP/2, against Python's grpcio and
+/// tonic): the host's `cargo test` runs them, the VM does not run them again.
+pub const HOST_ONLY: &[&str] = &["grpc_interop", "grpc_hostile", "grpc_tonic"];
+
+/// What the VM skips in the other binaries: their gRPC tests (each suite's `grpc` case and
+/// those against grpcio), which the host ran.
+pub const HOST_ONLY_TESTS: &str = "grpc";
+
 /// One step per test binary, run from its package directory like `cargo test` does; those
-/// of [`RUNS_LAST`] at the end.
+/// of [`RUNS_LAST`] at the end, none of [`HOST_ONLY`].
 pub fn plan(binaries: &[TestBinary], test_args: &[String], cwd: &Path) -> GuestPlan {
     let mut plan = GuestPlan::new(cwd);
-    let mut ordered: Vec<&TestBinary> = binaries.iter().collect();
+    let mut ordered: Vec<&TestBinary> = binaries
+        .iter()
+        .filter(|b| !HOST_ONLY.contains(&b.target.as_str()))
+        .collect();
     ordered.sort_by_key(|b| RUNS_LAST.contains(&b.target.as_str()));
     for binary in ordered {
         // The tests that need a device are `#[ignore]`d for plain `cargo test` on hosts
@@ -124,6 +135,8 @@ pub fn plan(binaries: &[TestBinary], test_args: &[String], cwd: &Path) -> GuestP
         let mut argv = vec![
             binary.executable.to_string_lossy().into_owned(),
             "--include-ignored".to_owned(),
+            "--skip".to_owned(),
+            HOST_ONLY_TESTS.to_owned(),
         ];
         argv.extend(test_args.iter().cloned());
         let command = GuestCommand::new(argv)
@@ -153,14 +166,19 @@ mod tests {
     }
 
     #[test]
-    fn binaries_that_disturb_the_device_run_last() {
+    fn binaries_that_disturb_the_device_run_last_and_host_only_ones_not_at_all() {
         let binary = |target: &str| TestBinary {
             package: "rpc-examples".into(),
             target: target.into(),
             executable: PathBuf::from(format!("/t/{target}")),
             package_dir: PathBuf::from("/w/examples"),
         };
-        let binaries = [binary("chaos_link"), binary("auth"), binary("chaos")];
+        let binaries = [
+            binary("chaos_link"),
+            binary("grpc_interop"),
+            binary("auth"),
+            binary("chaos"),
+        ];
         let plan = plan(&binaries, &[], Path::new("/w"));
         let labels: Vec<&str> = plan.steps.iter().map(|s| s.label.as_str()).collect();
         assert_eq!(
