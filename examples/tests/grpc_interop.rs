@@ -48,14 +48,20 @@ fn serve() -> Served {
 
 /// Runs the interop script's `cases` against `server`; panics with its output if one fails.
 fn run_cases(server: &ServerHandle, cases: &[&str]) {
+    let target = server.local_url().trim_start_matches("grpc://");
+    run_cases_at(target, None, cases);
+}
+
+/// Runs the interop script's `cases` against `target` (`host:port`), over TLS trusting the
+/// authority of the PEM file `ca` if given.
+pub fn run_cases_at(target: &str, ca: Option<&Path>, cases: &[&str]) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/grpc/interop.py");
-    let target = server.local_url().trim_start_matches("grpc://").to_owned();
-    let output = Command::new("python3")
-        .arg(&script)
-        .arg(&target)
-        .args(cases)
-        .output()
-        .expect("python3 runs (install python3)");
+    let mut python = Command::new("python3");
+    python.arg(&script).arg(target).args(cases);
+    if let Some(ca) = ca {
+        python.env("GRPC_CA", ca);
+    }
+    let output = python.output().expect("python3 runs (install python3)");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     print!("{stdout}");
@@ -269,5 +275,76 @@ async fn a_client_streaming_method_not_declared_so_fails_clearly() {
     assert!(
         status.message().contains("MethodKind::ClientStreaming"),
         "{status}"
+    );
+}
+
+/// `grpcs://`: our server with a certificate of a test authority; grpcio and our client
+/// trusting that authority call it, and both refuse it when they trust another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_our_authority_and_refused_with_another() {
+    use rdma_rpc::{ClientTls, GrpcClientConfig, GrpcServerConfig, ServeOptions, ServerTls};
+    use rpc_examples::streaming::streamer_server::StreamerServer;
+    use rpc_examples::testing::tester_server::TesterServer;
+
+    let pki = common::tls::TestPki::new();
+    let other = common::tls::TestPki::new();
+    let grpc = GrpcServerConfig {
+        tls: Some(ServerTls::from_pem_files(pki.cert(), pki.key()).unwrap()),
+        ..Default::default()
+    };
+    let server = Server::builder()
+        .add_service(TesterServer::new(Tester::default()))
+        .add_service(StreamerServer::new(Streamer::default()))
+        .start_with(
+            "grpcs://127.0.0.1:0",
+            ServeOptions {
+                grpc,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let port = server.local_url().rsplit(':').next().unwrap().to_owned();
+    let target = format!("localhost:{port}");
+    let cases = ["empty_unary", "metadata", "server_streaming", "ping_pong"];
+    let (ca, other_ca) = (pki.ca(), other.ca());
+    tokio::task::spawn_blocking(move || {
+        run_cases_at(&target, Some(&ca), &cases);
+        run_cases_at(&target, Some(&other_ca), &["refused"]);
+    })
+    .await
+    .unwrap();
+
+    let trusting = |ca| GrpcClientConfig {
+        tls: Some(ClientTls::trusting_pem_file(ca).unwrap()),
+        ..Default::default()
+    };
+    let url = format!("grpcs://localhost:{port}");
+    let channel = rdma_rpc::client()
+        .grpc_config(trusting(pki.ca()))
+        .connect(&url)
+        .await
+        .unwrap();
+    let now = TesterClient::new(channel).now(()).await.unwrap();
+    assert!(now.get_ref().seconds > 0);
+    let refused = rdma_rpc::client()
+        .grpc_config(trusting(other.ca()))
+        .connect(&url)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("TLS handshake"), "{refused}");
+    // Plaintext to a TLS port, and TLS without authorities, are refused too.
+    let plain = rdma_rpc::client()
+        .connect_timeout(Duration::from_secs(2))
+        .connect(&format!("grpc://localhost:{port}"))
+        .await;
+    let status = match plain {
+        Ok(channel) => TesterClient::new(channel).now(()).await.unwrap_err(),
+        Err(e) => rdma_rpc::Status::from(e),
+    };
+    assert_eq!(status.code(), Code::Unavailable, "{status}");
+    let unset = rdma_rpc::client().connect(&url).await.unwrap_err();
+    assert!(
+        unset.to_string().contains("authorities to trust"),
+        "{unset}"
     );
 }

@@ -15,6 +15,8 @@ pub enum TransportKind {
     Rdma,
     /// `grpc://`: standard gRPC over HTTP/2, to and from gRPC peers in any language.
     Grpc,
+    /// `grpcs://`: the same over TLS (rustls).
+    GrpcTls,
 }
 
 /// A parsed endpoint URL.

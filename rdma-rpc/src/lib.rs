@@ -32,7 +32,7 @@ pub use dns::{Resolve, SystemResolver, DEFAULT_DNS_REFRESH, MAX_RESOLVED_ADDRESS
 pub use endpoint::{Endpoint, TransportKind};
 pub use error::Error;
 pub use rpc_core::*;
-pub use rpc_transport_grpc::{GrpcClientConfig, GrpcServerConfig};
+pub use rpc_transport_grpc::{ClientTls, GrpcClientConfig, GrpcServerConfig, ServerTls, TlsError};
 /// gRPC over HTTP/2 (`grpc://`): its settings and the windows HTTP/2 adds to ours.
 pub mod grpc {
     pub use rpc_transport_grpc::*;
@@ -78,6 +78,7 @@ pub struct ClientBuilder {
     tcp_caller_reads: Option<Duration>,
     credentials: Option<auth::Credentials>,
     reconnect: ReconnectConfig,
+    grpc: GrpcClientConfig,
 }
 
 /// A [`ClientBuilder`] with default settings.
@@ -119,6 +120,14 @@ impl ClientBuilder {
     /// How long establishing the connection may take (default 5 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = Some(timeout);
+        self
+    }
+
+    /// HTTP/2 settings of `grpc://` and `grpcs://` connections, and the authorities a
+    /// `grpcs://` connection trusts (its message size limit and connect timeout are this
+    /// builder's own).
+    pub fn grpc_config(mut self, config: GrpcClientConfig) -> Self {
+        self.grpc = config;
         self
     }
 

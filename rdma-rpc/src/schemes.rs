@@ -31,7 +31,7 @@ pub(crate) struct Scheme {
 }
 
 /// Every transport, in the order of [`TransportKind`].
-pub(crate) static SCHEMES: [Scheme; 3] = [
+pub(crate) static SCHEMES: [Scheme; 4] = [
     Scheme {
         kind: TransportKind::Tcp,
         name: "tcp",
@@ -59,16 +59,43 @@ pub(crate) static SCHEMES: [Scheme; 3] = [
     Scheme {
         kind: TransportKind::Grpc,
         name: "grpc",
-        connect: connect_grpc,
-        listen: |authority, dispatcher, options| {
-            Ok(Box::new(GrpcServer::bind(
-                authority,
-                dispatcher,
-                options.grpc,
-            )?))
-        },
+        connect: |authority, calls, settings| connect_grpc(authority, calls, settings, false),
+        listen: |authority, dispatcher, options| listen_grpc(authority, dispatcher, options, false),
+    },
+    Scheme {
+        kind: TransportKind::GrpcTls,
+        name: "grpcs",
+        connect: |authority, calls, settings| connect_grpc(authority, calls, settings, true),
+        listen: |authority, dispatcher, options| listen_grpc(authority, dispatcher, options, true),
     },
 ];
+
+/// Serves gRPC on `authority`: over TLS with `tls` (`grpcs://`, which needs a certificate),
+/// else plaintext (`grpc://`, which refuses one: a URL says whether traffic is encrypted).
+fn listen_grpc(
+    authority: &str,
+    dispatcher: Arc<Dispatcher>,
+    options: ServeOptions,
+    tls: bool,
+) -> Result<Box<dyn Listener>, Error> {
+    let invalid = |reason: &str| Error::InvalidUrl {
+        url: format!("{}://{authority}", if tls { "grpcs" } else { "grpc" }),
+        reason: reason.to_owned(),
+    };
+    match (tls, options.grpc.tls.is_some()) {
+        (true, false) => Err(invalid(
+            "grpcs:// needs a certificate: ServeOptions::grpc.tls (ServerTls::from_pem_files)",
+        )),
+        (false, true) => Err(invalid(
+            "grpc:// is plaintext, but a certificate is set: serve on grpcs://",
+        )),
+        _ => Ok(Box::new(GrpcServer::bind(
+            authority,
+            dispatcher,
+            options.grpc,
+        )?)),
+    }
+}
 
 /// The transport named `name`, if any.
 pub(crate) fn named(name: &str) -> Option<&'static Scheme> {
@@ -119,16 +146,32 @@ fn connect_grpc(
     authority: &str,
     calls: Arc<CallTable>,
     settings: &ClientBuilder,
+    tls: bool,
 ) -> Result<Arc<dyn ClientTransport>, Status> {
+    let url = format!("{}://{authority}", if tls { "grpcs" } else { "grpc" });
     if settings.credentials.is_some() {
         return Err(Status::unauthenticated(format!(
-            "grpc://{authority}: gRPC servers do not speak our connection handshake; send \
-             credentials as metadata (an interceptor) instead"
+            "{url}: gRPC servers do not speak our connection handshake; send credentials \
+             as metadata (an interceptor) instead"
         )));
+    }
+    match (tls, settings.grpc.tls.is_some()) {
+        (true, false) => {
+            return Err(Status::invalid_argument(format!(
+                "{url} needs the authorities to trust: ClientBuilder::grpc_config with \
+                 GrpcClientConfig::tls (ClientTls::trusting_pem_file)"
+            )))
+        }
+        (false, true) => {
+            return Err(Status::invalid_argument(format!(
+                "{url} is plaintext, but authorities to trust are set: connect to grpcs://"
+            )))
+        }
+        _ => {}
     }
     let mut config = GrpcClientConfig {
         max_message_size: settings.channel.max_message_size,
-        ..Default::default()
+        ..settings.grpc.clone()
     };
     if let Some(t) = settings.connect_timeout {
         config.connect_timeout = t;
@@ -166,7 +209,7 @@ mod tests {
         }
         assert_eq!(
             supported(),
-            "tcp://host:port or rdma://host:port or grpc://host:port"
+            "tcp://host:port or rdma://host:port or grpc://host:port or grpcs://host:port"
         );
     }
 }

@@ -30,6 +30,7 @@ use crate::config::{
 use crate::conn::{take_frame, GrpcConn, Side};
 use crate::exchange::{exchange, Exchange};
 use crate::headers::{add_metadata, grpc_timeout, GRPC_CONTENT_TYPE};
+use crate::tls::{agreed_h2, server_name, ClientTls};
 
 /// `grpc://` client settings.
 #[derive(Debug, Clone)]
@@ -58,6 +59,9 @@ pub struct GrpcClientConfig {
     /// Largest header block (headers or trailers) a response may carry, in HTTP/2's
     /// measure.
     pub max_header_list_size: u32,
+    /// For `grpcs://`: the authorities whose certificates the client trusts (the server's
+    /// name is checked against the URL's host). `None`: plaintext.
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for GrpcClientConfig {
@@ -70,6 +74,7 @@ impl Default for GrpcClientConfig {
             read_budget: DEFAULT_READ_BUDGET,
             write_queue: 16 << 20,
             max_header_list_size: DEFAULT_MAX_HEADER_LIST_SIZE,
+            tls: None,
         }
     }
 }
@@ -87,6 +92,8 @@ pub struct GrpcClient {
     sender: http2::SendRequest<ReplyBody>,
     /// `host:port`, the requests' authority.
     authority: String,
+    /// `http`, or `https` over TLS.
+    uri_scheme: &'static str,
     max_message_size: usize,
     runtime: tokio::runtime::Handle,
     /// Each call's exchange, to reset it when the call is cancelled.
@@ -109,7 +116,12 @@ impl GrpcClient {
         calls: Arc<CallTable>,
         config: &GrpcClientConfig,
     ) -> Result<Arc<GrpcClient>, Status> {
-        let peer = format!("grpc://{authority}");
+        let scheme = if config.tls.is_some() {
+            "grpcs"
+        } else {
+            "grpc"
+        };
+        let peer = format!("{scheme}://{authority}");
         let unavailable = |e: &dyn std::fmt::Display| Status::unavailable(format!("{peer}: {e}"));
         let runtime = client_runtime()?;
         let stream = connect_any(authority, config.connect_timeout).map_err(|e| unavailable(&e))?;
@@ -129,16 +141,6 @@ impl GrpcClient {
             .max_send_buf_size(HTTP2_SEND_BUFFER)
             .initial_stream_window_size(HTTP2_STREAM_WINDOW)
             .initial_connection_window_size(HTTP2_CONNECTION_WINDOW);
-        // The handshake runs on the event loop; this thread (a connect is blocking) waits
-        // for it.
-        let (done, handshaken) = std::sync::mpsc::sync_channel(1);
-        runtime.spawn(async move {
-            let _ = done.send(builder.handshake(TokioIo::new(stream)).await);
-        });
-        let (sender, connection) = handshaken
-            .recv_timeout(config.connect_timeout)
-            .map_err(|_| unavailable(&"no HTTP/2 handshake within the connect timeout"))?
-            .map_err(|e| unavailable(&e))?;
         let link = GrpcConn::new(
             peer.clone(),
             Side::Client,
@@ -148,29 +150,63 @@ impl GrpcClient {
         );
         let responses = Responses::new(calls, peer.clone(), config.max_message_size);
         link.set_upper(Arc::new(responses));
+        // The handshakes (TLS's, then HTTP/2's) run on the event loop, which then drives
+        // the connection; this thread (a connect is blocking) waits for them.
+        let (done, handshaken) = std::sync::mpsc::sync_channel(1);
+        let tls = match &config.tls {
+            None => None,
+            Some(tls) => Some((
+                tls.0.clone(),
+                server_name(authority).map_err(|e| unavailable(&e))?,
+            )),
+        };
         let ended = link.clone();
         let connection = runtime.spawn(async move {
-            let status = match connection.await {
-                Ok(()) => {
-                    // A GOAWAY: the server takes no new call, and ends those it has.
-                    // New calls fail `UNAVAILABLE` from now on; the channel hears of the end
-                    // (and reconnects) once the running ones ended.
-                    ended.peer_goes_away();
-                    ended.drained().await;
-                    Status::unavailable(format!("{} went away (HTTP/2 GOAWAY)", ended.peer))
+            match tls {
+                None => drive(stream, builder, ended, done).await,
+                Some((config, name)) => {
+                    let connector = tokio_rustls::TlsConnector::from(config);
+                    match connector.connect(name, stream).await {
+                        Ok(tls) if agreed_h2(tls.get_ref().1.alpn_protocol()) => {
+                            drive(tls, builder, ended, done).await;
+                        }
+                        Ok(_) => {
+                            let _ = done.send(Err("the server's TLS agreed on a protocol other \
+                                                   than HTTP/2"
+                                .to_owned()));
+                        }
+                        Err(e) => {
+                            let _ = done.send(Err(format!("TLS handshake: {e}")));
+                        }
+                    }
                 }
-                Err(e) => Status::unavailable(format!("{}: {e}", ended.peer)),
-            };
-            ended.on_closed(status);
+            }
         });
+        let abort = connection.abort_handle();
+        let sender = match handshaken.recv_timeout(config.connect_timeout) {
+            Ok(Ok(sender)) => sender,
+            Ok(Err(why)) => {
+                abort.abort();
+                return Err(unavailable(&why));
+            }
+            Err(_) => {
+                abort.abort();
+                return Err(unavailable(&"no handshake within the connect timeout"));
+            }
+        };
         Ok(Arc::new(GrpcClient {
             link,
             sender,
             authority: authority.to_owned(),
+            uri_scheme: if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            },
             max_message_size: config.max_message_size,
             runtime: runtime.handle().clone(),
             exchanges: Arc::default(),
-            connection: connection.abort_handle(),
+            connection: abort,
         }))
     }
 
@@ -192,7 +228,12 @@ impl GrpcClient {
         let streaming = header.flags.contains(Flags::STREAM);
         let mut http = http::Request::builder()
             .method(Method::POST)
-            .uri(format!("http://{}{}", self.authority, method.path()))
+            .uri(format!(
+                "{}://{}{}",
+                self.uri_scheme,
+                self.authority,
+                method.path()
+            ))
             .body(())
             .map_err(|e| Status::internal(format!("request for {}: {e}", method.path())))?;
         let headers = http.headers_mut();
@@ -249,6 +290,38 @@ impl GrpcClient {
         }
         self.link.end_call(id, false);
     }
+}
+
+/// The HTTP/2 handshake over `stream`; its sender goes to `done`, then the connection is
+/// driven until it ends: a GOAWAY lets the running calls end first (new calls fail
+/// `UNAVAILABLE` from then on), and the channel hears of the end once they have.
+async fn drive<S>(
+    stream: S,
+    builder: http2::Builder<TokioExecutor>,
+    link: Arc<GrpcConn>,
+    done: std::sync::mpsc::SyncSender<Result<http2::SendRequest<ReplyBody>, String>>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let connection = match builder.handshake(TokioIo::new(stream)).await {
+        Ok((sender, connection)) => {
+            let _ = done.send(Ok(sender));
+            connection
+        }
+        Err(e) => {
+            let _ = done.send(Err(e.to_string()));
+            return;
+        }
+    };
+    let status = match connection.await {
+        Ok(()) => {
+            link.peer_goes_away();
+            link.drained().await;
+            Status::unavailable(format!("{} went away (HTTP/2 GOAWAY)", link.peer))
+        }
+        Err(e) => Status::unavailable(format!("{}: {e}", link.peer)),
+    };
+    link.on_closed(status);
 }
 
 impl FrameSender for GrpcClient {

@@ -58,6 +58,9 @@ pub struct GrpcServerConfig {
     /// as its windows allow); past it, the server's senders wait. Statuses and trailers
     /// always go.
     pub write_queue: usize,
+    /// The certificate `grpcs://` serves with (required there; `grpc://` is plaintext).
+    /// The TLS handshake must end within `handshake_timeout`, and agree on HTTP/2.
+    pub tls: Option<crate::ServerTls>,
 }
 
 impl Default for GrpcServerConfig {
@@ -72,6 +75,7 @@ impl Default for GrpcServerConfig {
             request_read_timeout: Duration::from_secs(30),
             read_budget: DEFAULT_READ_BUDGET,
             write_queue: 1 << 20,
+            tls: None,
         }
     }
 }

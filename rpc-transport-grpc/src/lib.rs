@@ -21,6 +21,7 @@ mod exchange;
 mod headers;
 mod pump;
 mod server;
+mod tls;
 
 pub use client::{GrpcClient, GrpcClientConfig};
 pub use config::{
@@ -28,3 +29,4 @@ pub use config::{
     HTTP2_CONNECTION_WINDOW, HTTP2_SEND_BUFFER, HTTP2_STREAM_WINDOW,
 };
 pub use server::GrpcServer;
+pub use tls::{ClientTls, ServerTls, TlsError};

@@ -21,6 +21,7 @@ use crate::config::{
     MAX_FRAME_SIZE,
 };
 use crate::conn::{GrpcConn, Phase, Side};
+use crate::tls::{agreed_h2, ServerTls};
 
 /// How long a connection told to close still sends what it has (its GOAWAY, the last
 /// trailers) before it is dropped.
@@ -194,9 +195,15 @@ async fn serve_connection(
     mut phase: watch::Receiver<Phase>,
     config: GrpcServerConfig,
 ) {
-    let ended = match preface(&stream, config.handshake_timeout).await {
-        Ok(()) => serve_http2(stream, &conn, server, &mut phase, &config).await,
-        Err(why) => Err(why),
+    let ended = match &config.tls {
+        None => match preface(&stream, config.handshake_timeout).await {
+            Ok(()) => serve_http2(stream, &conn, server, &mut phase, &config).await,
+            Err(why) => Err(why),
+        },
+        Some(tls) => match tls_handshake(stream, tls, config.handshake_timeout).await {
+            Ok(stream) => serve_http2(stream, &conn, server, &mut phase, &config).await,
+            Err(why) => Err(why),
+        },
     };
     let status = match ended {
         Ok(()) => Status::unavailable(format!("{} closed the connection", conn.peer)),
@@ -233,13 +240,33 @@ async fn preface(stream: &TcpStream, timeout: Duration) -> Result<(), String> {
         .unwrap_or_else(|_| Err(format!("no HTTP/2 preface within {timeout:?}")))
 }
 
-async fn serve_http2(
+/// The server's side of the TLS handshake, at most `timeout`; it must agree on HTTP/2.
+async fn tls_handshake(
     stream: TcpStream,
+    tls: &ServerTls,
+    timeout: Duration,
+) -> Result<tokio_rustls::server::TlsStream<TcpStream>, String> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.0.clone());
+    let stream = tokio::time::timeout(timeout, acceptor.accept(stream))
+        .await
+        .map_err(|_| format!("no TLS handshake within {timeout:?}"))?
+        .map_err(|e| format!("TLS handshake: {e}"))?;
+    if !agreed_h2(stream.get_ref().1.alpn_protocol()) {
+        return Err("the client's TLS agreed on a protocol other than HTTP/2".to_owned());
+    }
+    Ok(stream)
+}
+
+async fn serve_http2<S>(
+    stream: S,
     conn: &Arc<GrpcConn>,
     server: Arc<ServerSide>,
     phase: &mut watch::Receiver<Phase>,
     config: &GrpcServerConfig,
-) -> Result<(), String> {
+) -> Result<(), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())

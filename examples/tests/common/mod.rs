@@ -5,6 +5,8 @@
 pub mod grpcio;
 #[allow(dead_code)]
 pub mod load;
+#[allow(dead_code)]
+pub mod tls;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

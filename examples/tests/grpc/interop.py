@@ -5,7 +5,9 @@ Usage: interop.py HOST:PORT CASE...
 
 Runs each case against the examples' Tester and Streamer services (proto/testing.proto,
 proto/streaming.proto) and exits non-zero on the first failure, naming it. Stubs are
-generated from the repository's .proto files with grpcio-tools at start.
+generated from the repository's .proto files with grpcio-tools at start. With GRPC_CA set
+to a PEM file, the channel is TLS trusting that authority; the case `refused` expects the
+TLS handshake to fail (the server's certificate is not from that authority).
 """
 
 import os
@@ -46,9 +48,24 @@ def expect_error(call, code, contains=None):
     raise AssertionError(f"expected {code}, the call succeeded")
 
 
+def channel(target):
+    """A channel to `target`: TLS trusting GRPC_CA's authority if it is set."""
+    ca = os.environ.get("GRPC_CA")
+    if ca is None:
+        return grpc.insecure_channel(target, options=OPTIONS)
+    with open(ca, "rb") as f:
+        credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+    return grpc.secure_channel(target, credentials, options=OPTIONS)
+
+
+def refused(target):
+    stub = testing_pb2_grpc.TesterStub(channel(target))
+    expect_error(lambda: stub.Now(empty_pb2.Empty(), timeout=5), grpc.StatusCode.UNAVAILABLE)
+
+
 class Cases:
     def __init__(self, target):
-        self.channel = grpc.insecure_channel(target, options=OPTIONS)
+        self.channel = channel(target)
         grpc.channel_ready_future(self.channel).result(timeout=10)
         self.tester = testing_pb2_grpc.TesterStub(self.channel)
         self.streamer = streaming_pb2_grpc.StreamerStub(self.channel)
@@ -240,11 +257,14 @@ class Cases:
 
 def main():
     target, cases = sys.argv[1], sys.argv[2:]
-    runner = Cases(target)
+    runner = None if cases == ["refused"] else Cases(target)
     for case in cases:
         started = time.monotonic()
         try:
-            getattr(runner, case)()
+            if case == "refused":
+                refused(target)
+            else:
+                getattr(runner, case)()
         except Exception as e:  # noqa: BLE001
             print(f"FAIL {case}: {type(e).__name__}: {e}", flush=True)
             sys.exit(1)
