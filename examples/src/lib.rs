@@ -34,6 +34,11 @@ pub mod rpc {
 
 pub use rpc::{streaming, testing};
 
+/// The encoded `FileDescriptorSet` of every `.proto` file above and their imports, for
+/// server reflection (`rdma_rpc::reflection`).
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/examples_descriptors.bin"));
+
 mod kv_store;
 mod services;
 mod streamer;

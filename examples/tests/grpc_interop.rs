@@ -32,9 +32,16 @@ fn serve() -> Served {
     let (tester_stats, streamer_stats) = (tester.stats.clone(), streamer.stats.clone());
     let (reporter, health) = rdma_rpc::health::health_reporter();
     reporter.set_serving::<TesterServer<Tester>>();
+    let (reflection, reflection_v1alpha) = rdma_rpc::reflection::builder()
+        .register_encoded_file_descriptor_set(rpc_examples::FILE_DESCRIPTOR_SET)
+        .and_then(|b| b.register_encoded_file_descriptor_set(rdma_rpc::health::FILE_DESCRIPTOR_SET))
+        .unwrap()
+        .build();
     let server = Server::builder()
         .max_message_size(16 << 20)
         .add_service(health)
+        .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(TesterServer::new(tester))
         .add_service(StreamerServer::new(streamer))
         .start("grpc://127.0.0.1:0")
@@ -107,6 +114,7 @@ fn unary_calls_metadata_and_statuses() {
             "too_large",
             "concurrent",
             "health",
+            "reflection",
         ],
     );
 }

@@ -47,6 +47,7 @@ pub use serve::{ServeExt, ServeOptions, ServerHandle};
 
 /// The standard `grpc.health.v1.Health` service and its reporter ([`rpc_health`]).
 pub use rpc_health as health;
+pub use rpc_reflection as reflection;
 
 /// What most applications import.
 pub mod prelude {

@@ -37,6 +37,10 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/grpc.health.v1.rs"));
 }
 
+/// The encoded `FileDescriptorSet` of `grpc.health.v1`, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/health_descriptors.bin"));
+
 pub use pb::health_check_response::ServingStatus;
 use pb::health_server::{Health, HealthServer};
 use pb::{HealthCheckRequest, HealthCheckResponse};

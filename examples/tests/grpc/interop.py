@@ -247,6 +247,33 @@ class Cases:
         check(next(watch).status == serving, "the first watched status")
         watch.cancel()
 
+    def reflection(self):
+        # As grpcurl and grpcio's own reflection client discover a server.
+        from google.protobuf.descriptor_pool import DescriptorPool
+        from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+            ProtoReflectionDescriptorDatabase)
+        database = ProtoReflectionDescriptorDatabase(self.channel)
+        services = set(database.get_services())
+        for service in ["rpc.testing.Tester", "rpc.streaming.Streamer", "grpc.health.v1.Health",
+                        "grpc.reflection.v1.ServerReflection",
+                        "grpc.reflection.v1alpha.ServerReflection"]:
+            check(service in services, f"{service} not listed: {sorted(services)}")
+        pool = DescriptorPool(database)
+        tester = pool.FindServiceByName("rpc.testing.Tester")
+        methods = {m.name: m for m in tester.methods}
+        check({"Echo", "Sleep", "Fail", "Now", "Panic", "Bulk"} <= set(methods), f"{methods}")
+        check(methods["Now"].output_type.full_name == "google.protobuf.Timestamp", "Now's type")
+        bulk = pool.FindMessageTypeByName("rpc.testing.BulkRequest")
+        check([f.name for f in bulk.fields] == ["reply_len", "seed", "payload", "delay"],
+              f"{[f.name for f in bulk.fields]}")
+        chunk = pool.FindMessageTypeByName("rpc.streaming.Chunk")
+        check(chunk.fields_by_name["payload"].number == 2, "Chunk.payload")
+        try:
+            pool.FindMessageTypeByName("rpc.testing.NoSuchThing")
+            raise AssertionError("an unknown symbol was found")
+        except KeyError:
+            pass
+
     def concurrent(self):
         futures = [self.tester.Echo.future(echo_pb2.EchoRequest(payload=bytes([i]) * i, seq=i),
                                            timeout=30) for i in range(200)]

@@ -32,12 +32,14 @@ pub const BUILD_PACKAGES: &[&str] = &[
 ];
 
 /// Python packages the host tests use (module, pinned PyPI requirement): gRPC's Python
-/// client and its health checker, the peers the `grpc://` tests run against
+/// client, its health checker and its reflection client, the peers the `grpc://` tests run
+/// against
 /// (`examples/tests/grpc_interop.rs`).
 pub const PYTHON_PACKAGES: &[(&str, &str)] = &[
     ("grpc", "grpcio==1.85.3"),
     ("grpc_tools", "grpcio-tools==1.85.1"),
     ("grpc_health", "grpcio-health-checking==1.85.1"),
+    ("grpc_reflection", "grpcio-reflection==1.85.1"),
 ];
 
 /// Installs whichever of the Python `packages` cannot be imported (`pip install`), and does
