@@ -50,6 +50,11 @@ pub const TARGETS: &[Target] = &[
         seeds: targets::tcp_preface::seeds,
     },
     Target {
+        name: "grpc_request",
+        run: targets::grpc_request::run,
+        seeds: targets::grpc_request::seeds,
+    },
+    Target {
         name: "stream_inbox",
         run: targets::stream_inbox::run,
         seeds: Vec::new,

@@ -18,6 +18,8 @@ mod codec;
 mod config;
 mod conn;
 mod exchange;
+#[doc(hidden)]
+pub mod fuzzing;
 mod headers;
 mod pump;
 mod server;

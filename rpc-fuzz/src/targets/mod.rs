@@ -2,6 +2,7 @@
 
 pub(crate) mod connect_params;
 pub(crate) mod connection;
+pub(crate) mod grpc_request;
 pub(crate) mod header;
 pub(crate) mod stream_inbox;
 pub(crate) mod tcp_frames;
