@@ -318,3 +318,53 @@ async fn a_graceful_shutdown_lets_a_running_call_answer() {
     };
     assert!(refused, "a call after the shutdown was taken");
 }
+
+/// A connection with no call for `idle_timeout` is closed (GOAWAY); one whose call runs
+/// longer than that is not cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_busy_ones_are_not() {
+    let server = serve_with(
+        Streamer::default(),
+        GrpcServerConfig {
+            idle_timeout: Duration::from_millis(300),
+            ..Default::default()
+        },
+    );
+    let addr = addr(&server);
+    let open = |addr| async move {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+        (client, tokio::spawn(connection))
+    };
+    // A call of 600 ms, twice the idle time, answers; then the connection idles and ends.
+    let (mut client, connection) = open(addr).await;
+    let sleep = SleepRequest {
+        duration: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 600_000_000,
+        }),
+    };
+    let started = Instant::now();
+    let (status, headers, _, trailers) = call(
+        &mut client,
+        grpc_request(addr, "/rpc.testing.Tester/Sleep"),
+        framed(&sleep),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        grpc_status(trailers.as_ref().unwrap_or(&headers)),
+        Some("0")
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(10), connection).await;
+    assert!(ended.is_ok(), "the idle connection was kept");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(850),
+        "closed after {waited:?}"
+    );
+    // One that never calls is closed too.
+    let (_client, connection) = open(addr).await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), connection).await;
+    assert!(ended.is_ok(), "a connection that never called was kept");
+}

@@ -45,6 +45,9 @@ pub struct GrpcServerConfig {
     /// Longest a new connection may take to send HTTP/2's preface; one that does not (or
     /// sends something else) is closed.
     pub handshake_timeout: Duration,
+    /// A connection with no call for this long is closed gracefully (GOAWAY; a client
+    /// reconnects when it next calls).
+    pub idle_timeout: Duration,
     /// Longest the request message of a unary or server-streaming call may take to
     /// arrive whole (its `grpc-timeout` ends the wait sooner); past it the call fails
     /// with `DEADLINE_EXCEEDED` and its handler never runs.
@@ -72,6 +75,7 @@ impl Default for GrpcServerConfig {
             keepalive: Some(DEFAULT_KEEPALIVE),
             keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
             handshake_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(3600),
             request_read_timeout: Duration::from_secs(30),
             read_budget: DEFAULT_READ_BUDGET,
             write_queue: 1 << 20,

@@ -52,13 +52,19 @@ pub(crate) fn metadata_from(headers: &HeaderMap) -> Result<MetadataMap, Status> 
         }
         let bad = |why: String| Status::invalid_argument(format!("request header {key}: {why}"));
         if key.ends_with(BINARY_SUFFIX) {
-            let bytes =
-                decode_binary(value.as_bytes()).map_err(|e| bad(format!("not base64: {e}")))?;
-            metadata.insert(key, bytes)
+            // Several values may share one header, comma-separated (base64 has no comma).
+            for part in value.as_bytes().split(|b| *b == b',') {
+                let bytes = decode_binary(part.trim_ascii())
+                    .map_err(|e| bad(format!("not base64: {e}")))?;
+                metadata
+                    .insert(key, bytes)
+                    .map_err(|e| bad(e.to_string()))?;
+            }
         } else {
-            metadata.insert(key, value.as_bytes())
+            metadata
+                .insert(key, value.as_bytes())
+                .map_err(|e| bad(e.to_string()))?;
         }
-        .map_err(|e| bad(e.to_string()))?;
     }
     Ok(metadata)
 }
@@ -291,6 +297,23 @@ mod tests {
         assert_eq!(keys, ["user-agent", "x-token", "x-raw-bin", "x-nopad-bin"]);
         assert_eq!(metadata.get("x-raw-bin"), Some(&[0u8, 1, 2, 255][..]));
         assert_eq!(metadata.get("x-nopad-bin"), Some(&[9u8][..]));
+    }
+
+    #[test]
+    fn binary_values_joined_by_commas_are_several_values() {
+        let map = headers(&[("x-two-bin", "AQ==, AgM"), ("x-text", "a, b")]);
+        let metadata = metadata_from(&map).unwrap();
+        let two: Vec<&[u8]> = metadata
+            .iter()
+            .filter(|(k, _)| *k == "x-two-bin")
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(two, [&[1u8][..], &[2, 3][..]]);
+        assert_eq!(
+            metadata.get("x-text"),
+            Some(&b"a, b"[..]),
+            "text values stay whole"
+        );
     }
 
     #[test]

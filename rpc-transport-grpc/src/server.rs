@@ -187,6 +187,14 @@ fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
     tokio::spawn(shared.tasks.track(serving));
 }
 
+/// Sleeps until `at`, or for ever.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Serves one connection over HTTP/2 until it ends or the server closes it.
 async fn serve_connection(
     stream: TcpStream,
@@ -289,6 +297,7 @@ where
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);
     let mut now = *phase.borrow_and_update();
+    let mut idle_closing = false;
     loop {
         if now != Phase::Serving {
             connection.as_mut().graceful_shutdown();
@@ -299,10 +308,23 @@ where
                 Err(_) => Err("closed by the server's shutdown".to_owned()),
             };
         }
+        // Idle since then, it is closed at this time (looked at again if a call came).
+        let idle_until = conn
+            .idle_since()
+            .unwrap_or_else(Instant::now)
+            .checked_add(config.idle_timeout)
+            .map(tokio::time::Instant::from_std);
         tokio::select! {
             ended = connection.as_mut() => return ended.map_err(|e| e.to_string()),
             changed = phase.changed() => {
                 now = if changed.is_ok() { *phase.borrow_and_update() } else { Phase::Closed };
+            }
+            () = sleep_until(idle_until), if !idle_closing => {
+                if conn.idle_since().is_some_and(|since| since.elapsed() >= config.idle_timeout) {
+                    tracing::debug!(peer = %conn.peer, "closing an idle connection");
+                    idle_closing = true;
+                    connection.as_mut().graceful_shutdown();
+                }
             }
         }
     }

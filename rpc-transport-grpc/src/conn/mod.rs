@@ -123,6 +123,8 @@ struct State {
     closed: Option<Status>,
     /// The peer said GOAWAY: no new call opens.
     going_away: bool,
+    /// Since when no call runs (`None` while one does).
+    idle_since: Option<std::time::Instant>,
     /// Bytes of [`Reply::queued_bytes`] in every call's queue.
     queued: usize,
     /// The dispatcher's senders waiting for the queue to go below its bound (one per call
@@ -188,7 +190,10 @@ impl GrpcConn {
         Arc::new(GrpcConn {
             read_budget: ReadBudget::new(read_budget.max(min_budget), what, knob),
             peer,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                idle_since: Some(std::time::Instant::now()),
+                ..State::default()
+            }),
             write_queue,
             upper: Mutex::new(None),
             phase: watch::Sender::new(Phase::Serving),
@@ -238,7 +243,13 @@ impl GrpcConn {
             )));
         }
         state.calls.insert(id, CallState::new());
+        state.idle_since = None;
         Ok(())
+    }
+
+    /// Since when no call runs, if none does.
+    pub(crate) fn idle_since(&self) -> Option<std::time::Instant> {
+        self.state.lock().idle_since
     }
 
     /// Hands `frame` to the upper side (never under this connection's lock: a handler run
@@ -355,6 +366,9 @@ impl GrpcConn {
             };
             let bytes = call.replies.iter().map(Reply::queued_bytes).sum();
             let senders = state.dequeued(bytes, self.write_queue);
+            if state.calls.is_empty() {
+                state.idle_since = Some(std::time::Instant::now());
+            }
             (call, senders)
         };
         senders.into_iter().for_each(Waker::wake);
