@@ -350,6 +350,20 @@ async fn tls_with_our_authority_and_refused_with_another() {
         Err(e) => rdma_rpc::Status::from(e),
     };
     assert_eq!(status.code(), Code::Unavailable, "{status}");
+    // The name checked may be given apart from the URL (a balanced channel's URLs hold
+    // addresses): the certificate's name passes, another does not.
+    let by_address = format!("grpcs://127.0.0.1:{port}");
+    for (name, passes) in [("localhost", true), ("elsewhere.example", false)] {
+        let config = GrpcClientConfig {
+            tls_server_name: Some(name.to_owned()),
+            ..trusting(pki.ca())
+        };
+        let connected = rdma_rpc::client()
+            .grpc_config(config)
+            .connect(&by_address)
+            .await;
+        assert_eq!(connected.is_ok(), passes, "{name}: {:?}", connected.err());
+    }
     let unset = rdma_rpc::client().connect(&url).await.unwrap_err();
     assert!(
         unset.to_string().contains("authorities to trust"),

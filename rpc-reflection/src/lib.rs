@@ -119,6 +119,19 @@ enum Answer {
     Error(Code, String),
 }
 
+/// Longest part of a name an error message repeats: a client's question is as long as it
+/// likes, an answer's error message is not.
+const NAME_IN_ERRORS: usize = 256;
+
+/// `name`, cut to [`NAME_IN_ERRORS`] bytes at a character boundary.
+fn cut(name: &str) -> &str {
+    let mut end = name.len().min(NAME_IN_ERRORS);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
 impl Reflection {
     fn answer(&self, question: Question) -> Answer {
         let index = &self.index;
@@ -128,19 +141,20 @@ impl Reflection {
                 None => Answer::Error(Code::NotFound, format!("{what} is not known here")),
             };
         match question {
-            Question::File(name) => files(Some(&name), format!("file {name:?}")),
-            Question::Symbol(symbol) => {
-                files(index.file_of_symbol(&symbol), format!("symbol {symbol:?}"))
-            }
+            Question::File(name) => files(Some(&name), format!("file {:?}", cut(&name))),
+            Question::Symbol(symbol) => files(
+                index.file_of_symbol(&symbol),
+                format!("symbol {:?}", cut(&symbol)),
+            ),
             Question::Extension(message, number) => files(
                 index.file_of_extension(&message, number),
-                format!("extension {number} of {message:?}"),
+                format!("extension {number} of {:?}", cut(&message)),
             ),
             Question::ExtensionNumbers(message) => match index.extension_numbers(&message) {
                 Some(numbers) => Answer::ExtensionNumbers(message, numbers),
                 None => Answer::Error(
                     Code::NotFound,
-                    format!("type {message:?} is not known here"),
+                    format!("type {:?} is not known here", cut(&message)),
                 ),
             },
             Question::Services => Answer::Services(index.services().map(str::to_owned).collect()),

@@ -35,8 +35,8 @@ use crate::tls::{agreed_h2, server_name, ClientTls};
 /// `grpc://` client settings.
 #[derive(Debug, Clone)]
 pub struct GrpcClientConfig {
-    /// How long to wait for the TCP handshake with each resolved address, then for
-    /// HTTP/2's.
+    /// How long to wait for the TCP handshake with each resolved address, then again for
+    /// the TLS and HTTP/2 handshakes.
     pub connect_timeout: Duration,
     /// Largest response message accepted; a larger one fails its call with
     /// `RESOURCE_EXHAUSTED`.
@@ -62,6 +62,10 @@ pub struct GrpcClientConfig {
     /// For `grpcs://`: the authorities whose certificates the client trusts (the server's
     /// name is checked against the URL's host). `None`: plaintext.
     pub tls: Option<ClientTls>,
+    /// The name the server's certificate is checked against (and sent as SNI) instead of
+    /// the URL's host: for a channel balanced over resolved addresses (`balance_dns`),
+    /// whose URLs hold IP addresses, give the name the certificate is for.
+    pub tls_server_name: Option<String>,
 }
 
 impl Default for GrpcClientConfig {
@@ -75,6 +79,7 @@ impl Default for GrpcClientConfig {
             write_queue: 16 << 20,
             max_header_list_size: DEFAULT_MAX_HEADER_LIST_SIZE,
             tls: None,
+            tls_server_name: None,
         }
     }
 }
@@ -157,7 +162,8 @@ impl GrpcClient {
             None => None,
             Some(tls) => Some((
                 tls.0.clone(),
-                server_name(authority).map_err(|e| unavailable(&e))?,
+                server_name(config.tls_server_name.as_deref().unwrap_or(authority))
+                    .map_err(|e| unavailable(&e))?,
             )),
         };
         let ended = link.clone();

@@ -158,7 +158,12 @@ fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
         return;
     }
     let _ = stream.set_nodelay(true);
-    let addr = format!("grpc://{peer}");
+    let scheme = if shared.config.tls.is_some() {
+        "grpcs"
+    } else {
+        "grpc"
+    };
+    let addr = format!("{scheme}://{peer}");
     let conn = GrpcConn::new(
         addr.clone(),
         Side::Server,
