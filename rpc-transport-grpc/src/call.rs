@@ -8,14 +8,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use http_body::Body;
-use rpc_core::body::EncodeBody;
 use rpc_core::frame::InboundFrame;
 use rpc_core::server::MethodKind;
 use rpc_core::{Code, Flags, FrameKind, Header, MetadataMap, ResponseMetadata, Status};
 
 use crate::body::ReplyBody;
 use crate::codec::MessageReader;
-use crate::conn::{stream_frame, GrpcConn, Reply};
+use crate::conn::{inbound_frame, stream_frame, GrpcConn, Reply};
 use crate::headers::{
     add_metadata, headers_of, is_grpc, metadata_from, status_headers, timeout_from,
     GRPC_CONTENT_TYPE,
@@ -259,18 +258,11 @@ fn trailers_only(headers: HeaderMap) -> http::Response<ReplyBody> {
 
 /// The `Request` frame opening a call, without its payload yet; metadata over our bound
 /// is refused.
-fn request_frame(mut header: Header, metadata: &MetadataMap) -> Result<InboundFrame, Status> {
-    let len = metadata
+fn request_frame(header: Header, metadata: &MetadataMap) -> Result<InboundFrame, Status> {
+    metadata
         .checked_encoded_len()
         .map_err(|e| Status::invalid_argument(format!("request metadata: {e}")))?;
-    let mut encoded = vec![0u8; len];
-    metadata.encode_into(&mut encoded);
-    header.metadata_len = len as u32;
-    Ok(InboundFrame {
-        header,
-        metadata: encoded.into(),
-        payload: Bytes::new(),
-    })
+    Ok(inbound_frame(header, metadata, Bytes::new()))
 }
 
 /// The one request message, within the call's deadline and `read_timeout`, whichever ends

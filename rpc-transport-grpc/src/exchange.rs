@@ -3,13 +3,12 @@
 
 use bytes::Bytes;
 use hyper::client::conn::http2::SendRequest;
-use rpc_core::body::EncodeBody;
 use rpc_core::frame::InboundFrame;
 use rpc_core::{Code, Flags, FrameKind, Header, MetadataMap, ResponseMetadata, Status};
 
 use crate::body::ReplyBody;
 use crate::codec::MessageReader;
-use crate::conn::GrpcConn;
+use crate::conn::{inbound_frame, GrpcConn};
 use crate::headers::{metadata_from, status_of, status_of_http};
 use crate::pump::{pump, Ending};
 use std::sync::Arc;
@@ -112,14 +111,14 @@ impl Exchange {
         let mut header = Header::new(FrameKind::Response, self.id);
         header.method_id = self.method_id;
         header.flags = Flags::STREAM;
-        frame(header, metadata, Bytes::new())
+        inbound_frame(header, metadata, Bytes::new())
     }
 
     /// A successful unary answer: headers and trailers in one metadata section.
     fn unary(&self, headers: &MetadataMap, trailers: &MetadataMap, message: Bytes) -> InboundFrame {
         let mut header = Header::new(FrameKind::Response, self.id);
         header.method_id = self.method_id;
-        frame(header, &ResponseMetadata { headers, trailers }, message)
+        inbound_frame(header, &ResponseMetadata { headers, trailers }, message)
     }
 
     fn deliver(&self, frame: InboundFrame) {
@@ -151,21 +150,9 @@ fn status_frame(mut header: Header, status: &Status) -> InboundFrame {
     static NO_TRAILERS: MetadataMap = MetadataMap::new();
     header.status = status.code();
     let wire = status.to_wire(&NO_TRAILERS);
-    frame(
+    inbound_frame(
         header,
         &*wire.metadata,
         Bytes::copy_from_slice(wire.message.as_bytes()),
     )
-}
-
-fn frame(mut header: Header, metadata: &dyn EncodeBody, payload: Bytes) -> InboundFrame {
-    let mut encoded = vec![0u8; metadata.encoded_len()];
-    metadata.encode_into(&mut encoded);
-    header.metadata_len = encoded.len() as u32;
-    header.payload_len = payload.len() as u32;
-    InboundFrame {
-        header,
-        metadata: encoded.into(),
-        payload,
-    }
 }

@@ -77,8 +77,3 @@ pub fn round_trip(metadata: &MetadataMap) -> Result<MetadataMap, Status> {
     crate::headers::add_metadata(&mut headers, metadata);
     crate::headers::metadata_from(&headers)
 }
-
-/// A status as trailers carry it, read back as a client reads it.
-pub fn status_round_trip(status: &Status) -> Option<Status> {
-    crate::headers::status_of(&crate::headers::headers_of(status))
-}

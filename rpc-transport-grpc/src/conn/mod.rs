@@ -483,13 +483,29 @@ impl GrpcConn {
 }
 
 /// A frame of `kind` for call `id` with sequence number `seq` and `payload`, as the
-/// dispatcher receives it.
+/// upper side receives it.
 pub(crate) fn stream_frame(kind: FrameKind, id: u64, seq: u32, payload: Bytes) -> InboundFrame {
-    let mut header = Header::stream(kind, id, seq);
+    inbound_frame(
+        Header::stream(kind, id, seq),
+        &rpc_core::frame::EMPTY,
+        payload,
+    )
+}
+
+/// `header`, `metadata` (encoded here) and `payload` as the upper side receives a frame,
+/// the header's lengths set to match.
+pub(crate) fn inbound_frame(
+    mut header: Header,
+    metadata: &dyn rpc_core::body::EncodeBody,
+    payload: Bytes,
+) -> InboundFrame {
+    let mut encoded = vec![0u8; metadata.encoded_len()];
+    metadata.encode_into(&mut encoded);
+    header.metadata_len = encoded.len() as u32;
     header.payload_len = payload.len() as u32;
     InboundFrame {
         header,
-        metadata: Bytes::new(),
+        metadata: encoded.into(),
         payload,
     }
 }
