@@ -6,17 +6,13 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_rpc::prelude::*;
 use rdma_rpc::{Code, ServerHandle};
-use rpc_examples::streaming::streamer_server::StreamerServer;
 use rpc_examples::testing::tester_client::TesterClient;
-use rpc_examples::testing::tester_server::TesterServer;
 use rpc_examples::testing::{BulkRequest, FailRequest, SleepRequest};
 use rpc_examples::{Streamer, StreamerStats, Tester, TesterStats};
 
@@ -27,66 +23,21 @@ struct Served {
 }
 
 fn serve() -> Served {
-    let tester = Tester::default();
-    let streamer = Streamer::default();
-    let (tester_stats, streamer_stats) = (tester.stats.clone(), streamer.stats.clone());
-    let (reporter, health) = rdma_rpc::health::health_reporter();
-    reporter.set_serving::<TesterServer<Tester>>();
-    let (reflection, reflection_v1alpha) = rdma_rpc::reflection::builder()
-        .register_encoded_file_descriptor_set(rpc_examples::FILE_DESCRIPTOR_SET)
-        .and_then(|b| b.register_encoded_file_descriptor_set(rdma_rpc::health::FILE_DESCRIPTOR_SET))
-        .unwrap()
-        .build();
-    let server = Server::builder()
-        .max_message_size(16 << 20)
-        .add_service(health)
-        .add_service(reflection)
-        .add_service(reflection_v1alpha)
-        .add_service(TesterServer::new(tester))
-        .add_service(StreamerServer::new(streamer))
+    let (builder, tester, streamer) = common::grpcio::interop_services();
+    let server = builder
         .start("grpc://127.0.0.1:0")
         .expect("the grpc:// server starts");
     Served {
         server,
-        tester: tester_stats,
-        streamer: streamer_stats,
+        tester,
+        streamer,
     }
 }
 
 /// Runs the interop script's `cases` against `server`; panics with its output if one fails.
 fn run_cases(server: &ServerHandle, cases: &[&str]) {
     let target = server.local_url().trim_start_matches("grpc://");
-    run_cases_at(target, None, cases);
-}
-
-/// Runs the interop script's `cases` against `target` (`host:port`), over TLS trusting the
-/// authority of the PEM file `ca` if given.
-pub fn run_cases_at(target: &str, ca: Option<&Path>, cases: &[&str]) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/grpc/interop.py");
-    let mut python = Command::new("python3");
-    python.arg(&script).arg(target).args(cases);
-    if let Some(ca) = ca {
-        python.env("GRPC_CA", ca);
-    }
-    let output = python.output().expect("python3 runs (install python3)");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    print!("{stdout}");
-    assert!(
-        !stderr.contains("No module named 'grpc"),
-        "grpcio is missing: pip install grpcio grpcio-tools\n{stderr}"
-    );
-    assert!(
-        output.status.success(),
-        "interop cases failed ({}):\n{stdout}\n{stderr}",
-        output.status
-    );
-    for case in cases {
-        assert!(
-            stdout.contains(&format!("ok   {case} ")),
-            "{case} did not run:\n{stdout}"
-        );
-    }
+    common::grpcio::run_cases(target, None, cases);
 }
 
 /// Waits for `done` to hold (what a handler's end counts arrives after the client's
@@ -316,8 +267,8 @@ async fn tls_with_our_authority_and_refused_with_another() {
     let cases = ["empty_unary", "metadata", "server_streaming", "ping_pong"];
     let (ca, other_ca) = (pki.ca(), other.ca());
     tokio::task::spawn_blocking(move || {
-        run_cases_at(&target, Some(&ca), &cases);
-        run_cases_at(&target, Some(&other_ca), &["refused"]);
+        common::grpcio::run_cases(&target, Some(&ca), &cases);
+        common::grpcio::run_cases(&target, Some(&other_ca), &["refused"]);
     })
     .await
     .unwrap();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rpc_core::server::Dispatcher;
 use rpc_core::{CallTable, ClientTransport, Listener, Status};
-use rpc_transport_grpc::{GrpcClient, GrpcClientConfig, GrpcServer};
+use rpc_transport_grpc::{GrpcClient, GrpcClientConfig, GrpcServer, GrpcServerConfig};
 use rpc_transport_rdma::{RdmaClient, RdmaServer};
 use rpc_transport_tcp::{TcpClient, TcpConfig, TcpServer};
 
@@ -36,13 +36,7 @@ pub(crate) static SCHEMES: [Scheme; 4] = [
         kind: TransportKind::Tcp,
         name: "tcp",
         connect: connect_tcp,
-        listen: |authority, dispatcher, options| {
-            Ok(Box::new(TcpServer::bind(
-                authority,
-                dispatcher,
-                options.tcp,
-            )?))
-        },
+        listen: listen_tcp,
     },
     Scheme {
         kind: TransportKind::Rdma,
@@ -69,6 +63,33 @@ pub(crate) static SCHEMES: [Scheme; 4] = [
         listen: |authority, dispatcher, options| listen_grpc(authority, dispatcher, options, true),
     },
 ];
+
+/// Serves our frames on `authority`, and gRPC in plaintext on the same port unless told
+/// not to or the server authenticates connections.
+fn listen_tcp(
+    authority: &str,
+    dispatcher: Arc<Dispatcher>,
+    options: ServeOptions,
+) -> Result<Box<dyn Listener>, Error> {
+    if !options.grpc_on_tcp || dispatcher.config().auth.is_some() {
+        return Ok(Box::new(TcpServer::bind(
+            authority,
+            dispatcher,
+            options.tcp,
+        )?));
+    }
+    let grpc = GrpcServerConfig {
+        tls: None,
+        ..options.grpc
+    };
+    let grpc = GrpcServer::on_tcp_port(dispatcher.clone(), grpc)?;
+    Ok(Box::new(TcpServer::bind_sharing(
+        authority,
+        dispatcher,
+        options.tcp,
+        grpc,
+    )?))
+}
 
 /// Serves gRPC on `authority`: over TLS with `tls` (`grpcs://`, which needs a certificate),
 /// else plaintext (`grpc://`, which refuses one: a URL says whether traffic is encrypted).

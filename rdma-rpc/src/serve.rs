@@ -55,7 +55,7 @@ pub trait ServeExt {
 }
 
 /// Transport settings of a server.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ServeOptions {
     /// Ring geometry and polling of `rdma://` connections.
     pub rdma: RdmaConfig,
@@ -65,6 +65,23 @@ pub struct ServeOptions {
     /// Connection limit, HTTP/2 header bound, keepalive and event-loop threads of
     /// `grpc://` connections.
     pub grpc: GrpcServerConfig,
+    /// Whether a `tcp://` server also serves gRPC on its port, in plaintext, to the
+    /// connections that open with HTTP/2's preface (so that a fleet moves between the two
+    /// wires without a second port), with `grpc`'s per-connection settings. A server that
+    /// authenticates connections (`ServerConfig::auth`) serves only its own frames there.
+    /// Default `true`.
+    pub grpc_on_tcp: bool,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            rdma: RdmaConfig::default(),
+            tcp: TcpServerConfig::default(),
+            grpc: GrpcServerConfig::default(),
+            grpc_on_tcp: true,
+        }
+    }
 }
 
 impl ServeExt for ServerBuilder {

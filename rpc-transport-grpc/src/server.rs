@@ -9,9 +9,11 @@ use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use parking_lot::{Condvar, Mutex};
 use rpc_core::auth::Peer;
-use rpc_core::server::{shut_down, ConnectionDispatch, Dispatcher, Requests, Served};
+use rpc_core::server::{shut_down, ConnectionDispatch, Dispatcher, Requests, Served, ServedLink};
 use rpc_core::Status;
-use rpc_transport_tcp::sockets::{listen, ServedConnections};
+use rpc_transport_tcp::sockets::{
+    answer_http1, listen, Connections, OtherProtocol, ServedConnections,
+};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -30,16 +32,18 @@ const CLOSE_LINGER: Duration = Duration::from_millis(100);
 const TASKS_END_WAIT: Duration = Duration::from_secs(1);
 /// What every HTTP/2 client sends first.
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// The first byte of a TLS handshake record.
+const TLS_HANDSHAKE: u8 = 0x16;
 /// Pause before looking again at a preface that arrived in part.
 const PREFACE_RECHECK: Duration = Duration::from_millis(1);
 
+/// What serving gRPC connections takes, on a port of the server's own or on a `tcp://`
+/// server's (as its [`OtherProtocol`]).
 struct Shared {
     dispatcher: Arc<Dispatcher>,
     /// What each call needs of the server.
     side: Arc<ServerSide>,
     config: GrpcServerConfig,
-    local_addr: SocketAddr,
-    connections: Arc<ServedConnections<GrpcConn>>,
     /// The connections' tasks, which a shutdown lets end before it drops their runtime.
     tasks: TaskCount,
 }
@@ -47,15 +51,45 @@ struct Shared {
 /// A running gRPC server. Dropping it shuts it down gracefully.
 pub struct GrpcServer {
     shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    connections: Arc<Connections>,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl std::fmt::Debug for GrpcServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GrpcServer")
-            .field("local_addr", &self.shared.local_addr)
+            .field("local_addr", &self.local_addr)
             .field("connections", &self.connections())
             .finish()
+    }
+}
+
+/// Refuses a dispatcher that authenticates connections: gRPC clients do not speak that
+/// handshake.
+fn refuse_auth(dispatcher: &Dispatcher) -> io::Result<()> {
+    if dispatcher.config().auth.is_none() {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        "gRPC cannot authenticate connections (ServerConfig::auth): gRPC clients do not \
+         speak that handshake; check credentials in an interceptor instead",
+    ))
+}
+
+impl Shared {
+    fn new(dispatcher: Arc<Dispatcher>, config: GrpcServerConfig) -> Arc<Shared> {
+        let side = Arc::new(ServerSide {
+            dispatcher: dispatcher.clone(),
+            request_read_timeout: config.request_read_timeout,
+        });
+        Arc::new(Shared {
+            side,
+            dispatcher,
+            config,
+            tasks: TaskCount::default(),
+        })
     }
 }
 
@@ -68,49 +102,54 @@ impl GrpcServer {
         dispatcher: Arc<Dispatcher>,
         config: GrpcServerConfig,
     ) -> io::Result<GrpcServer> {
-        if dispatcher.config().auth.is_some() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "grpc:// cannot authenticate connections (ServerConfig::auth): gRPC clients \
-                 do not speak that handshake; check credentials in an interceptor instead",
-            ));
-        }
+        refuse_auth(&dispatcher)?;
         let (runtime, listener) = listen("grpc", addr, config.io_threads, "rpc-grpc-server")?;
-        let side = Arc::new(ServerSide {
-            dispatcher: dispatcher.clone(),
-            request_read_timeout: config.request_read_timeout,
-        });
-        let shared = Arc::new(Shared {
-            side,
-            dispatcher,
-            config,
-            local_addr: listener.local_addr()?,
-            connections: ServedConnections::new(),
-            tasks: TaskCount::default(),
-        });
+        let shared = Shared::new(dispatcher, config);
+        let connections: Arc<Connections> = ServedConnections::new();
+        let local_addr = listener.local_addr()?;
         let accepting = shared.clone();
+        let served = connections.clone();
         runtime.spawn(async move {
-            let connections = accepting.connections.clone();
-            connections
+            served
                 .accept(listener, |stream, peer| {
-                    start_connection(stream, peer, &accepting)
+                    let max = accepting.config.max_connections;
+                    if served.len() >= max {
+                        tracing::warn!(%peer, max, "connection refused: at the connection limit");
+                        return;
+                    }
+                    start_connection(stream, peer, &accepting, &served);
                 })
                 .await;
         });
         Ok(GrpcServer {
             shared,
+            local_addr,
+            connections,
             runtime: Some(runtime),
         })
     }
 
+    /// Serves `dispatcher`'s services as gRPC on a `tcp://` server's port, to the
+    /// connections that open with HTTP/2's preface (or, with `config.tls`, a TLS
+    /// handshake): give what this returns to `TcpServer::bind_sharing`. The `tcp://`
+    /// server's connection limit, event loop and shutdown apply; so do `config`'s
+    /// per-connection bounds and timeouts.
+    pub fn on_tcp_port(
+        dispatcher: Arc<Dispatcher>,
+        config: GrpcServerConfig,
+    ) -> io::Result<Arc<dyn OtherProtocol>> {
+        refuse_auth(&dispatcher)?;
+        Ok(Shared::new(dispatcher, config))
+    }
+
     /// The bound address (with the real port when bound to port 0).
     pub fn local_addr(&self) -> SocketAddr {
-        self.shared.local_addr
+        self.local_addr
     }
 
     /// Connections being served.
     pub fn connections(&self) -> usize {
-        self.shared.connections.len()
+        self.connections.len()
     }
 
     /// Stops accepting and sends every connection HTTP/2's GOAWAY, refuses new calls with
@@ -122,10 +161,7 @@ impl GrpcServer {
             return;
         };
         let started = Instant::now();
-        let served = self.shared.connections.drain();
-        for s in &served {
-            s.link.go_away();
-        }
+        let served = self.connections.drain();
         shut_down(&self.shared.dispatcher, &served, started, grace);
         if !self.shared.tasks.wait_idle(TASKS_END_WAIT) {
             tracing::warn!("gRPC connections did not end within {TASKS_END_WAIT:?}");
@@ -151,12 +187,35 @@ impl Drop for GrpcServer {
     }
 }
 
-fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
-    let max = shared.config.max_connections;
-    if shared.connections.len() >= max {
-        tracing::warn!(%peer, max, "connection refused: at the connection limit");
-        return;
+/// The connections of the other protocol on a `tcp://` port: gRPC's.
+impl OtherProtocol for Shared {
+    fn name(&self) -> &'static str {
+        "gRPC (HTTP/2)"
     }
+
+    fn speaks(&self, first: u8) -> bool {
+        match self.config.tls {
+            None => first == PREFACE[0],
+            Some(_) => first == TLS_HANDSHAKE,
+        }
+    }
+
+    fn serve(&self, stream: TcpStream, peer: SocketAddr, connections: &Arc<Connections>) {
+        start_connection(stream, peer, self, connections);
+    }
+
+    fn wait_ended(&self, timeout: Duration) -> bool {
+        self.tasks.wait_idle(timeout)
+    }
+}
+
+/// Serves a connection accepted within the connection limit.
+fn start_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: &Shared,
+    connections: &Arc<Connections>,
+) {
     let _ = stream.set_nodelay(true);
     let scheme = if shared.config.tls.is_some() {
         "grpcs"
@@ -177,10 +236,10 @@ fn start_connection(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
         Peer::anonymous(addr),
     );
     let served = Served {
-        link: conn.clone(),
+        link: conn.clone() as Arc<dyn ServedLink>,
         dispatch: dispatch.clone(),
     };
-    let Some(forget) = shared.connections.add(served) else {
+    let Some(forget) = connections.add(served) else {
         return;
     };
     conn.set_upper(Arc::new(Requests::new(dispatch).on_closed_then(forget)));
@@ -239,7 +298,9 @@ async fn preface(stream: &TcpStream, timeout: Duration) -> Result<(), String> {
                 return Err("the client closed the connection before its preface".to_owned());
             }
             if seen[..n] != PREFACE[..n] {
-                return Err("the client does not speak HTTP/2 (no HTTP/2 preface)".to_owned());
+                let why = "the client does not speak HTTP/2 (no HTTP/2 preface), which gRPC needs";
+                answer_http1(stream, seen[0], why);
+                return Err(why.to_owned());
             }
             if n == PREFACE.len() {
                 return Ok(());

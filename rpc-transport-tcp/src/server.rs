@@ -10,22 +10,31 @@ use bytes::BytesMut;
 use rpc_core::auth::{Checker, Peer};
 use rpc_core::body::RawBody;
 use rpc_core::frame::OutgoingFrame;
-use rpc_core::server::{shut_down, ConnectionDispatch, Dispatcher, Requests, Served};
+use rpc_core::server::{shut_down, ConnectionDispatch, Dispatcher, Requests, Served, ServedLink};
 use rpc_core::{FrameKind, Header, MetadataMap, Status};
 use tokio::io::AsyncWriteExt;
 
 use crate::config::TcpServerConfig;
 use crate::conn::{Conn, ReadPolicy};
 use crate::handshake;
-use crate::sockets::{listen, ServedConnections};
+use crate::sockets::{answer_http1, listen, Connections, OtherProtocol, ServedConnections};
+
+/// The first byte of everything a client of ours sends first: a frame's magic or the
+/// authentication preface, both `RR…`.
+const FRAME_START: u8 = rpc_core::header::MAGIC.to_le_bytes()[0];
+
+/// How long a shutdown waits for the tasks of connections served in another protocol.
+const OTHER_TASKS_END_WAIT: Duration = Duration::from_secs(1);
 
 struct Shared {
     dispatcher: Arc<Dispatcher>,
     config: TcpServerConfig,
     local_addr: SocketAddr,
-    connections: Arc<ServedConnections<Conn>>,
+    connections: Arc<Connections>,
     /// Authenticates new connections, if the server requires it.
     auth: Option<Checker>,
+    /// What else the port speaks, told apart by a connection's first byte.
+    other: Option<Arc<dyn OtherProtocol>>,
     /// Connections accepted and authenticating (they count against `max_connections`).
     handshaking: AtomicUsize,
 }
@@ -52,10 +61,41 @@ impl TcpServer {
         dispatcher: Arc<Dispatcher>,
         config: TcpServerConfig,
     ) -> io::Result<TcpServer> {
+        TcpServer::start(addr, dispatcher, config, None)
+    }
+
+    /// [`TcpServer::bind`], and serves a connection whose first byte is `other`'s in
+    /// `other`'s protocol (gRPC's HTTP/2, say) on the same port, sharing the connection
+    /// limit and the graceful shutdown. A server that authenticates connections
+    /// (`ServerConfig::auth`) cannot: the other protocol would let a peer past the
+    /// handshake.
+    pub fn bind_sharing(
+        addr: &str,
+        dispatcher: Arc<Dispatcher>,
+        config: TcpServerConfig,
+        other: Arc<dyn OtherProtocol>,
+    ) -> io::Result<TcpServer> {
+        if dispatcher.config().auth.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a tcp:// server that authenticates connections (ServerConfig::auth) serves \
+                 only its own frames: another protocol on its port would skip the handshake",
+            ));
+        }
+        TcpServer::start(addr, dispatcher, config, Some(other))
+    }
+
+    fn start(
+        addr: &str,
+        dispatcher: Arc<Dispatcher>,
+        config: TcpServerConfig,
+        other: Option<Arc<dyn OtherProtocol>>,
+    ) -> io::Result<TcpServer> {
         let (runtime, listener) = listen("tcp", addr, config.io_threads, "rpc-tcp-server")?;
         let auth = dispatcher.config().auth.clone().map(Checker::new);
         let shared = Arc::new(Shared {
             auth,
+            other,
             handshaking: AtomicUsize::new(0),
             dispatcher,
             config,
@@ -95,6 +135,11 @@ impl TcpServer {
         let started = Instant::now();
         let served = self.shared.connections.drain();
         shut_down(&self.shared.dispatcher, &served, started, grace);
+        if let Some(other) = &self.shared.other {
+            if !other.wait_ended(OTHER_TASKS_END_WAIT) {
+                tracing::warn!("connections did not end within {OTHER_TASKS_END_WAIT:?}");
+            }
+        }
         runtime.shutdown_background();
     }
 }
@@ -116,10 +161,15 @@ impl Drop for TcpServer {
     }
 }
 
-/// A new connection: authenticated first if the server requires it, then served.
+/// A new connection: authenticated first if the server requires it, told apart from
+/// another protocol on the port if there is one, then served.
 fn accepted(stream: tokio::net::TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
     if shared.auth.is_some() {
         tokio::spawn(authenticate(stream, peer, shared.clone()));
+        return;
+    }
+    if shared.other.is_some() {
+        tokio::spawn(sniff(stream, peer, shared.clone()));
         return;
     }
     let who = Peer::anonymous(format!("tcp://{peer}"));
@@ -137,21 +187,65 @@ impl Drop for Handshaking<'_> {
     }
 }
 
+/// Counts a new connection as handshaking, unless it is to be closed at once: accepted
+/// just before a shutdown, or over the connection limit (told so).
+fn handshaking<'a>(
+    stream: &tokio::net::TcpStream,
+    peer: SocketAddr,
+    shared: &'a Shared,
+) -> Option<Handshaking<'a>> {
+    shared.handshaking.fetch_add(1, Ordering::AcqRel);
+    let counted = Handshaking(&shared.handshaking);
+    if shared.connections.is_draining() || at_limit(stream, peer, shared, 1) {
+        return None;
+    }
+    Some(counted)
+}
+
+/// Waits for a new connection's first byte (as long as an idle connection is kept), and
+/// serves it in the protocol that byte says.
+async fn sniff(stream: tokio::net::TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    let Some(other) = shared.other.as_ref() else {
+        return;
+    };
+    let Some(counted) = handshaking(&stream, peer, &shared) else {
+        return;
+    };
+    let mut first = [0u8; 1];
+    let idle = shared.config.idle_timeout;
+    let first = match tokio::time::timeout(idle, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => first[0],
+        Ok(Ok(_)) => return,
+        Ok(Err(e)) => return tracing::debug!(%peer, %e, "a new connection failed"),
+        Err(_) => return tracing::debug!(%peer, ?idle, "a new connection sent nothing"),
+    };
+    drop(counted);
+    if other.speaks(first) {
+        return other.serve(stream, peer, &shared.connections);
+    }
+    if first != FRAME_START {
+        let why = format!(
+            "tcp://{peer} speaks neither rdma-rpc nor {} (its first byte is 0x{first:02x})",
+            other.name()
+        );
+        tracing::warn!("connection refused: {why}");
+        return answer_http1(&stream, first, &why);
+    }
+    let who = Peer::anonymous(format!("tcp://{peer}"));
+    if let Err(e) = start_connection(stream, who, &shared) {
+        tracing::warn!(%peer, %e, "could not start a connection");
+    }
+}
+
 /// Authenticates a new connection (see [`handshake`]), then serves it; a peer refused is
 /// told why and closed.
 async fn authenticate(mut stream: tokio::net::TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     let Some(checker) = shared.auth.as_ref() else {
         return;
     };
-    shared.handshaking.fetch_add(1, Ordering::AcqRel);
-    let counted = Handshaking(&shared.handshaking);
-    if shared.connections.is_draining() {
-        // Accepted just before the shutdown: closed before anything is built for it.
+    let Some(counted) = handshaking(&stream, peer, &shared) else {
         return;
-    }
-    if at_limit(&stream, peer, &shared, 1) {
-        return;
-    }
+    };
     let addr = format!("tcp://{peer}");
     let timeout = shared.config.handshake_timeout;
     let answered = match handshake::server(&mut stream, checker, &addr, timeout).await {
@@ -221,7 +315,7 @@ fn start_connection(
     let conn = Conn::new(stream, who.addr.clone(), &shared.config.limits, policy)?;
     let dispatch = ConnectionDispatch::new(shared.dispatcher.clone(), conn.clone(), who);
     let served = Served {
-        link: conn.clone(),
+        link: conn.clone() as Arc<dyn ServedLink>,
         dispatch: dispatch.clone(),
     };
     let Some(forget) = shared.connections.add(served) else {

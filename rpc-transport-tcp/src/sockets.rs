@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use rpc_core::server::{OnClosed, Served};
+use rpc_core::server::{OnClosed, Served, ServedLink};
 use tokio::net::{TcpListener, TcpStream};
 
 /// Pause after a failed `accept` (out of file descriptors, say) before the next.
@@ -42,6 +42,27 @@ pub fn listen(
         TcpListener::from_std(listener)?
     };
     Ok((runtime, listener))
+}
+
+/// The connections a server serves, whatever they speak.
+pub type Connections = ServedConnections<dyn ServedLink>;
+
+/// A protocol a TCP server speaks on its port besides its own frames, told apart by the
+/// first byte a connection sends (our frames begin `R`, HTTP/2's preface `P`, TLS `0x16`).
+pub trait OtherProtocol: Send + Sync {
+    /// Its name in messages (`gRPC (HTTP/2)`).
+    fn name(&self) -> &'static str;
+
+    /// Whether a connection whose first byte is `first` speaks it.
+    fn speaks(&self, first: u8) -> bool;
+
+    /// Serves such a connection on the server's event loop; it is in `connections` while
+    /// served, so that the server's shutdown drains and closes it with the others.
+    fn serve(&self, stream: TcpStream, peer: SocketAddr, connections: &Arc<Connections>);
+
+    /// Once a shutdown closed the connections: waits at most `timeout` for their tasks to
+    /// end (what they still send leaves before the event loop stops); whether they did.
+    fn wait_ended(&self, timeout: Duration) -> bool;
 }
 
 /// The connections a server serves, and whether it still takes new ones.
@@ -156,6 +177,28 @@ impl<L: ?Sized + Send + Sync + 'static> ServedConnections<L> {
         *closed.lock() = true;
         changed.notify_all();
     }
+}
+
+/// Most bytes of a refused peer's request discarded so that its connection closes
+/// without a reset (which could discard the answer before the peer reads it).
+const REFUSED_DISCARD: usize = 64 << 10;
+
+/// Tells a peer whose first byte (`first`) is not of a protocol served here why it is
+/// refused, in HTTP/1.1 when it seems to speak that (`curl` shows the reason); best effort,
+/// without waiting (a fresh socket takes a short answer). The caller drops the connection.
+pub fn answer_http1(stream: &TcpStream, first: u8, why: &str) {
+    if !first.is_ascii_uppercase() {
+        return;
+    }
+    let mut discard = vec![0u8; REFUSED_DISCARD];
+    let _ = stream.try_read(&mut discard);
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{why}\n",
+        why.len() + 1
+    );
+    let _ = stream.try_write(answer.as_bytes());
+    let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
 }
 
 /// A process-wide client event loop: one thread named `thread_name`, started in `cell` with

@@ -114,7 +114,7 @@ pub const RUNS_LAST: &[&str] = &["chaos_link"];
 
 /// Test binaries with no RDMA in them (gRPC over HTTP/2, against Python's grpcio and
 /// tonic): the host's `cargo test` runs them, the VM does not run them again.
-pub const HOST_ONLY: &[&str] = &["grpc_interop", "grpc_hostile", "grpc_tonic"];
+pub const HOST_ONLY: &[&str] = &["grpc_interop", "grpc_hostile", "grpc_tonic", "one_port"];
 
 /// What the VM skips in the other binaries: their gRPC tests (each suite's `grpc` case and
 /// those against grpcio), which the host ran.

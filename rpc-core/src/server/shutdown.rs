@@ -19,6 +19,11 @@ pub trait ServedLink: Send + Sync {
 
     /// Closes the connection now, with `status` for what is still waiting.
     fn close(&self, status: Status);
+
+    /// Tells the peer, in the transport's own way, that the server takes no new calls
+    /// (HTTP/2's GOAWAY); the calls it refuses anyway get `UNAVAILABLE`. By default nothing
+    /// more is said.
+    fn drain(&self) {}
 }
 
 /// One connection a server serves: its transport side and its dispatch.
@@ -43,13 +48,14 @@ impl<L: ?Sized> Clone for Served<L> {
 /// new requests with `UNAVAILABLE`, running handlers answer for up to `grace`, answers
 /// queued leave (within what is left of `grace`, and at least [`FLUSH_AT_LEAST`]), and
 /// then every connection closes. Blocks until done.
-pub fn shut_down<L: ServedLink>(
+pub fn shut_down<L: ServedLink + ?Sized>(
     dispatcher: &Dispatcher,
     served: &[Served<L>],
     started: Instant,
     grace: Duration,
 ) {
     for s in served {
+        s.link.drain();
         s.dispatch.drain();
     }
     let left = (started + grace).saturating_duration_since(Instant::now());

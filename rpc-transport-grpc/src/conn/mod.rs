@@ -210,17 +210,6 @@ impl GrpcConn {
         self.phase.subscribe()
     }
 
-    /// Tells the connection's task to send GOAWAY.
-    pub(crate) fn go_away(&self) {
-        self.phase.send_if_modified(|phase| {
-            let serving = *phase == Phase::Serving;
-            if serving {
-                *phase = Phase::Draining;
-            }
-            serving
-        });
-    }
-
     /// A new call, numbered here (a server's); `UNAVAILABLE` once the connection ended.
     pub(crate) fn open_call(&self) -> Result<u64, Status> {
         let mut state = self.state.lock();
@@ -591,6 +580,17 @@ impl ServedLink for GrpcConn {
     fn close(&self, status: Status) {
         self.close_calls(&status);
         self.phase.send_replace(Phase::Closed);
+    }
+
+    /// Tells the connection's task to send GOAWAY.
+    fn drain(&self) {
+        self.phase.send_if_modified(|phase| {
+            let serving = *phase == Phase::Serving;
+            if serving {
+                *phase = Phase::Draining;
+            }
+            serving
+        });
     }
 }
 
