@@ -40,11 +40,12 @@ fn rdma_server(streamer: &Streamer) -> ServerHandle {
 }
 
 async fn connect(url: &str) -> Channel {
-    rdma_rpc::client()
-        .max_message_size(4 << 20)
-        .connect(url)
-        .await
-        .expect("connects")
+    let client = match url.starts_with("tcps://") {
+        true => common::tls::trusting(common::tls::TestPki::shared()),
+        false => rdma_rpc::client(),
+    };
+    let client = client.max_message_size(4 << 20);
+    client.connect(url).await.expect("connects")
 }
 
 fn produce(count: u64, size: u64) -> ProduceRequest {
@@ -482,6 +483,9 @@ async fn dropped_opening_cancels(url: &str) {
 fn start_for(url: &str, streamer: &Streamer) -> ServerHandle {
     if url.starts_with("rdma://") {
         rdma_server(streamer)
+    } else if url.starts_with("tcps://") {
+        let pki = common::tls::TestPki::shared();
+        common::tls::start_tcps(builder(streamer), pki, Default::default())
     } else if url.starts_with("grpc://") {
         builder(streamer)
             .start("grpc://127.0.0.1:0")
@@ -491,8 +495,9 @@ fn start_for(url: &str, streamer: &Streamer) -> ServerHandle {
     }
 }
 
-/// Runs each suite over every transport, as `suite::tcp`, `suite::grpc` (our client and
-/// server speaking gRPC over HTTP/2) and `suite::rdma` (soft-RoCE, in the VM). A suite
+/// Runs each suite over every transport, as `suite::tcp`, `suite::tcps` (the same over
+/// TLS), `suite::grpc` (our client and server speaking gRPC over HTTP/2) and `suite::rdma`
+/// (soft-RoCE, in the VM). A suite
 /// takes the scheme (`tcp://`), and starts its server with [`start_for`].
 macro_rules! on_every_transport {
     ($($suite:ident),* $(,)?) => {$(
@@ -505,6 +510,11 @@ macro_rules! on_every_transport {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn grpc() {
                 super::$suite("grpc://").await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tcps() {
+                super::$suite("tcps://").await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

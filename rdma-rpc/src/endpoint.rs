@@ -17,6 +17,8 @@ pub enum TransportKind {
     Grpc,
     /// `grpcs://`: the same over TLS (rustls).
     GrpcTls,
+    /// `tcps://`: our frames over TLS (rustls).
+    TcpTls,
 }
 
 /// A parsed endpoint URL.

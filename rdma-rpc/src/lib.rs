@@ -80,6 +80,8 @@ pub struct ClientBuilder {
     credentials: Option<auth::Credentials>,
     reconnect: ReconnectConfig,
     grpc: GrpcClientConfig,
+    tls: Option<ClientTls>,
+    tls_server_name: Option<String>,
 }
 
 /// A [`ClientBuilder`] with default settings.
@@ -129,6 +131,22 @@ impl ClientBuilder {
     /// builder's own).
     pub fn grpc_config(mut self, config: GrpcClientConfig) -> Self {
         self.grpc = config;
+        self
+    }
+
+    /// The authorities a `tcps://` or `grpcs://` connection trusts: the server's
+    /// certificate must be signed by one (for `grpcs://`, `GrpcClientConfig::tls` wins if
+    /// set). A URL says whether traffic is encrypted: a TLS scheme without authorities, or
+    /// a plaintext one with them, is refused.
+    pub fn tls(mut self, authorities: ClientTls) -> Self {
+        self.tls = Some(authorities);
+        self
+    }
+
+    /// The name the server's certificate must carry, if not the URL's host (a balanced
+    /// channel's URLs hold resolved addresses: give it the certificate's name).
+    pub fn tls_server_name(mut self, name: impl Into<String>) -> Self {
+        self.tls_server_name = Some(name.into());
         self
     }
 

@@ -31,12 +31,12 @@ pub(crate) struct Scheme {
 }
 
 /// Every transport, in the order of [`TransportKind`].
-pub(crate) static SCHEMES: [Scheme; 4] = [
+pub(crate) static SCHEMES: [Scheme; 5] = [
     Scheme {
         kind: TransportKind::Tcp,
         name: "tcp",
-        connect: connect_tcp,
-        listen: listen_tcp,
+        connect: |authority, calls, settings| connect_tcp(authority, calls, settings, false),
+        listen: |authority, dispatcher, options| listen_tcp(authority, dispatcher, options, false),
     },
     Scheme {
         kind: TransportKind::Rdma,
@@ -62,16 +62,64 @@ pub(crate) static SCHEMES: [Scheme; 4] = [
         connect: |authority, calls, settings| connect_grpc(authority, calls, settings, true),
         listen: |authority, dispatcher, options| listen_grpc(authority, dispatcher, options, true),
     },
+    Scheme {
+        kind: TransportKind::TcpTls,
+        name: "tcps",
+        connect: |authority, calls, settings| connect_tcp(authority, calls, settings, true),
+        listen: |authority, dispatcher, options| listen_tcp(authority, dispatcher, options, true),
+    },
 ];
 
-/// Serves our frames on `authority`, and gRPC in plaintext on the same port unless told
-/// not to or the server authenticates connections.
+/// The URL's scheme: `secure` (`tcps`, `grpcs`) or `plain` (`tcp`, `grpc`).
+fn scheme_of(tls: bool, plain: &str, secure: &str) -> String {
+    if tls {
+        secure.to_owned()
+    } else {
+        plain.to_owned()
+    }
+}
+
+/// Whether a server's certificate matches its URL: a URL says whether traffic is
+/// encrypted, so `tcps://` or `grpcs://` needs one and `tcp://` or `grpc://` refuses one
+/// (`setting` names where it is set).
+fn certificate_matches(url: String, tls: bool, has: bool, setting: &str) -> Result<(), Error> {
+    let reason = match (tls, has) {
+        (true, false) => {
+            format!("{url} needs a certificate: {setting} (ServerTls::from_pem_files)")
+        }
+        (false, true) => format!("{url} is plaintext, but a certificate is set ({setting})"),
+        _ => return Ok(()),
+    };
+    Err(Error::InvalidUrl { url, reason })
+}
+
+/// Whether a client's authorities match the URL, as [`certificate_matches`] for servers.
+fn authorities_match(url: &str, tls: bool, has: bool) -> Result<(), Status> {
+    match (tls, has) {
+        (true, false) => Err(Status::invalid_argument(format!(
+            "{url} needs the authorities to trust: ClientBuilder::tls \
+             (ClientTls::trusting_pem_file)"
+        ))),
+        (false, true) => Err(Status::invalid_argument(format!(
+            "{url} is plaintext, but authorities to trust are set: use the scheme with TLS"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Serves our frames on `authority`: over TLS with `tls` (`tcps://`), else in plaintext
+/// with gRPC on the same port too, unless told not to or the server authenticates
+/// connections.
 fn listen_tcp(
     authority: &str,
     dispatcher: Arc<Dispatcher>,
     options: ServeOptions,
+    tls: bool,
 ) -> Result<Box<dyn Listener>, Error> {
-    if !options.grpc_on_tcp || dispatcher.config().auth.is_some() {
+    let url = format!("{}://{authority}", scheme_of(tls, "tcp", "tcps"));
+    let has = options.tcp.tls.is_some();
+    certificate_matches(url, tls, has, "ServeOptions::tcp.tls")?;
+    if tls || !options.grpc_on_tcp || dispatcher.config().auth.is_some() {
         return Ok(Box::new(TcpServer::bind(
             authority,
             dispatcher,
@@ -91,31 +139,21 @@ fn listen_tcp(
     )?))
 }
 
-/// Serves gRPC on `authority`: over TLS with `tls` (`grpcs://`, which needs a certificate),
-/// else plaintext (`grpc://`, which refuses one: a URL says whether traffic is encrypted).
+/// Serves gRPC on `authority`: over TLS with `tls` (`grpcs://`), else plaintext.
 fn listen_grpc(
     authority: &str,
     dispatcher: Arc<Dispatcher>,
     options: ServeOptions,
     tls: bool,
 ) -> Result<Box<dyn Listener>, Error> {
-    let invalid = |reason: &str| Error::InvalidUrl {
-        url: format!("{}://{authority}", if tls { "grpcs" } else { "grpc" }),
-        reason: reason.to_owned(),
-    };
-    match (tls, options.grpc.tls.is_some()) {
-        (true, false) => Err(invalid(
-            "grpcs:// needs a certificate: ServeOptions::grpc.tls (ServerTls::from_pem_files)",
-        )),
-        (false, true) => Err(invalid(
-            "grpc:// is plaintext, but a certificate is set: serve on grpcs://",
-        )),
-        _ => Ok(Box::new(GrpcServer::bind(
-            authority,
-            dispatcher,
-            options.grpc,
-        )?)),
-    }
+    let url = format!("{}://{authority}", scheme_of(tls, "grpc", "grpcs"));
+    let has = options.grpc.tls.is_some();
+    certificate_matches(url, tls, has, "ServeOptions::grpc.tls")?;
+    Ok(Box::new(GrpcServer::bind(
+        authority,
+        dispatcher,
+        options.grpc,
+    )?))
 }
 
 /// The transport named `name`, if any.
@@ -137,7 +175,7 @@ impl TransportKind {
         &SCHEMES[self as usize]
     }
 
-    /// The URL scheme that names it: `tcp`, `rdma`, `grpc`.
+    /// The URL scheme that names it: `tcp`, `rdma`, `grpc`, `grpcs`, `tcps`.
     pub fn name(self) -> &'static str {
         self.scheme().name
     }
@@ -147,11 +185,16 @@ fn connect_tcp(
     authority: &str,
     calls: Arc<CallTable>,
     settings: &ClientBuilder,
+    tls: bool,
 ) -> Result<Arc<dyn ClientTransport>, Status> {
+    let url = format!("{}://{authority}", scheme_of(tls, "tcp", "tcps"));
+    authorities_match(&url, tls, settings.tls.is_some())?;
     let mut config = TcpConfig {
         max_message_size: settings.channel.max_message_size,
         limits: settings.tcp.clone(),
         credentials: settings.credentials.clone(),
+        tls: settings.tls.clone(),
+        tls_server_name: settings.tls_server_name.clone(),
         ..Default::default()
     };
     if let Some(t) = settings.connect_timeout {
@@ -169,31 +212,25 @@ fn connect_grpc(
     settings: &ClientBuilder,
     tls: bool,
 ) -> Result<Arc<dyn ClientTransport>, Status> {
-    let url = format!("{}://{authority}", if tls { "grpcs" } else { "grpc" });
+    let url = format!("{}://{authority}", scheme_of(tls, "grpc", "grpcs"));
     if settings.credentials.is_some() {
         return Err(Status::unauthenticated(format!(
             "{url}: gRPC servers do not speak our connection handshake; send credentials \
              as metadata (an interceptor) instead"
         )));
     }
-    match (tls, settings.grpc.tls.is_some()) {
-        (true, false) => {
-            return Err(Status::invalid_argument(format!(
-                "{url} needs the authorities to trust: ClientBuilder::grpc_config with \
-                 GrpcClientConfig::tls (ClientTls::trusting_pem_file)"
-            )))
-        }
-        (false, true) => {
-            return Err(Status::invalid_argument(format!(
-                "{url} is plaintext, but authorities to trust are set: connect to grpcs://"
-            )))
-        }
-        _ => {}
-    }
+    // gRPC's own settings first, then the builder's.
     let mut config = GrpcClientConfig {
         max_message_size: settings.channel.max_message_size,
         ..settings.grpc.clone()
     };
+    if config.tls.is_none() {
+        config.tls = settings.tls.clone();
+    }
+    if config.tls_server_name.is_none() {
+        config.tls_server_name = settings.tls_server_name.clone();
+    }
+    authorities_match(&url, tls, config.tls.is_some())?;
     if let Some(t) = settings.connect_timeout {
         config.connect_timeout = t;
     }
@@ -230,7 +267,8 @@ mod tests {
         }
         assert_eq!(
             supported(),
-            "tcp://host:port or rdma://host:port or grpc://host:port or grpcs://host:port"
+            "tcp://host:port or rdma://host:port or grpc://host:port or grpcs://host:port or \
+             tcps://host:port"
         );
     }
 }

@@ -30,7 +30,7 @@ use crate::config::{
 use crate::conn::{take_frame, GrpcConn, Side};
 use crate::exchange::{exchange, Exchange};
 use crate::headers::{add_metadata, grpc_timeout, GRPC_CONTENT_TYPE};
-use crate::tls::{agreed_h2, server_name, ClientTls};
+use crate::tls::{agreed_h2, server_name, ClientTls, ALPN_H2};
 
 /// `grpc://` client settings.
 #[derive(Debug, Clone)]
@@ -161,7 +161,7 @@ impl GrpcClient {
         let tls = match &config.tls {
             None => None,
             Some(tls) => Some((
-                tls.0.clone(),
+                tls.config(ALPN_H2),
                 server_name(config.tls_server_name.as_deref().unwrap_or(authority))
                     .map_err(|e| unavailable(&e))?,
             )),

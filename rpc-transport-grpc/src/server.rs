@@ -23,7 +23,7 @@ use crate::config::{
     MAX_FRAME_SIZE,
 };
 use crate::conn::{GrpcConn, Phase, Side};
-use crate::tls::{agreed_h2, ServerTls};
+use crate::tls::{agreed_h2, ALPN_H2};
 
 /// How long a connection told to close still sends what it has (its GOAWAY, the last
 /// trailers) before it is dropped.
@@ -44,6 +44,8 @@ struct Shared {
     /// What each call needs of the server.
     side: Arc<ServerSide>,
     config: GrpcServerConfig,
+    /// `config.tls`'s rustls configuration, HTTP/2 agreed by ALPN.
+    tls: Option<Arc<rustls::ServerConfig>>,
     /// The connections' tasks, which a shutdown lets end before it drops their runtime.
     tasks: TaskCount,
 }
@@ -87,6 +89,7 @@ impl Shared {
         Arc::new(Shared {
             side,
             dispatcher,
+            tls: config.tls.as_ref().map(|tls| tls.config(ALPN_H2)),
             config,
             tasks: TaskCount::default(),
         })
@@ -247,7 +250,8 @@ fn start_connection(
     let phase = conn.phase();
     let config = shared.config.clone();
     let server = shared.side.clone();
-    let serving = serve_connection(stream, conn, server, phase, config);
+    let tls = shared.tls.clone();
+    let serving = serve_connection(stream, tls, conn, server, phase, config);
     tokio::spawn(shared.tasks.track(serving));
 }
 
@@ -262,12 +266,13 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 /// Serves one connection over HTTP/2 until it ends or the server closes it.
 async fn serve_connection(
     stream: TcpStream,
+    tls: Option<Arc<rustls::ServerConfig>>,
     conn: Arc<GrpcConn>,
     server: Arc<ServerSide>,
     mut phase: watch::Receiver<Phase>,
     config: GrpcServerConfig,
 ) {
-    let ended = match &config.tls {
+    let ended = match tls {
         None => match preface(&stream, config.handshake_timeout).await {
             Ok(()) => serve_http2(stream, &conn, server, &mut phase, &config).await,
             Err(why) => Err(why),
@@ -317,10 +322,10 @@ async fn preface(stream: &TcpStream, timeout: Duration) -> Result<(), String> {
 /// The server's side of the TLS handshake, at most `timeout`; it must agree on HTTP/2.
 async fn tls_handshake(
     stream: TcpStream,
-    tls: &ServerTls,
+    tls: Arc<rustls::ServerConfig>,
     timeout: Duration,
 ) -> Result<tokio_rustls::server::TlsStream<TcpStream>, String> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls.0.clone());
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let stream = tokio::time::timeout(timeout, acceptor.accept(stream))
         .await
         .map_err(|_| format!("no TLS handshake within {timeout:?}"))?

@@ -1,8 +1,9 @@
 //! The client side of a TCP connection.
 
+use std::io;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rpc_core::client::Responses;
 use rpc_core::frame::OutgoingFrame;
@@ -12,7 +13,9 @@ use rpc_core::{CallTable, ClientTransport, Drive, FrameSender, Status};
 use crate::conn::{Conn, ReadPolicy};
 use crate::handshake;
 use crate::outbox::{Class, Pushed};
+use crate::socket::Socket;
 use crate::sockets::{client_event_loop, connect_any};
+use crate::tls::{agreed, server_name, ALPN_RPC};
 
 pub use crate::config::TcpConfig;
 
@@ -42,9 +45,31 @@ impl TcpClient {
         calls: Arc<CallTable>,
         config: &TcpConfig,
     ) -> Result<Arc<TcpClient>, Status> {
-        let peer = format!("tcp://{addr}");
+        let scheme = if config.tls.is_some() { "tcps" } else { "tcp" };
+        let peer = format!("{scheme}://{addr}");
+        if config.tls.is_some() && config.credentials.is_some() {
+            return Err(Status::invalid_argument(format!(
+                "{peer}: credentials are not sent over TLS (TcpConfig::credentials with \
+                 TcpConfig::tls)"
+            )));
+        }
         let mut stream = connect_any(addr, config.connect_timeout)
             .map_err(|e| Status::unavailable(format!("cannot connect to {peer}: {e}")))?;
+        let session = match &config.tls {
+            None => None,
+            Some(tls) => {
+                let name = config.tls_server_name.as_deref().unwrap_or(addr);
+                let name = server_name(name).map_err(Status::invalid_argument)?;
+                let session = secure(
+                    &mut stream,
+                    tls.config(ALPN_RPC),
+                    name,
+                    config.connect_timeout,
+                )
+                .map_err(|e| Status::unavailable(format!("cannot connect to {peer}: {e}")))?;
+                Some(session)
+            }
+        };
         if let Some(credentials) = &config.credentials {
             handshake::client(&mut stream, credentials, &peer, config.connect_timeout)?;
         }
@@ -60,7 +85,11 @@ impl TcpClient {
             stream
                 .set_nonblocking(true)
                 .and_then(|()| tokio::net::TcpStream::from_std(stream))
-                .and_then(|stream| Conn::new(stream, peer.clone(), &config.limits, policy))
+                .map(|tcp| match session {
+                    None => Socket::plain(tcp),
+                    Some(session) => Socket::tls(tcp, session),
+                })
+                .and_then(|socket| Conn::new(socket, peer.clone(), &config.limits, policy))
                 .map_err(|e| Status::unavailable(format!("cannot use the socket to {peer}: {e}")))?
         };
         let responses = Arc::new(Responses::new(calls, peer, config.max_message_size));
@@ -71,6 +100,47 @@ impl TcpClient {
             caller_reads: config.caller_reads,
         }))
     }
+}
+
+/// The client's TLS handshake on the blocking socket, within `timeout`; our frames must be
+/// agreed by ALPN.
+fn secure(
+    stream: &mut std::net::TcpStream,
+    config: Arc<rustls::ClientConfig>,
+    name: rustls::pki_types::ServerName<'static>,
+    timeout: Duration,
+) -> Result<rustls::ClientConnection, String> {
+    let mut session = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + timeout;
+    while session.is_handshaking() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!("no TLS handshake within {timeout:?}"));
+        }
+        let timed = stream
+            .set_read_timeout(Some(left))
+            .and_then(|()| stream.set_write_timeout(Some(left)));
+        match timed.and_then(|()| session.complete_io(stream)) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(format!("no TLS handshake within {timeout:?}"))
+            }
+            Err(e) => return Err(format!("TLS handshake: {e}")),
+        }
+    }
+    stream
+        .set_read_timeout(None)
+        .and_then(|()| stream.set_write_timeout(None))
+        .map_err(|e| e.to_string())?;
+    if !agreed(session.alpn_protocol(), ALPN_RPC) {
+        return Err("the server's TLS agreed on a protocol other than ours".to_owned());
+    }
+    Ok(session)
 }
 
 /// Requests go through the connection's output queue, as the server's answers do.
@@ -121,7 +191,7 @@ impl ClientTransport for TcpClient {
         match self
             .conn
             .outbox
-            .try_push(&self.conn.stream, frame, Class::Control)?
+            .try_push(&self.conn.socket, frame, Class::Control)?
         {
             Pushed::Sent => Ok(()),
             Pushed::Full => {

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::tls::{ClientTls, ServerTls};
+
 /// Bounds every TCP connection applies, on either side.
 #[derive(Debug, Clone)]
 pub struct ConnectionLimits {
@@ -60,6 +62,11 @@ pub struct TcpConfig {
     /// blocking calls pay no hand-off; a call's deadline ends the wait sooner.
     /// `Duration::ZERO`: the event loop reads every answer. Default 20 ms.
     pub caller_reads: Duration,
+    /// Connect over TLS (`tcps://`), trusting these authorities; `None`: plaintext.
+    pub tls: Option<ClientTls>,
+    /// The name the server's certificate must carry, if not the host connected to (a
+    /// balanced channel's URLs hold resolved addresses: give it the certificate's name).
+    pub tls_server_name: Option<String>,
 }
 
 impl Default for TcpConfig {
@@ -70,6 +77,8 @@ impl Default for TcpConfig {
             max_message_size: rpc_core::client::DEFAULT_MAX_MESSAGE_SIZE,
             limits: ConnectionLimits::default(),
             caller_reads: Duration::from_millis(20),
+            tls: None,
+            tls_server_name: None,
         }
     }
 }
@@ -88,9 +97,11 @@ pub struct TcpServerConfig {
     pub io_threads: usize,
     /// Queue, stall and read bounds of each connection.
     pub limits: ConnectionLimits,
-    /// With authentication (`ServerConfig::auth`): longest a new connection may take to
-    /// send its credentials; it is refused `UNAUTHENTICATED` after.
+    /// Longest a new connection may take for its TLS handshake (`tls`), and to send its
+    /// credentials (with `ServerConfig::auth`; it is refused `UNAUTHENTICATED` after).
     pub handshake_timeout: Duration,
+    /// Serve over TLS (`tcps://`) with this certificate; `None`: plaintext (`tcp://`).
+    pub tls: Option<ServerTls>,
 }
 
 impl Default for TcpServerConfig {
@@ -101,6 +112,7 @@ impl Default for TcpServerConfig {
             idle_timeout: Duration::from_secs(3600),
             io_threads: 1,
             limits: ConnectionLimits::default(),
+            tls: None,
         }
     }
 }

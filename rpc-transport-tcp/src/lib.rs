@@ -25,7 +25,9 @@ mod metrics;
 mod outbox;
 mod reader;
 mod server;
+mod socket;
 pub mod sockets;
+pub mod tls;
 
 pub use client::TcpClient;
 pub use config::{ConnectionLimits, TcpConfig, TcpServerConfig, DEFAULT_KEEPALIVE};

@@ -15,8 +15,9 @@ use bytes::{Bytes, BytesMut};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use rpc_core::frame::OutgoingFrame;
 use rpc_core::Status;
-use tokio::net::TcpStream;
 use tokio::sync::Notify;
+
+use crate::socket::Socket;
 
 /// Bytes a stream's sender may leave corked ([`Outbox::poll_push_more`]) before they are
 /// written anyway.
@@ -107,12 +108,12 @@ impl Outbox {
     /// Writes or queues `frame` if there is room; never blocks.
     pub(crate) fn try_push(
         &self,
-        stream: &TcpStream,
+        socket: &Socket,
         frame: &OutgoingFrame<'_>,
         class: Class,
     ) -> Result<Pushed, Status> {
         let mut st = self.state.lock();
-        self.push_locked(&mut st, stream, frame, class)
+        self.push_locked(&mut st, socket, frame, class)
     }
 
     /// Like [`Outbox::try_push`] for a data frame, but with no room registers `cx` to be
@@ -120,11 +121,11 @@ impl Outbox {
     pub(crate) fn poll_push(
         &self,
         cx: &mut Context<'_>,
-        stream: &TcpStream,
+        socket: &Socket,
         frame: &OutgoingFrame<'_>,
     ) -> Poll<Result<(), Status>> {
         let mut st = self.state.lock();
-        match self.push_locked(&mut st, stream, frame, Class::Data) {
+        match self.push_locked(&mut st, socket, frame, Class::Data) {
             Ok(Pushed::Sent) => Poll::Ready(Ok(())),
             Err(status) => Poll::Ready(Err(status)),
             Ok(Pushed::Full) => {
@@ -140,10 +141,10 @@ impl Outbox {
     pub(crate) fn poll_push_more(
         &self,
         cx: &mut Context<'_>,
-        stream: &TcpStream,
+        socket: &Socket,
         frame: &OutgoingFrame<'_>,
     ) -> Poll<Result<(), Status>> {
-        self.poll_cork(cx, stream, frame.len(), |pending| frame.encode_to(pending))
+        self.poll_cork(cx, socket, frame.len(), |pending| frame.encode_to(pending))
     }
 
     /// Like [`Outbox::poll_push_more`] for frames the sender encoded itself (whole frames,
@@ -151,12 +152,12 @@ impl Outbox {
     pub(crate) fn poll_push_encoded(
         &self,
         cx: &mut Context<'_>,
-        stream: &TcpStream,
+        socket: &Socket,
         encoded: &mut BytesMut,
     ) -> Poll<Result<(), Status>> {
         // Copied, not swapped: the sender keeps its own small buffer, and never takes the
         // queue's (which a large message may have grown, for the sender's whole life).
-        self.poll_cork(cx, stream, encoded.len(), |pending| {
+        self.poll_cork(cx, socket, encoded.len(), |pending| {
             pending.extend_from_slice(encoded);
             encoded.clear();
         })
@@ -167,7 +168,7 @@ impl Outbox {
     fn poll_cork(
         &self,
         cx: &mut Context<'_>,
-        stream: &TcpStream,
+        socket: &Socket,
         len: usize,
         put: impl FnOnce(&mut BytesMut),
     ) -> Poll<Result<(), Status>> {
@@ -177,7 +178,7 @@ impl Outbox {
         }
         if !st.has_room(len, self.limit, Class::Data) {
             // What is corked goes out first; room comes back as it is written.
-            if let Err(status) = self.start_write(&mut st, stream) {
+            if let Err(status) = self.start_write(&mut st, socket) {
                 return Poll::Ready(Err(status));
             }
             register(&mut st.waiters, cx.waker());
@@ -185,7 +186,7 @@ impl Outbox {
         }
         put(&mut st.pending);
         if st.pending.len() >= CORK_LIMIT {
-            if let Err(status) = self.start_write(&mut st, stream) {
+            if let Err(status) = self.start_write(&mut st, socket) {
                 return Poll::Ready(Err(status));
             }
         }
@@ -193,11 +194,11 @@ impl Outbox {
     }
 
     /// Writes what [`Outbox::poll_push_more`] corked.
-    pub(crate) fn flush(&self, stream: &TcpStream) {
+    pub(crate) fn flush(&self, socket: &Socket) {
         let mut st = self.state.lock();
         if st.closed.is_none() {
             // A failure closed the queue; the senders see it on their next push.
-            let _ = self.start_write(&mut st, stream);
+            let _ = self.start_write(&mut st, socket);
         }
     }
 
@@ -206,14 +207,14 @@ impl Outbox {
     /// disconnected after the stall limit, which ends the wait too.
     pub(crate) fn push_blocking(
         &self,
-        stream: &TcpStream,
+        socket: &Socket,
         frame: &OutgoingFrame<'_>,
     ) -> Result<(), Status> {
         let budget = frame.header().timeout_us;
         let deadline = (budget > 0).then(|| Instant::now() + Duration::from_micros(budget));
         let mut st = self.state.lock();
         loop {
-            match self.push_locked(&mut st, stream, frame, Class::Data)? {
+            match self.push_locked(&mut st, socket, frame, Class::Data)? {
                 Pushed::Sent => return Ok(()),
                 Pushed::Full => {
                     count_stall();
@@ -266,7 +267,7 @@ impl Outbox {
     fn push_locked(
         &self,
         st: &mut MutexGuard<'_, State>,
-        stream: &TcpStream,
+        socket: &Socket,
         frame: &OutgoingFrame<'_>,
         class: Class,
     ) -> Result<Pushed, Status> {
@@ -277,32 +278,25 @@ impl Outbox {
             return Ok(Pushed::Full);
         }
         frame.encode_to(&mut st.pending);
-        self.start_write(st, stream)?;
+        self.start_write(st, socket)?;
         Ok(Pushed::Sent)
     }
 
     /// Unless the writer task owns the socket: writes what is pending on this thread, and
     /// hands what the socket does not take to the writer task.
-    fn start_write(
-        &self,
-        st: &mut MutexGuard<'_, State>,
-        stream: &TcpStream,
-    ) -> Result<(), Status> {
-        if st.writing || st.pending.is_empty() {
+    fn start_write(&self, st: &mut MutexGuard<'_, State>, socket: &Socket) -> Result<(), Status> {
+        if st.writing || (st.pending.is_empty() && !socket.has_unsent()) {
             // The writer task takes it after what it is writing.
             return Ok(());
         }
         // Nothing queued: write on this thread. The lock keeps other senders' frames behind
         // this one; the write never blocks.
-        let written = stream.try_write(&st.pending);
+        let written = socket.try_write(&st.pending);
         if let (Ok(n), Some(metrics)) = (&written, crate::metrics::tcp()) {
             metrics.sent.increment(*n as u64);
         }
         match written {
-            Ok(n) if n == st.pending.len() => {
-                st.pending.clear();
-                return Ok(());
-            }
+            Ok(n) if n == st.pending.len() => st.pending.clear(),
             Ok(n) => {
                 let _ = st.pending.split_to(n);
             }
@@ -310,7 +304,7 @@ impl Outbox {
             Err(e) => {
                 // The connection is broken: fail it here (the reader may be asleep).
                 let status = Status::unavailable(format!("cannot send: {e}"));
-                let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Both);
+                socket.shutdown();
                 // Woken under the lock: this path is rare, and a wake only schedules.
                 self.shut(st, status.clone())
                     .into_iter()
@@ -318,16 +312,22 @@ impl Outbox {
                 return Err(status);
             }
         }
+        if st.pending.is_empty() && !socket.has_unsent() {
+            return Ok(());
+        }
         st.writing = true;
         self.writer.notify_one();
         Ok(())
     }
 
     /// The writer task's next chunk to write, or what to do when there is none.
-    pub(crate) fn next_chunk(&self) -> Chunk {
+    pub(crate) fn next_chunk(&self, socket: &Socket) -> Chunk {
         let mut st = self.state.lock();
         if st.closed.is_some() {
             return Chunk::Closed;
+        }
+        if st.pending.is_empty() && socket.has_unsent() {
+            return Chunk::Flush;
         }
         if st.pending.is_empty() {
             st.writing = false;
@@ -429,6 +429,9 @@ impl Outbox {
 pub(crate) enum Chunk {
     /// Write these bytes.
     Write(Bytes),
+    /// Nothing queued, but TLS records the socket did not take yet wait in the session:
+    /// send them.
+    Flush,
     /// Nothing queued: wait for a wake-up.
     Idle,
     /// Everything queued was written and the queue is now closed (graceful close).

@@ -17,7 +17,9 @@ use tokio::io::AsyncWriteExt;
 use crate::config::TcpServerConfig;
 use crate::conn::{Conn, ReadPolicy};
 use crate::handshake;
+use crate::socket::Socket;
 use crate::sockets::{answer_http1, listen, Connections, OtherProtocol, ServedConnections};
+use crate::tls::{agreed, ALPN_RPC};
 
 /// The first byte of everything a client of ours sends first: a frame's magic or the
 /// authentication preface, both `RR…`.
@@ -35,6 +37,9 @@ struct Shared {
     auth: Option<Checker>,
     /// What else the port speaks, told apart by a connection's first byte.
     other: Option<Arc<dyn OtherProtocol>>,
+    /// `config.tls`'s rustls configuration (our frames agreed by ALPN): every connection
+    /// is TLS.
+    tls: Option<Arc<rustls::ServerConfig>>,
     /// Connections accepted and authenticating (they count against `max_connections`).
     handshaking: AtomicUsize,
 }
@@ -91,11 +96,19 @@ impl TcpServer {
         config: TcpServerConfig,
         other: Option<Arc<dyn OtherProtocol>>,
     ) -> io::Result<TcpServer> {
-        let (runtime, listener) = listen("tcp", addr, config.io_threads, "rpc-tcp-server")?;
+        if config.tls.is_some() && dispatcher.config().auth.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "tcps:// does not authenticate connections (ServerConfig::auth)",
+            ));
+        }
+        let scheme = scheme(config.tls.is_some());
+        let (runtime, listener) = listen(scheme, addr, config.io_threads, "rpc-tcp-server")?;
         let auth = dispatcher.config().auth.clone().map(Checker::new);
         let shared = Arc::new(Shared {
             auth,
             other,
+            tls: config.tls.as_ref().map(|tls| tls.config(ALPN_RPC)),
             handshaking: AtomicUsize::new(0),
             dispatcher,
             config,
@@ -164,6 +177,10 @@ impl Drop for TcpServer {
 /// A new connection: authenticated first if the server requires it, told apart from
 /// another protocol on the port if there is one, then served.
 fn accepted(stream: tokio::net::TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
+    if shared.tls.is_some() {
+        tokio::spawn(secure(stream, peer, shared.clone()));
+        return;
+    }
     if shared.auth.is_some() {
         tokio::spawn(authenticate(stream, peer, shared.clone()));
         return;
@@ -173,7 +190,7 @@ fn accepted(stream: tokio::net::TcpStream, peer: SocketAddr, shared: &Arc<Shared
         return;
     }
     let who = Peer::anonymous(format!("tcp://{peer}"));
-    if let Err(e) = start_connection(stream, who, shared) {
+    if let Err(e) = start_connection(Socket::plain(stream), who, shared) {
         tracing::warn!(%peer, %e, "could not start a connection");
     }
 }
@@ -188,7 +205,8 @@ impl Drop for Handshaking<'_> {
 }
 
 /// Counts a new connection as handshaking, unless it is to be closed at once: accepted
-/// just before a shutdown, or over the connection limit (told so).
+/// just before a shutdown, or over the connection limit (told so in plaintext, where the
+/// server speaks it).
 fn handshaking<'a>(
     stream: &tokio::net::TcpStream,
     peer: SocketAddr,
@@ -196,10 +214,42 @@ fn handshaking<'a>(
 ) -> Option<Handshaking<'a>> {
     shared.handshaking.fetch_add(1, Ordering::AcqRel);
     let counted = Handshaking(&shared.handshaking);
-    if shared.connections.is_draining() || at_limit(stream, peer, shared, 1) {
+    if shared.connections.is_draining() {
+        return None;
+    }
+    if let Some(status) = at_limit(peer, shared, 1) {
+        if shared.tls.is_none() {
+            refuse(|bytes| stream.try_write(bytes), &status);
+        }
         return None;
     }
     Some(counted)
+}
+
+/// A new connection's TLS handshake (within `handshake_timeout`, our frames agreed by
+/// ALPN), then it is served.
+async fn secure(stream: tokio::net::TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    let Some(tls) = shared.tls.clone() else {
+        return;
+    };
+    let Some(counted) = handshaking(&stream, peer, &shared) else {
+        return;
+    };
+    let timeout = shared.config.handshake_timeout;
+    let accepting = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
+    let (tcp, session) = match tokio::time::timeout(timeout, accepting).await {
+        Ok(Ok(stream)) => stream.into_inner(),
+        Ok(Err(e)) => return tracing::warn!(%peer, %e, "TLS handshake failed"),
+        Err(_) => return tracing::warn!(%peer, ?timeout, "no TLS handshake within the timeout"),
+    };
+    if !agreed(session.alpn_protocol(), ALPN_RPC) {
+        return tracing::warn!(%peer, "the client's TLS agreed on a protocol other than ours");
+    }
+    drop(counted);
+    let who = Peer::anonymous(format!("tcps://{peer}"));
+    if let Err(e) = start_connection(Socket::tls(tcp, session), who, &shared) {
+        tracing::warn!(%peer, %e, "could not start a connection");
+    }
 }
 
 /// Waits for a new connection's first byte (as long as an idle connection is kept), and
@@ -232,7 +282,7 @@ async fn sniff(stream: tokio::net::TcpStream, peer: SocketAddr, shared: Arc<Shar
         return answer_http1(&stream, first, &why);
     }
     let who = Peer::anonymous(format!("tcp://{peer}"));
-    if let Err(e) = start_connection(stream, who, &shared) {
+    if let Err(e) = start_connection(Socket::plain(stream), who, &shared) {
         tracing::warn!(%peer, %e, "could not start a connection");
     }
 }
@@ -262,48 +312,38 @@ async fn authenticate(mut stream: tokio::net::TcpStream, peer: SocketAddr, share
     drop(counted);
     match answered {
         Ok(who) => {
-            if let Err(e) = start_connection(stream, who, &shared) {
+            if let Err(e) = start_connection(Socket::plain(stream), who, &shared) {
                 tracing::warn!(%peer, %e, "could not start a connection");
             }
         }
         Err(status) => {
             tracing::warn!(%peer, %status, "connection refused");
-            refuse(&stream, &status);
+            refuse(|bytes| stream.try_write(bytes), &status);
         }
     }
 }
 
-/// Refuses the connection if the server is at its limit (`pending` of the handshaking ones
-/// are this one).
-fn at_limit(
-    stream: &tokio::net::TcpStream,
-    peer: SocketAddr,
-    shared: &Shared,
-    pending: usize,
-) -> bool {
+/// Why the connection is refused if the server is at its limit (`pending` of the
+/// handshaking ones are this one).
+fn at_limit(peer: SocketAddr, shared: &Shared, pending: usize) -> Option<Status> {
     let max = shared.config.max_connections;
     let handshaking = shared
         .handshaking
         .load(Ordering::Acquire)
         .saturating_sub(pending);
     if shared.connections.len() + handshaking < max {
-        return false;
+        return None;
     }
-    refuse(
-        stream,
-        &Status::resource_exhausted(format!("the server is at its limit of {max} connections")),
-    );
     tracing::warn!(%peer, max, "connection refused: at the connection limit");
-    true
+    Some(Status::resource_exhausted(format!(
+        "the server is at its limit of {max} connections"
+    )))
 }
 
-fn start_connection(
-    stream: tokio::net::TcpStream,
-    who: Peer,
-    shared: &Arc<Shared>,
-) -> io::Result<()> {
-    let peer = stream.peer_addr()?;
-    if at_limit(&stream, peer, shared, 0) {
+fn start_connection(socket: Socket, who: Peer, shared: &Arc<Shared>) -> io::Result<()> {
+    let peer = socket.tcp.peer_addr()?;
+    if let Some(status) = at_limit(peer, shared, 0) {
+        refuse(|bytes| socket.try_write(bytes), &status);
         return Ok(());
     }
     let policy = ReadPolicy {
@@ -312,7 +352,7 @@ fn start_connection(
         pause_when_full: true,
         caller_reads: false,
     };
-    let conn = Conn::new(stream, who.addr.clone(), &shared.config.limits, policy)?;
+    let conn = Conn::new(socket, who.addr.clone(), &shared.config.limits, policy)?;
     let dispatch = ConnectionDispatch::new(shared.dispatcher.clone(), conn.clone(), who);
     let served = Served {
         link: conn.clone() as Arc<dyn ServedLink>,
@@ -320,10 +360,8 @@ fn start_connection(
     };
     let Some(forget) = shared.connections.add(served) else {
         // Done its handshake while a shutdown began.
-        refuse(
-            &conn.stream,
-            &Status::unavailable("the server is shutting down"),
-        );
+        let status = Status::unavailable("the server is shutting down");
+        refuse(|bytes| conn.socket.try_write(bytes), &status);
         return Ok(());
     };
     let requests = Requests::new(dispatch).on_closed_then(forget);
@@ -332,8 +370,8 @@ fn start_connection(
 }
 
 /// Tells a connection over the limit why it is refused (a status for call id 0, best
-/// effort: a fresh socket takes a small frame), then drops it.
-fn refuse(stream: &tokio::net::TcpStream, status: &Status) {
+/// effort with `write`: a fresh socket takes a small frame), then drops it.
+fn refuse(write: impl FnOnce(&[u8]) -> io::Result<usize>, status: &Status) {
     let mut header = Header::new(FrameKind::Response, 0);
     header.status = status.code();
     let body = RawBody(status.message().as_bytes());
@@ -341,6 +379,15 @@ fn refuse(stream: &tokio::net::TcpStream, status: &Status) {
     if let Ok(frame) = OutgoingFrame::new(header, &metadata, &body) {
         let mut out = BytesMut::new();
         frame.encode_to(&mut out);
-        let _ = stream.try_write(&out);
+        let _ = write(&out);
+    }
+}
+
+/// The scheme of a server's URLs: `tcps` with TLS.
+fn scheme(tls: bool) -> &'static str {
+    if tls {
+        "tcps"
+    } else {
+        "tcp"
     }
 }

@@ -114,11 +114,18 @@ pub const RUNS_LAST: &[&str] = &["chaos_link"];
 
 /// Test binaries with no RDMA in them (gRPC over HTTP/2, against Python's grpcio and
 /// tonic): the host's `cargo test` runs them, the VM does not run them again.
-pub const HOST_ONLY: &[&str] = &["grpc_interop", "grpc_hostile", "grpc_tonic", "one_port"];
+pub const HOST_ONLY: &[&str] = &[
+    "grpc_interop",
+    "grpc_hostile",
+    "grpc_tonic",
+    "one_port",
+    "tcp_tls",
+];
 
-/// What the VM skips in the other binaries: their gRPC tests (each suite's `grpc` case and
-/// those against grpcio), which the host ran.
-pub const HOST_ONLY_TESTS: &str = "grpc";
+/// What the VM skips in the other binaries, which the host ran and which have no RDMA in
+/// them: their gRPC tests (each suite's `grpc` case and those against grpcio) and their
+/// TLS ones (each suite's `tcps` case).
+pub const HOST_ONLY_TESTS: &[&str] = &["grpc", "tcps"];
 
 /// One step per test binary, run from its package directory like `cargo test` does; those
 /// of [`RUNS_LAST`] at the end, none of [`HOST_ONLY`].
@@ -135,9 +142,10 @@ pub fn plan(binaries: &[TestBinary], test_args: &[String], cwd: &Path) -> GuestP
         let mut argv = vec![
             binary.executable.to_string_lossy().into_owned(),
             "--include-ignored".to_owned(),
-            "--skip".to_owned(),
-            HOST_ONLY_TESTS.to_owned(),
         ];
+        for skipped in HOST_ONLY_TESTS {
+            argv.extend(["--skip".to_owned(), (*skipped).to_owned()]);
+        }
         argv.extend(test_args.iter().cloned());
         let command = GuestCommand::new(argv)
             .in_dir(&binary.package_dir)

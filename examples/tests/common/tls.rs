@@ -3,6 +3,9 @@
 
 use std::path::PathBuf;
 
+use rdma_rpc::TcpServerConfig;
+use rdma_rpc::{ClientTls, ServeExt, ServeOptions, ServerBuilder, ServerHandle, ServerTls};
+
 /// PEM files: an authority, and a certificate and key it signed for the test server.
 pub struct TestPki {
     dir: tempfile::TempDir,
@@ -30,6 +33,12 @@ impl TestPki {
         TestPki { dir }
     }
 
+    /// One for the whole test binary.
+    pub fn shared() -> &'static TestPki {
+        static PKI: std::sync::OnceLock<TestPki> = std::sync::OnceLock::new();
+        PKI.get_or_init(TestPki::new)
+    }
+
     /// The authority's certificate.
     pub fn ca(&self) -> PathBuf {
         self.dir.path().join("ca.pem")
@@ -44,4 +53,25 @@ impl TestPki {
     pub fn key(&self) -> PathBuf {
         self.dir.path().join("server.key")
     }
+}
+
+/// Serves `builder` on `tcps://127.0.0.1:0` with `pki`'s certificate and `tcp`'s other
+/// settings.
+pub fn start_tcps(builder: ServerBuilder, pki: &TestPki, tcp: TcpServerConfig) -> ServerHandle {
+    let tcp = TcpServerConfig {
+        tls: Some(ServerTls::from_pem_files(pki.cert(), pki.key()).unwrap()),
+        ..tcp
+    };
+    let options = ServeOptions {
+        tcp,
+        ..ServeOptions::default()
+    };
+    builder
+        .start_with("tcps://127.0.0.1:0", options)
+        .expect("the tcps:// server starts")
+}
+
+/// A client trusting `pki`'s authority.
+pub fn trusting(pki: &TestPki) -> rdma_rpc::ClientBuilder {
+    rdma_rpc::client().tls(ClientTls::trusting_pem_file(pki.ca()).unwrap())
 }

@@ -69,7 +69,7 @@ impl Conn {
                 }
                 Turn::Drained { .. } | Turn::Yield | Turn::Full => break true,
             }
-            if !wait_readable(&self.stream, until) {
+            if !self.socket.has_buffered() && !wait_readable(&self.socket.tcp, until) {
                 break false;
             }
             let read = reader.read(|buf| self.drain(buf));

@@ -4,7 +4,6 @@
 
 use std::future::{poll_fn, Future};
 use std::io;
-use std::net::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +17,6 @@ use rpc_core::server::{ReplySink, ServedLink};
 use rpc_core::stream::Wakes;
 use rpc_core::{Inbound, Status};
 use tokio::io::Interest;
-use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::{timeout, Instant};
 
@@ -26,6 +24,7 @@ use crate::config::{ConnectionLimits, KEEPALIVE_PROBES};
 use crate::deadline::ReadDeadline;
 use crate::outbox::{Chunk, Outbox};
 use crate::reader::{Reader, Turn, FRAMES_PER_TURN};
+use crate::socket::Socket;
 
 mod caller;
 
@@ -34,7 +33,7 @@ static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
 /// A connection shared by its tasks and the transport that sends on it.
 pub(crate) struct Conn {
-    pub(crate) stream: TcpStream,
+    pub(crate) socket: Socket,
     pub(crate) outbox: Outbox,
     /// `tcp://host:port` of the other end, for messages.
     pub(crate) peer: String,
@@ -79,7 +78,7 @@ impl ServedLink for Conn {
 /// sends requests through.
 impl ReplySink for Conn {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        self.outbox.push_blocking(&self.stream, frame)
+        self.outbox.push_blocking(&self.socket, frame)
     }
 
     fn poll_send(
@@ -87,7 +86,7 @@ impl ReplySink for Conn {
         cx: &mut Context<'_>,
         frame: &mut OutgoingFrame<'_>,
     ) -> Poll<Result<(), Status>> {
-        self.outbox.poll_push(cx, &self.stream, frame)
+        self.outbox.poll_push(cx, &self.socket, frame)
     }
 
     fn poll_send_more(
@@ -95,11 +94,11 @@ impl ReplySink for Conn {
         cx: &mut Context<'_>,
         frame: &mut OutgoingFrame<'_>,
     ) -> Poll<Result<(), Status>> {
-        self.outbox.poll_push_more(cx, &self.stream, frame)
+        self.outbox.poll_push_more(cx, &self.socket, frame)
     }
 
     fn flush(&self) {
-        self.outbox.flush(&self.stream);
+        self.outbox.flush(&self.socket);
     }
 
     fn stage_limit(&self) -> Option<usize> {
@@ -111,7 +110,7 @@ impl ReplySink for Conn {
         cx: &mut Context<'_>,
         encoded: &mut BytesMut,
     ) -> Poll<Result<(), Status>> {
-        self.outbox.poll_push_encoded(cx, &self.stream, encoded)
+        self.outbox.poll_push_encoded(cx, &self.socket, encoded)
     }
 }
 
@@ -133,15 +132,15 @@ pub(crate) struct ReadPolicy {
 impl Conn {
     /// Wraps a connected socket registered with the event loop, read as `policy` says.
     pub(crate) fn new(
-        stream: TcpStream,
+        socket: Socket,
         peer: String,
         limits: &ConnectionLimits,
         policy: ReadPolicy,
     ) -> io::Result<Arc<Conn>> {
-        stream.set_nodelay(true)?;
-        keep_alive(&stream, limits)?;
+        socket.tcp.set_nodelay(true)?;
+        keep_alive(&socket.tcp, limits)?;
         Ok(Arc::new(Conn {
-            stream,
+            socket,
             outbox: Outbox::new(limits.write_queue),
             peer,
             limits: limits.clone(),
@@ -169,14 +168,14 @@ impl Conn {
     pub(crate) fn close(&self, status: Status) {
         self.outbox.close(status);
         // Wakes the reader (end of stream) as well.
-        let _ = socket2::SockRef::from(&self.stream).shutdown(Shutdown::Both);
+        self.socket.shutdown();
     }
 
     /// Closes the connection with a reset (a peer that broke a limit): what either side
     /// still has queued is discarded, by the kernel too, instead of lingering for a peer
     /// that does not read.
     pub(crate) fn abort(&self, status: Status) {
-        let _ = socket2::SockRef::from(&self.stream).set_linger(Some(Duration::ZERO));
+        let _ = socket2::SockRef::from(&self.socket.tcp).set_linger(Some(Duration::ZERO));
         self.close(status);
     }
 
@@ -191,12 +190,12 @@ impl Conn {
     }
 
     fn shutdown_write(&self) {
-        let _ = socket2::SockRef::from(&self.stream).shutdown(Shutdown::Write);
+        self.socket.shutdown_write();
     }
 
     async fn write_loop(self: Arc<Self>) {
         loop {
-            match self.outbox.next_chunk() {
+            match self.outbox.next_chunk(&self.socket) {
                 Chunk::Write(chunk) => {
                     let mut at = 0;
                     while at < chunk.len() {
@@ -209,6 +208,11 @@ impl Conn {
                         }
                     }
                 }
+                Chunk::Flush => {
+                    if let Err(status) = self.write_some(&[]).await {
+                        return self.abort(status);
+                    }
+                }
                 Chunk::Idle => self.outbox.writer_wakeup().await,
                 Chunk::Finished => return self.shutdown_write(),
                 Chunk::Closed => return,
@@ -216,11 +220,12 @@ impl Conn {
         }
     }
 
-    /// Writes some of `bytes`, waiting at most the stall limit for the socket to take any.
+    /// Writes some of `bytes` (with none, the TLS records waiting in the session), waiting
+    /// at most the stall limit for the socket to take any.
     async fn write_some(&self, bytes: &[u8]) -> Result<usize, Status> {
         let broken = |e| Status::unavailable(format!("cannot send to {}: {e}", self.peer));
         loop {
-            match self.stream.try_write(bytes) {
+            match self.socket.try_write(bytes) {
                 Ok(n) => {
                     if let Some(metrics) = crate::metrics::tcp() {
                         metrics.sent.increment(n as u64);
@@ -230,7 +235,7 @@ impl Conn {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(broken(e)),
             }
-            match timeout(self.limits.stall_limit, self.stream.writable()).await {
+            match timeout(self.limits.stall_limit, self.socket.tcp.writable()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(broken(e)),
                 Err(_) => {
@@ -257,9 +262,13 @@ impl Conn {
     /// [`Conn::read_some`]; `None` if the event loop has not seen the socket readable
     /// (nothing was read, nothing cleared).
     fn read_clearing(&self, buf: &mut BytesMut) -> Option<io::Result<usize>> {
+        if self.socket.has_buffered() {
+            // TLS plaintext read from the socket earlier: no readiness to look at.
+            return Some(self.recv(buf));
+        }
         let mut short = None;
         let mut tried = false;
-        let read = self.stream.try_io(Interest::READABLE, || {
+        let read = self.socket.tcp.try_io(Interest::READABLE, || {
             tried = true;
             let n = self.recv(buf)?;
             if n > 0 && buf.len() < buf.capacity() {
@@ -281,7 +290,7 @@ impl Conn {
     /// socket's readiness.
     fn recv(&self, buf: &mut BytesMut) -> io::Result<usize> {
         let spare = buf.spare_capacity_mut();
-        let n = socket2::SockRef::from(&self.stream).recv(spare)?;
+        let n = self.socket.recv(spare)?;
         if let Some(metrics) = crate::metrics::tcp() {
             metrics.received.increment(n as u64);
         }
@@ -342,10 +351,13 @@ impl Conn {
     /// reader in a state the task must act on (`None`): it found the connection ended, or
     /// it left a frame begun, whose read timeout the task enforces.
     async fn readable_or_changed(&self) -> Option<io::Result<()>> {
-        if !self.policy.caller_reads {
-            return Some(self.stream.readable().await);
+        if self.socket.has_buffered() {
+            return Some(Ok(()));
         }
-        let mut readable = std::pin::pin!(self.stream.readable());
+        if !self.policy.caller_reads {
+            return Some(self.socket.tcp.readable().await);
+        }
+        let mut readable = std::pin::pin!(self.socket.tcp.readable());
         let mut changed = std::pin::pin!(self.reader_changed.notified());
         poll_fn(|cx| {
             if let Poll::Ready(ready) = readable.as_mut().poll(cx) {
@@ -452,7 +464,7 @@ impl Conn {
 /// ([`ConnectionLimits::keepalive`]): a dead peer is noticed about `keepalive +
 /// keepalive_timeout` after the connection went quiet, or `keepalive_timeout` after data we
 /// sent went unacknowledged, and the read fails with `TimedOut`.
-fn keep_alive(stream: &TcpStream, limits: &ConnectionLimits) -> io::Result<()> {
+fn keep_alive(stream: &tokio::net::TcpStream, limits: &ConnectionLimits) -> io::Result<()> {
     let Some(idle) = limits.keepalive else {
         return Ok(());
     };
@@ -490,7 +502,7 @@ mod tests {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
                 .expect("bind");
-            let stream = TcpStream::connect(listener.local_addr().unwrap())
+            let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
                 .await
                 .expect("connect");
             let limits = ConnectionLimits {
@@ -498,8 +510,9 @@ mod tests {
                 keepalive_timeout: Duration::from_secs(9),
                 ..ConnectionLimits::default()
             };
-            let conn = Conn::new(stream, "tcp://test".into(), &limits, POLICY).expect("conn");
-            let socket = socket2::SockRef::from(&conn.stream);
+            let socket = Socket::plain(stream);
+            let conn = Conn::new(socket, "tcp://test".into(), &limits, POLICY).expect("conn");
+            let socket = socket2::SockRef::from(&conn.socket.tcp);
             assert!(socket.keepalive().expect("SO_KEEPALIVE"));
             assert_eq!(socket.tcp_keepalive_time().unwrap(), Duration::from_secs(7));
             assert_eq!(
@@ -515,11 +528,14 @@ mod tests {
                 keepalive: None,
                 ..ConnectionLimits::default()
             };
-            let stream = TcpStream::connect(listener.local_addr().unwrap())
+            let stream = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
                 .await
                 .expect("connect");
-            let conn = Conn::new(stream, "tcp://test".into(), &off, POLICY).expect("conn");
-            assert!(!socket2::SockRef::from(&conn.stream).keepalive().unwrap());
+            let conn =
+                Conn::new(Socket::plain(stream), "tcp://test".into(), &off, POLICY).expect("conn");
+            assert!(!socket2::SockRef::from(&conn.socket.tcp)
+                .keepalive()
+                .unwrap());
         });
     }
 }

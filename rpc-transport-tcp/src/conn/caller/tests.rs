@@ -45,7 +45,12 @@ fn connection_with(
         pause_when_full: false,
         caller_reads: true,
     };
-    let conn = Conn::new(stream, "tcp://test".into(), limits, policy);
+    let conn = Conn::new(
+        crate::socket::Socket::plain(stream),
+        "tcp://test".into(),
+        limits,
+        policy,
+    );
     (conn.expect("conn"), server)
 }
 
@@ -99,7 +104,7 @@ fn answers_another_thread_handed_up_send_the_caller_back_to_its_calls() {
     answer(&mut server, 8);
     {
         let mut reader = conn.reader.lock();
-        assert!(wait_readable(&conn.stream, Instant::now() + LONG));
+        assert!(wait_readable(&conn.socket.tcp, Instant::now() + LONG));
         reader.read(|buf| conn.recv(buf)).expect("read");
         let mut wakes = Wakes::new();
         let turn = reader.deliver(&recorder, &mut wakes, None, || true, "tcp://test");
@@ -173,7 +178,9 @@ fn caller_reads_first(bytes: &[u8], limits: &ConnectionLimits, slice: Duration) 
     runtime.block_on(async { tokio::time::sleep(Duration::from_millis(20)).await });
     conn.read_for_caller(&*recorder, None, LONG);
     server.write_all(bytes).expect("write");
-    runtime.block_on(conn.stream.readable()).expect("readable");
+    runtime
+        .block_on(conn.socket.tcp.readable())
+        .expect("readable");
     conn.read_for_caller(&*recorder, None, slice);
     let ended = runtime.block_on(async {
         tokio::time::timeout(LONG, async {
