@@ -1,7 +1,9 @@
-//! Connect-time authentication on both transports: identities reach handlers, bad or
-//! missing credentials and replayed hellos are refused with the reason, and a client never
-//! trusts a server that cannot prove it holds the secret. The `rdma_` tests need an RDMA
-//! device (`cargo xtask test` runs them in the soft-RoCE VM).
+//! Connect-time authentication on every transport that has it (`tcp://`, `tcps://` inside
+//! TLS, `rdma://`): identities reach handlers, bad or missing credentials and replayed
+//! hellos are refused with the reason, a client never trusts a server that cannot prove it
+//! holds the secret, and a peer an authenticator admits without credentials has its first
+//! frame served. The `rdma_` tests need an RDMA device (`cargo xtask test` runs them in the
+//! soft-RoCE VM).
 
 mod common;
 
@@ -9,7 +11,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use rdma_rpc::auth::{AuthConfig, Credentials, SharedSecrets};
+use common::tls::{start_tcps, trusting, TestPki};
+use rdma_rpc::auth::{Attempt, AuthConfig, Authenticator, Credentials, SharedSecrets};
 use rdma_rpc::prelude::*;
 use rdma_rpc::{RdmaConfig, ServeOptions, ServerBuilder, ServerHandle, TcpServerConfig};
 use rpc_examples::echo::EchoRequest;
@@ -49,9 +52,22 @@ fn rdma_server(auth: bool) -> ServerHandle {
     common::start_rdma(builder(auth), RdmaConfig::default())
 }
 
+/// The same over TLS, with the binary's test certificate.
+fn tcps_server(auth: bool) -> ServerHandle {
+    let tcp = TcpServerConfig {
+        handshake_timeout: Duration::from_millis(300),
+        ..TcpServerConfig::default()
+    };
+    start_tcps(builder(auth), TestPki::shared(), tcp)
+}
+
 fn connect(url: &str, credentials: Option<Credentials>) -> Result<Channel, rdma_rpc::Error> {
+    let client = match url.starts_with("tcps://") {
+        true => trusting(TestPki::shared()),
+        false => rdma_rpc::client(),
+    };
     // The first connect of a process over soft-RoCE under emulation can take seconds.
-    let mut client = rdma_rpc::client().connect_timeout(Duration::from_secs(10));
+    let mut client = client.connect_timeout(Duration::from_secs(10));
     if let Some(credentials) = credentials {
         client = client.credentials(credentials);
     }
@@ -131,6 +147,70 @@ fn tcp_bad_credentials_are_refused() {
 #[test]
 fn tcp_a_server_without_the_secret_is_not_trusted() {
     a_server_without_the_secret_is_not_trusted(tcp_server(false).local_url());
+}
+
+#[test]
+fn tcps_identity_reaches_the_handler() {
+    identity_reaches_the_handler(tcps_server(true).local_url(), "tcps://127.0.0.1:");
+}
+
+#[test]
+fn tcps_bad_credentials_are_refused() {
+    bad_credentials_are_refused(tcps_server(true).local_url());
+}
+
+#[test]
+fn tcps_a_server_without_the_secret_is_not_trusted() {
+    a_server_without_the_secret_is_not_trusted(tcps_server(false).local_url());
+}
+
+/// Admits peers without credentials (as `anonymous`), and those with key 7's.
+struct AnonymousToo(SharedSecrets);
+
+impl Authenticator for AnonymousToo {
+    fn authenticate(&self, attempt: &Attempt<'_>) -> Result<String, Status> {
+        match attempt.key_id() {
+            None => Ok("anonymous".to_owned()),
+            Some(_) => self.0.authenticate(attempt),
+        }
+    }
+}
+
+/// A server that reads a preface for credentials but admits peers without: the frames such
+/// a peer sends straight away (read while looking for a preface) are served, over plain
+/// TCP and inside TLS, and a peer with credentials is still checked.
+#[test]
+fn a_peer_admitted_without_credentials_has_its_first_frames_served() {
+    let auth = || {
+        let secrets = SharedSecrets::new().with_key(7, SECRET, "alice");
+        AuthConfig::new(AnonymousToo(secrets))
+    };
+    let tcp = builder(false)
+        .auth(auth())
+        .start("tcp://127.0.0.1:0")
+        .unwrap();
+    let tcps = start_tcps(
+        builder(false).auth(auth()),
+        TestPki::shared(),
+        TcpServerConfig::default(),
+    );
+    for url in [tcp.local_url(), tcps.local_url()] {
+        let client = TesterClient::new(connect(url, None).expect("connects"));
+        for seq in 0..3 {
+            let reply = client
+                .echo_blocking(EchoRequest {
+                    seq,
+                    ..EchoRequest::default()
+                })
+                .unwrap_or_else(|s| panic!("{url}: {s}"));
+            assert_eq!(reply.get_ref().seq, seq);
+            assert_eq!(
+                reply.metadata().get("peer-identity"),
+                Some(&b"anonymous"[..])
+            );
+        }
+        identity_reaches_the_handler(url, &url[..url.find("//").unwrap() + 2]);
+    }
 }
 
 fn raw_preface(stream: &mut TcpStream, hello: &[u8]) -> Vec<u8> {

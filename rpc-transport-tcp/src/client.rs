@@ -47,12 +47,6 @@ impl TcpClient {
     ) -> Result<Arc<TcpClient>, Status> {
         let scheme = if config.tls.is_some() { "tcps" } else { "tcp" };
         let peer = format!("{scheme}://{addr}");
-        if config.tls.is_some() && config.credentials.is_some() {
-            return Err(Status::invalid_argument(format!(
-                "{peer}: credentials are not sent over TLS (TcpConfig::credentials with \
-                 TcpConfig::tls)"
-            )));
-        }
         let mut stream = connect_any(addr, config.connect_timeout)
             .map_err(|e| Status::unavailable(format!("cannot connect to {peer}: {e}")))?;
         let session = match &config.tls {
@@ -70,9 +64,18 @@ impl TcpClient {
                 Some(session)
             }
         };
-        if let Some(credentials) = &config.credentials {
-            handshake::client(&mut stream, credentials, &peer, config.connect_timeout)?;
-        }
+        let (stream, session) = match (&config.credentials, session) {
+            (None, session) => (stream, session),
+            (Some(credentials), None) => {
+                handshake::client(&mut stream, credentials, &peer, config.connect_timeout)?;
+                (stream, None)
+            }
+            (Some(credentials), Some(session)) => {
+                let mut tls = rustls::StreamOwned::new(session, stream);
+                handshake::client(&mut tls, credentials, &peer, config.connect_timeout)?;
+                (tls.sock, Some(tls.conn))
+            }
+        };
         let runtime = client_runtime()?;
         let policy = ReadPolicy {
             max_payload: config.max_message_size,

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use rpc_core::auth::{Checker, Credentials, Peer, HELLO_LEN, PROOF_LEN};
 use rpc_core::{Code, Header, Status};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// First four bytes of a preface and of its answer.
 pub const AUTH_MAGIC: [u8; 4] = *b"RRAU";
@@ -35,10 +35,29 @@ pub const ANSWER_LEN: usize = 8 + PROOF_LEN;
 /// Most bytes of a refusal the client reads (a header and a status message).
 const MAX_REFUSAL: usize = 64 + 4096;
 
+/// A blocking stream over a TCP socket (the socket, or TLS on it), whose read timeout is
+/// the socket's.
+pub(crate) trait OnTcp: Read + Write {
+    /// The socket.
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl OnTcp for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl OnTcp for rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        &self.sock
+    }
+}
+
 /// The client's side, on the blocking socket before it joins the event loop: sends the
 /// preface, reads the server's proof (or refusal) within `timeout`.
 pub(crate) fn client(
-    stream: &mut TcpStream,
+    stream: &mut impl OnTcp,
     credentials: &Credentials,
     peer: &str,
     timeout: Duration,
@@ -58,12 +77,17 @@ pub(crate) fn client(
         if left.is_zero() || answer.len() >= MAX_REFUSAL {
             break;
         }
-        stream.set_read_timeout(Some(left)).map_err(io_error)?;
+        stream
+            .tcp()
+            .set_read_timeout(Some(left))
+            .map_err(io_error)?;
         let mut buf = [0u8; 1024];
         match stream.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => answer.extend_from_slice(&buf[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // A server that refused us over TLS may close without TLS's close_notify.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
             Err(e)
                 if matches!(
                     e.kind(),
@@ -78,7 +102,7 @@ pub(crate) fn client(
             break;
         }
     }
-    stream.set_read_timeout(None).map_err(io_error)?;
+    stream.tcp().set_read_timeout(None).map_err(io_error)?;
     check_answer(&answer, credentials, &hello, peer)
 }
 
@@ -125,37 +149,36 @@ fn refusal(answer: &[u8], peer: &str) -> Status {
     ))
 }
 
-/// Whether the stream starts with a preface, without consuming anything: a client without
-/// credentials sends frames straight away, which the connection reads as usual.
-async fn starts_with_preface(stream: &tokio::net::TcpStream) -> io::Result<bool> {
-    let mut first = [0u8; 4];
-    loop {
-        let n = stream.peek(&mut first).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        if n == first.len() || first[..n] != AUTH_MAGIC[..n] {
-            return Ok(first[..n] == AUTH_MAGIC);
-        }
-        // A few bytes of what may be a preface: the rest is on its way.
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+/// What the server's side of the handshake found.
+pub(crate) struct Admitted {
+    /// Who the peer is.
+    pub(crate) who: Peer,
+    /// The answer to send: to a preface only (a client without credentials expects none).
+    pub(crate) answer: Option<[u8; ANSWER_LEN]>,
+    /// The bytes read that were no preface: a client without credentials sends frames
+    /// straight away, so they are the start of its first frame.
+    pub(crate) first: Vec<u8>,
 }
 
-/// The server's side: reads the preface within `timeout` and authenticates the peer; the
-/// answer to send on success, or the status to refuse it with.
-pub(crate) async fn server(
-    stream: &mut tokio::net::TcpStream,
+/// The server's side: reads the preface within `timeout` and authenticates the peer, or
+/// returns the status to refuse it with. On plain TCP or inside TLS alike.
+pub(crate) async fn server<S: AsyncRead + Unpin>(
+    stream: &mut S,
     checker: &Checker,
     peer: &str,
     timeout: Duration,
-) -> Result<(Peer, [u8; ANSWER_LEN]), Status> {
+) -> Result<Admitted, Status> {
     let mut preface = [0u8; PREFACE_LEN];
     let read = async {
-        if !starts_with_preface(stream).await? {
+        // A frame is longer than the magic, so these bytes come either way.
+        stream.read_exact(&mut preface[..AUTH_MAGIC.len()]).await?;
+        if preface[..AUTH_MAGIC.len()] != AUTH_MAGIC {
             return Ok(false);
         }
-        stream.read_exact(&mut preface).await.map(|_| true)
+        stream
+            .read_exact(&mut preface[AUTH_MAGIC.len()..])
+            .await
+            .map(|_| true)
     };
     let has_preface = match tokio::time::timeout(timeout, read).await {
         Ok(Ok(has)) => has,
@@ -171,8 +194,21 @@ pub(crate) async fn server(
             )))
         }
     };
-    let preface = has_preface.then_some(&preface);
-    check_preface(preface, checker, peer)
+    if !has_preface {
+        let (who, _) = check_preface(None, checker, peer)?;
+        let first = preface[..AUTH_MAGIC.len()].to_vec();
+        return Ok(Admitted {
+            who,
+            answer: None,
+            first,
+        });
+    }
+    let (who, answer) = check_preface(Some(&preface), checker, peer)?;
+    Ok(Admitted {
+        who,
+        answer: Some(answer),
+        first: Vec::new(),
+    })
 }
 
 /// The server's reading of the `preface` the client at `peer` sent (`None`: it started with

@@ -86,6 +86,11 @@ impl Reader {
         }
     }
 
+    /// Takes `first` as read already (the start of the first frame, read by a handshake).
+    pub(crate) fn prime(&mut self, first: &[u8]) {
+        self.buf.extend_from_slice(first);
+    }
+
     /// Hands up the whole frames read so far, in order, until they are all handed up, a
     /// turn's deliveries are made (with `yield_every`), or `room` says the output queue is
     /// full. Wake-ups of streams' readers gather in `wakes` (woken by the caller, once it

@@ -153,6 +153,12 @@ impl Conn {
         }))
     }
 
+    /// Bytes read from the socket before the connection was made (during a handshake): the
+    /// start of the first frame, handed up with what follows it.
+    pub(crate) fn prime(&self, first: &[u8]) {
+        self.reader.lock().prime(first);
+    }
+
     /// Starts the connection's reader and writer on `runtime`.
     pub(crate) fn start(
         self: &Arc<Self>,
