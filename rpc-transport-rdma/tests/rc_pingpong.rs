@@ -227,6 +227,11 @@ fn sync_pingpong_and_rdma_write() {
         return;
     }
     let (listener, server_addr) = sync_listener();
+    // The listener's word, out of band, that its last SEND completed. A receiver that tears
+    // its QP down as soon as its receive completed may do so before its responder sent the
+    // ACK (soft-RoCE posts the completion first), leaving the sender to retry for as long as
+    // its retry budget lasts; so the last receiver waits for the sender to be done.
+    let (sent_last, last_sent) = std::sync::mpsc::channel::<()>();
 
     let server = spawn("listener", move || {
         let request = listener.get_request().expect("rdma_get_request");
@@ -276,6 +281,7 @@ fn sync_pingpong_and_rdma_write() {
         ep.post_recv(wc.wr_id() as usize);
 
         ep.send_inline(u64::MAX, b"done", SendOp::Send);
+        sent_last.send(()).expect("the client waits for it");
         // Returns once the client's disconnect (or ours) completes.
         if let Err(e) = ep.id.disconnect() {
             eprintln!("listener: disconnect after the peer's: {e}");
@@ -346,6 +352,9 @@ fn sync_pingpong_and_rdma_write() {
 
         let wc = poll_one(&ep.recv_cq, "done");
         assert_eq!(ep.slot(wc.wr_id() as usize, 4), b"done");
+        last_sent
+            .recv_timeout(common::WAIT_LIMIT)
+            .expect("the listener's last SEND completes");
         ep.id.disconnect().expect("rdma_disconnect");
     });
 
