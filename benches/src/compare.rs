@@ -1,13 +1,14 @@
 //! `rpc-bench tcp-compare`: rdma-rpc over TCP vs tonic vs the raw-TCP floor, same payload,
 //! same call count, one call at a time, on 127.0.0.1; then rdma-rpc vs tonic with several
-//! calls in flight on one connection (async stubs); and tonic's client against our `grpc://`
-//! server beside tonic's own.
+//! calls in flight on one connection (async stubs); tonic's client against our `grpc://`
+//! server beside tonic's own; and ours over `tcps://` (TLS) beside `tcp://`.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::BenchError;
 use crate::ours::{self, ClientPlan};
 use crate::result::BenchResult;
+use crate::tls::RunCertificate;
 use crate::{floor, tonic_echo};
 
 /// What `tcp-compare` aims for (not asserted): our p50 at most this multiple of the floor's.
@@ -52,6 +53,14 @@ pub struct CompareReport {
     pub grpc_client_p50_over_tonic: f64,
     /// `grpc_client_in_flight.calls_per_sec / tonic_in_flight.calls_per_sec`.
     pub grpc_client_over_tonic_in_flight: f64,
+    /// rdma-rpc over `tcps://` (TLS), blocking stub.
+    pub tls: BenchResult,
+    /// rdma-rpc over `tcps://`, async stubs, `in_flight` calls on one connection.
+    pub tls_in_flight: BenchResult,
+    /// `tls.p50_us / ours.p50_us`: what TLS adds to a call's latency.
+    pub tls_p50_over_ours: f64,
+    /// `tls_in_flight.calls_per_sec / ours_in_flight.calls_per_sec`.
+    pub tls_over_ours_in_flight: f64,
     /// `ours.p50_us / floor.p50_us`.
     pub ours_p50_over_floor: f64,
     /// `tonic.p50_us / floor.p50_us`.
@@ -80,7 +89,14 @@ pub fn run(
     let grpc_client = tonic_echo::run_ours_against_tonic(&plan(size, iters, warmup, 1))?;
     let grpc_client_in_flight =
         tonic_echo::run_ours_against_tonic(&plan(size, iters, warmup, in_flight))?;
+    let certificate = RunCertificate::new()?;
+    let tls = run_ours_tls(&certificate, &plan(size, iters, warmup, 1))?;
+    let tls_in_flight = run_ours_tls(&certificate, &plan(size, iters, warmup, in_flight))?;
     Ok(CompareReport {
+        tls_p50_over_ours: tls.p50_us / ours.p50_us,
+        tls_over_ours_in_flight: tls_in_flight.calls_per_sec / ours_in_flight.calls_per_sec,
+        tls,
+        tls_in_flight,
         grpc_client_p50_over_tonic: grpc_client.p50_us / tonic.p50_us,
         grpc_client_over_tonic_in_flight: grpc_client_in_flight.calls_per_sec
             / tonic_in_flight.calls_per_sec,
@@ -117,6 +133,7 @@ fn plan(size: usize, iters: u64, warmup: u64, concurrency: usize) -> ClientPlan 
         async_stubs: false,
         rdma: rdma_rpc::RdmaConfig::default(),
         poll: None,
+        tls: None,
     }
 }
 
@@ -129,6 +146,29 @@ fn run_ours(
     let url = "tcp://127.0.0.1:0".parse()?;
     let server = ours::start_server(&url, rdma_rpc::RdmaConfig::default())?;
     let result = ours::run_client(server.local_url(), &plan(size, iters, warmup, concurrency));
+    server.shutdown_blocking(std::time::Duration::from_secs(1));
+    result
+}
+
+/// Ours over `tcps://` with `certificate`, `plan`'s calls.
+fn run_ours_tls(
+    certificate: &RunCertificate,
+    plan: &ClientPlan,
+) -> Result<BenchResult, BenchError> {
+    let url = "tcps://127.0.0.1:0".parse()?;
+    let options = rdma_rpc::ServeOptions {
+        tcp: rdma_rpc::TcpServerConfig {
+            tls: Some(certificate.server.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let server = ours::start_server_with(&url, options)?;
+    let plan = ClientPlan {
+        tls: Some(certificate.client.clone()),
+        ..plan.clone()
+    };
+    let result = ours::run_client(server.local_url(), &plan);
     server.shutdown_blocking(std::time::Duration::from_secs(1));
     result
 }
@@ -170,6 +210,12 @@ impl CompareReport {
                 self.grpc_client.p50_us / self.floor.p50_us,
                 self.grpc_client.calls_per_sec / self.floor.calls_per_sec,
             ),
+            (
+                "rdma-rpc tcps:// (ours, TLS)",
+                &self.tls,
+                self.tls.p50_us / self.floor.p50_us,
+                self.tls.calls_per_sec / self.floor.calls_per_sec,
+            ),
         ];
         for (name, r, p50_ratio, rate_ratio) in rows {
             out += &format!(
@@ -195,6 +241,7 @@ impl CompareReport {
             ("tonic (HTTP/2)", &self.tonic_in_flight),
             ("tonic client, grpc:// (ours)", &self.grpc_in_flight),
             ("grpc:// (ours), tonic server", &self.grpc_client_in_flight),
+            ("rdma-rpc tcps:// (ours, TLS)", &self.tls_in_flight),
         ] {
             out += &format!(
                 "{name:<28} {:>9.1} {:>9.1} {:>10.0}\n",
@@ -212,6 +259,10 @@ impl CompareReport {
         out += &format!(
             "our grpc:// client / tonic's, same tonic server: p50 {:.2}x one at a time, calls/s {:.2}x at {} in flight\n",
             self.grpc_client_p50_over_tonic, self.grpc_client_over_tonic_in_flight, self.in_flight
+        );
+        out += &format!(
+            "ours over tcps:// / over tcp://: p50 {:.2}x one at a time, calls/s {:.2}x at {} in flight\n",
+            self.tls_p50_over_ours, self.tls_over_ours_in_flight, self.in_flight
         );
         out
     }

@@ -11,7 +11,8 @@
 //! * [`ours`]: the echo service over rdma-rpc (server, blocking and concurrent clients).
 //! * [`tonic_echo`]: the same echo service over tonic (gRPC over HTTP/2).
 //! * [`floor`]: a raw length-prefixed ping-pong over a plain `TcpStream`.
-//! * [`compare`]: `tcp-compare`, the three of them side by side.
+//! * [`compare`]: `tcp-compare`, the three of them side by side (and ours over TLS).
+//! * [`tls`]: a throwaway certificate for the `tcps://` runs.
 //! * [`fleet`]: `connections`, many connections to one server process and what they cost it.
 //! * [`error`]: [`BenchError`] and the process exit codes.
 
@@ -26,6 +27,7 @@ pub mod payload;
 pub mod recorder;
 pub mod result;
 pub mod streaming;
+pub mod tls;
 pub mod tonic_echo;
 
 pub use error::BenchError;

@@ -39,6 +39,8 @@ pub struct ClientPlan {
     pub rdma: RdmaConfig,
     /// RDMA polling mode's name for the result.
     pub poll: Option<String>,
+    /// The authority to trust (tcps:// and grpcs:// only).
+    pub tls: Option<rdma_rpc::ClientTls>,
 }
 
 /// The transport name of an endpoint for results: `tcp`, `rdma` or `grpc`.
@@ -50,19 +52,25 @@ pub fn transport_name(endpoint: &Endpoint) -> &'static str {
 /// that handlers run on the server's own threads.
 /// It also serves the standard health service, reporting the echo service serving.
 pub fn start_server(url: &Endpoint, rdma: RdmaConfig) -> Result<ServerHandle, BenchError> {
+    let options = ServeOptions {
+        rdma,
+        ..Default::default()
+    };
+    start_server_with(url, options)
+}
+
+/// [`start_server`] with every transport setting.
+pub fn start_server_with(
+    url: &Endpoint,
+    options: ServeOptions,
+) -> Result<ServerHandle, BenchError> {
     let (reporter, health) = rdma_rpc::health::health_reporter();
     reporter.set_serving::<EchoServer<EchoService>>();
     Server::builder()
         .max_message_size(SERVER_MAX_MESSAGE)
         .add_service(health)
         .add_service(EchoServer::new(EchoService))
-        .start_with(
-            &url.to_string(),
-            ServeOptions {
-                rdma,
-                ..Default::default()
-            },
-        )
+        .start_with(&url.to_string(), options)
         .map_err(|e| match e {
             rdma_rpc::Error::InvalidUrl { .. } => BenchError::from(e),
             other => BenchError::failed(&format!("starting the server on {url}"), other),
@@ -73,9 +81,13 @@ pub fn start_server(url: &Endpoint, rdma: RdmaConfig) -> Result<ServerHandle, Be
 pub fn run_client(url: &str, plan: &ClientPlan) -> Result<BenchResult, BenchError> {
     let endpoint: Endpoint = url.parse()?;
     let limit = (plan.size + PROTOBUF_OVERHEAD).max(rdma_rpc::client::DEFAULT_MAX_MESSAGE_SIZE);
-    let channel = rdma_rpc::client()
+    let mut client = rdma_rpc::client()
         .rdma_config(plan.rdma.clone())
-        .max_message_size(limit)
+        .max_message_size(limit);
+    if let Some(tls) = &plan.tls {
+        client = client.tls(tls.clone());
+    }
+    let channel = client
         .connect_blocking(url)
         .map_err(|e| BenchError::failed(&format!("connecting to {url}"), e))?;
     let client = EchoClient::new(channel);

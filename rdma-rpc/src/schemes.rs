@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rpc_core::server::Dispatcher;
 use rpc_core::{CallTable, ClientTransport, Listener, Status};
-use rpc_transport_grpc::{GrpcClient, GrpcClientConfig, GrpcServer, GrpcServerConfig};
+use rpc_transport_grpc::{GrpcClient, GrpcClientConfig, GrpcServer};
 use rpc_transport_rdma::{RdmaClient, RdmaServer};
 use rpc_transport_tcp::{TcpClient, TcpConfig, TcpServer};
 
@@ -126,11 +126,16 @@ fn listen_tcp(
             options.tcp,
         )?));
     }
-    let grpc = GrpcServerConfig {
-        tls: None,
-        ..options.grpc
-    };
-    let grpc = GrpcServer::on_tcp_port(dispatcher.clone(), grpc)?;
+    if options.grpc.tls.is_some() {
+        return Err(Error::InvalidUrl {
+            url: format!("tcp://{authority}"),
+            reason: "a tcp:// server serves gRPC on its port in plaintext, but a certificate is \
+                     set for gRPC (ServeOptions::grpc.tls): serve grpcs:// on a port of its own, \
+                     or set ServeOptions::grpc_on_tcp to false"
+                .to_owned(),
+        });
+    }
+    let grpc = GrpcServer::on_tcp_port(dispatcher.clone(), options.grpc)?;
     Ok(Box::new(TcpServer::bind_sharing(
         authority,
         dispatcher,

@@ -47,7 +47,8 @@ impl Default for ConnectionLimits {
 /// TCP client settings.
 #[derive(Debug, Clone)]
 pub struct TcpConfig {
-    /// How long to wait for the TCP handshake with each resolved address.
+    /// How long to wait for the TCP handshake with each resolved address; then as long
+    /// again for the TLS handshake (`tls`), and as long for authentication (`credentials`).
     pub connect_timeout: Duration,
     /// Largest payload accepted from the peer.
     pub max_message_size: usize,
@@ -86,8 +87,10 @@ impl Default for TcpConfig {
 /// TCP server settings (the message size limit is the dispatcher's).
 #[derive(Debug, Clone)]
 pub struct TcpServerConfig {
-    /// Connections served at once. One more is accepted, told `RESOURCE_EXHAUSTED` naming
-    /// the limit (a status frame for call id 0) and closed.
+    /// Connections served at once (those handshaking count). One more is accepted, told
+    /// `RESOURCE_EXHAUSTED` naming the limit (a status frame for call id 0) and closed; over
+    /// TLS it is closed before its handshake, and on a port shared with gRPC one whose
+    /// HTTP/2 preface already arrived is closed without a word, as a `grpc://` server does.
     pub max_connections: usize,
     /// A connection with no call running, nothing queued and nothing received for this long
     /// is closed.

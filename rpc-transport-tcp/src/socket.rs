@@ -40,6 +40,9 @@ struct Tls {
     /// The peer closed the TCP connection (or sent TLS's close_notify): once the plaintext
     /// before it is read, reads return end of stream.
     ended: bool,
+    /// What failed after a read had already taken plaintext from the session: that
+    /// plaintext is returned first, this with the next read (a reset is reported once).
+    failed: Option<io::Error>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -68,6 +71,11 @@ impl Write for Raw<'_> {
         socket2::SockRef::from(self.0).send(buf)
     }
 
+    /// Several records in one `sendmsg` (rustls hands its queue over as slices).
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        socket2::SockRef::from(self.0).send_vectored(bufs)
+    }
+
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
@@ -84,6 +92,7 @@ impl Socket {
         let tls = Tls {
             session: session.into(),
             ended: false,
+            failed: None,
         };
         Socket {
             tcp,
@@ -132,12 +141,13 @@ impl Socket {
     }
 
     /// Whether TLS plaintext that did not fit the last read waits in the session, or the
-    /// end of the stream was seen and not yet read (either is read without waiting for the
-    /// socket).
+    /// end of the stream or a failure was seen and not yet read (each is read without
+    /// waiting for the socket).
     pub(crate) fn has_buffered(&self) -> bool {
         self.tls.as_ref().is_some_and(|tls| {
             let mut tls = tls.lock();
             tls.ended
+                || tls.failed.is_some()
                 || tls
                     .session
                     .process_new_packets()
@@ -154,15 +164,26 @@ impl Socket {
             return socket2::SockRef::from(&self.tcp).recv(buf);
         };
         let mut tls = tls.lock();
+        if let Some(failed) = tls.failed.take() {
+            return Err(failed);
+        }
         let mut filled = 0;
+        // A failure after plaintext was taken waits for the next read, behind it.
+        let fail = |tls: &mut Tls, filled: usize, e: io::Error| {
+            if filled == 0 {
+                return Err(e);
+            }
+            tls.failed = Some(e);
+            Ok(filled)
+        };
         loop {
             let state = match tls.session.process_new_packets() {
                 Ok(state) => state,
                 Err(e) => {
                     // Tells the peer why (an alert), best effort.
                     let _ = self.send_records(&mut tls.session);
-                    let e = format!("TLS: {e}");
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                    let e = io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"));
+                    return fail(&mut tls, filled, e);
                 }
             };
             let waiting = state.plaintext_bytes_to_read();
@@ -185,7 +206,8 @@ impl Socket {
                 Ok(0) => tls.ended = true,
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock && filled > 0 => return Ok(filled),
-                Err(e) => return Err(e),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(e),
+                Err(e) => return fail(&mut tls, filled, e),
             }
         }
     }
@@ -220,3 +242,6 @@ fn plaintext(session: &mut rustls::Connection, buf: &mut [MaybeUninit<u8>]) -> i
     };
     session.reader().read(buf)
 }
+
+#[cfg(test)]
+mod tests;

@@ -127,6 +127,7 @@ fn plan(args: &ClientArgs) -> ClientPlan {
         async_stubs: args.async_stubs,
         rdma: args.rdma.config(),
         poll: args.rdma.poll_name(&args.url),
+        tls: None,
     }
 }
 

@@ -80,8 +80,11 @@ impl Conn {
         };
         LAST_LOOK.set((self.serial, reader.deliveries));
         // The reader task may be waiting for the socket with no timer, or a later one.
+        // So may it if this read left TLS plaintext, an end or a failure in the session, with
+        // the socket's readiness cleared.
         let changed = reader.ended.is_some()
-            || (reader.frame_started.is_some() && reader.frame_started != frame_started);
+            || (reader.frame_started.is_some() && reader.frame_started != frame_started)
+            || self.socket.has_buffered();
         drop(reader);
         wakes.wake_all();
         if changed {

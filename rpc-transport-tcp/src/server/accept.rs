@@ -72,12 +72,27 @@ fn handshaking<'a>(
         return None;
     }
     if let Some(status) = at_limit(peer, shared, 1) {
-        if shared.tls.is_none() {
+        if shared.tls.is_none() && !other_speaks_already(stream, shared) {
             refuse(|bytes| stream.try_write(bytes), &status);
         }
         return None;
     }
     Some(counted)
+}
+
+/// Whether the first byte a new connection sent already arrived and is the other
+/// protocol's on the port (whose peer would read our refusal as garbage: it is closed
+/// without one, as a `grpc://` server closes a connection over its limit).
+fn other_speaks_already(stream: &TcpStream, shared: &Shared) -> bool {
+    let Some(other) = &shared.other else {
+        return false;
+    };
+    let mut first = [std::mem::MaybeUninit::<u8>::uninit()];
+    match socket2::SockRef::from(stream).peek(&mut first) {
+        // SAFETY: the peek initialized the one byte it returned.
+        Ok(1) => other.speaks(unsafe { first[0].assume_init() }),
+        _ => false,
+    }
 }
 
 /// A new connection's TLS handshake (within `handshake_timeout`, our frames agreed by
@@ -126,10 +141,12 @@ async fn sniff(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         Ok(Err(e)) => return tracing::debug!(%peer, %e, "a new connection failed"),
         Err(_) => return tracing::debug!(%peer, ?idle, "a new connection sent nothing"),
     };
-    drop(counted);
     if other.speaks(first) {
-        return other.serve(stream, peer, &shared.connections);
+        // Counted until it joined the connections (`serve` adds it before it returns).
+        other.serve(stream, peer, &shared.connections);
+        return drop(counted);
     }
+    drop(counted);
     if first != FRAME_START {
         let why = format!(
             "tcp://{peer} speaks neither rdma-rpc nor {} (its first byte is 0x{first:02x})",

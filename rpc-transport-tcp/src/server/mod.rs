@@ -88,6 +88,13 @@ impl TcpServer {
         config: TcpServerConfig,
         other: Option<Arc<dyn OtherProtocol>>,
     ) -> io::Result<TcpServer> {
+        if config.tls.is_some() && other.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a tcps:// server serves only its own frames: every connection opens with TLS, \
+                 so no other protocol can be told apart on its port",
+            ));
+        }
         let scheme = scheme(config.tls.is_some());
         let (runtime, listener) = listen(scheme, addr, config.io_threads, "rpc-tcp-server")?;
         let auth = dispatcher.config().auth.clone().map(Checker::new);
