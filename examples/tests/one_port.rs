@@ -147,35 +147,31 @@ async fn grpc_is_not_served_when_turned_off_or_connections_authenticate() {
     assert!(client(&servers[0], "tcp").await.now(()).await.is_ok());
 }
 
-/// A certificate for gRPC does not go with gRPC in plaintext on a `tcp://` port, and a
-/// `tcps://` server cannot tell another protocol apart on its port: both are refused,
+/// A certificate for gRPC does not go with gRPC on a `tcp://` or `tcps://` server's port,
+/// which serves it with the port's own TLS (none, or the `tcps://` certificate): refused,
 /// naming why, rather than serving other than asked.
 #[test]
-fn tls_settings_that_cannot_share_a_port_are_refused() {
+fn a_grpc_certificate_on_a_shared_port_is_refused() {
     let pki = common::tls::TestPki::new();
     let certificate = || Some(ServerTls::from_pem_files(pki.cert(), pki.key()).unwrap());
     let tester = || Server::builder().add_service(TesterServer::new(Tester::default()));
-    let options = ServeOptions {
-        grpc: GrpcServerConfig {
+    for url in ["tcp://127.0.0.1:0", "tcps://127.0.0.1:0"] {
+        let tcp = TcpServerConfig {
+            tls: certificate().filter(|_| url.starts_with("tcps")),
+            ..TcpServerConfig::default()
+        };
+        let grpc = GrpcServerConfig {
             tls: certificate(),
             ..GrpcServerConfig::default()
-        },
-        ..ServeOptions::default()
-    };
-    let err = tester()
-        .start_with("tcp://127.0.0.1:0", options)
-        .unwrap_err();
-    assert!(err.to_string().contains("grpc_on_tcp"), "{err}");
-    let dispatcher = tester().build().unwrap();
-    let grpc = GrpcServerConfig::default();
-    let other = rdma_rpc::grpc::GrpcServer::on_tcp_port(dispatcher.clone(), grpc).unwrap();
-    let tcp = TcpServerConfig {
-        tls: certificate(),
-        ..TcpServerConfig::default()
-    };
-    let err = rpc_transport_tcp::TcpServer::bind_sharing("127.0.0.1:0", dispatcher, tcp, other)
-        .unwrap_err();
-    assert!(err.to_string().contains("only its own frames"), "{err}");
+        };
+        let options = ServeOptions {
+            tcp,
+            grpc,
+            ..ServeOptions::default()
+        };
+        let err = tester().start_with(url, options).unwrap_err();
+        assert!(err.to_string().contains("grpc_on_tcp"), "{url}: {err}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,8 +2,9 @@
 //! callers sharing a connection (a blocking caller reads its answer through TLS itself);
 //! certificates checked against the authority and the name; plaintext and TLS refused on
 //! each other's ports; URLs and settings that disagree on TLS refused; the handshake
-//! bounded; a graceful shutdown that lets running calls answer. The stream suites run over
-//! `tcps://` too (`streams.rs`).
+//! bounded; a graceful shutdown that lets running calls answer; gRPC clients (ours, and
+//! Python's grpcio) on the same port, by ALPN. The stream suites run over `tcps://` too
+//! (`streams.rs`).
 
 mod common;
 
@@ -225,4 +226,49 @@ async fn a_shutdown_lets_running_calls_answer() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// A `tcps://` port serves gRPC too, to the clients whose TLS agrees on HTTP/2 (ours over
+/// `grpcs://`, and grpcio's interop cases), beside our own frames; turned off, a gRPC
+/// client's handshake is refused (no protocol in common).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_over_tls_shares_a_tcps_port() {
+    let pki = TestPki::new();
+    let (builder, _, _) = common::grpcio::interop_services();
+    let server = common::tls::start_tcps(builder, &pki, TcpServerConfig::default());
+    let shared = port(&server).to_owned();
+    for scheme in ["tcps", "grpcs"] {
+        let url = format!("{scheme}://localhost:{shared}");
+        let tester = TesterClient::new(trusting(&pki).connect(&url).await.unwrap());
+        assert!(tester.now(()).await.unwrap().get_ref().seconds > 0, "{url}");
+    }
+    let (target, ca) = (format!("localhost:{shared}"), pki.ca());
+    tokio::task::spawn_blocking(move || {
+        let cases = [
+            "empty_unary",
+            "metadata",
+            "server_streaming",
+            "ping_pong",
+            "health",
+        ];
+        common::grpcio::run_cases(&target, Some(&ca), &cases);
+    })
+    .await
+    .unwrap();
+
+    let off = ServeOptions {
+        tcp: TcpServerConfig {
+            tls: Some(ServerTls::from_pem_files(pki.cert(), pki.key()).unwrap()),
+            ..TcpServerConfig::default()
+        },
+        grpc_on_tcp: false,
+        ..ServeOptions::default()
+    };
+    let ours_only = Server::builder()
+        .add_service(TesterServer::new(Tester::default()))
+        .start_with("tcps://127.0.0.1:0", off)
+        .unwrap();
+    let url = format!("grpcs://localhost:{}", port(&ours_only));
+    let refused = trusting(&pki).connect(&url).await.unwrap_err();
+    assert!(refused.to_string().contains("TLS"), "{refused}");
 }

@@ -107,19 +107,20 @@ fn authorities_match(url: &str, tls: bool, has: bool) -> Result<(), Status> {
     }
 }
 
-/// Serves our frames on `authority`: over TLS with `tls` (`tcps://`), else in plaintext
-/// with gRPC on the same port too, unless told not to or the server authenticates
-/// connections.
+/// Serves our frames on `authority` (over TLS with `tls`: `tcps://`), and gRPC on the same
+/// port (in plaintext on `tcp://`, agreed by ALPN inside TLS on `tcps://`) unless told not
+/// to or the server authenticates connections.
 fn listen_tcp(
     authority: &str,
     dispatcher: Arc<Dispatcher>,
     options: ServeOptions,
     tls: bool,
 ) -> Result<Box<dyn Listener>, Error> {
-    let url = format!("{}://{authority}", scheme_of(tls, "tcp", "tcps"));
+    let scheme = scheme_of(tls, "tcp", "tcps");
+    let url = format!("{scheme}://{authority}");
     let has = options.tcp.tls.is_some();
-    certificate_matches(url, tls, has, "ServeOptions::tcp.tls")?;
-    if tls || !options.grpc_on_tcp || dispatcher.config().auth.is_some() {
+    certificate_matches(url.clone(), tls, has, "ServeOptions::tcp.tls")?;
+    if !options.grpc_on_tcp || dispatcher.config().auth.is_some() {
         return Ok(Box::new(TcpServer::bind(
             authority,
             dispatcher,
@@ -127,13 +128,13 @@ fn listen_tcp(
         )?));
     }
     if options.grpc.tls.is_some() {
-        return Err(Error::InvalidUrl {
-            url: format!("tcp://{authority}"),
-            reason: "a tcp:// server serves gRPC on its port in plaintext, but a certificate is \
-                     set for gRPC (ServeOptions::grpc.tls): serve grpcs:// on a port of its own, \
-                     or set ServeOptions::grpc_on_tcp to false"
-                .to_owned(),
-        });
+        let reason = format!(
+            "a {scheme}:// server serves gRPC on its port with its own TLS (none on tcp://, \
+             ServeOptions::tcp.tls on tcps://), but a certificate is set for gRPC \
+             (ServeOptions::grpc.tls): serve grpcs:// on a port of its own, or set \
+             ServeOptions::grpc_on_tcp to false"
+        );
+        return Err(Error::InvalidUrl { url, reason });
     }
     let grpc = GrpcServer::on_tcp_port(dispatcher.clone(), options.grpc)?;
     Ok(Box::new(TcpServer::bind_sharing(

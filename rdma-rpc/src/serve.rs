@@ -65,11 +65,12 @@ pub struct ServeOptions {
     /// Connection limit, HTTP/2 header bound, keepalive and event-loop threads of
     /// `grpc://` connections.
     pub grpc: GrpcServerConfig,
-    /// Whether a `tcp://` server also serves gRPC on its port, in plaintext, to the
-    /// connections that open with HTTP/2's preface (so that a fleet moves between the two
-    /// wires without a second port), with `grpc`'s per-connection settings. A server that
-    /// authenticates connections (`ServerConfig::auth`) serves only its own frames there.
-    /// Default `true`.
+    /// Whether a `tcp://` server also serves gRPC on its port, to the connections that
+    /// open with HTTP/2's preface (and a `tcps://` server, inside TLS, to those that agree
+    /// on HTTP/2 by ALPN), so that a fleet moves between the two wires without a second
+    /// port, with `grpc`'s per-connection settings (its certificate is the port's). A
+    /// server that authenticates connections (`ServerConfig::auth`) serves only its own
+    /// frames there. Default `true`.
     pub grpc_on_tcp: bool,
 }
 

@@ -12,7 +12,7 @@ use rpc_core::auth::Peer;
 use rpc_core::server::{shut_down, ConnectionDispatch, Dispatcher, Requests, Served, ServedLink};
 use rpc_core::Status;
 use rpc_transport_tcp::sockets::{
-    answer_http1, listen, Connections, OtherProtocol, ServedConnections,
+    answer_http1, listen, Connections, OtherProtocol, ServedConnections, TlsStream,
 };
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -120,7 +120,7 @@ impl GrpcServer {
                         tracing::warn!(%peer, max, "connection refused: at the connection limit");
                         return;
                     }
-                    start_connection(stream, peer, &accepting, &served);
+                    start_connection(incoming(stream, &accepting), peer, &accepting, &served);
                 })
                 .await;
         });
@@ -133,10 +133,11 @@ impl GrpcServer {
     }
 
     /// Serves `dispatcher`'s services as gRPC on a `tcp://` server's port, to the
-    /// connections that open with HTTP/2's preface (or, with `config.tls`, a TLS
-    /// handshake): give what this returns to `TcpServer::bind_sharing`. The `tcp://`
-    /// server's connection limit, event loop and shutdown apply; so do `config`'s
-    /// per-connection bounds and timeouts.
+    /// connections that open with HTTP/2's preface (or, with `config.tls`, a TLS handshake
+    /// of gRPC's own), and on a `tcps://` server's to those whose TLS agreed on HTTP/2:
+    /// give what this returns to `TcpServer::bind_sharing`. The TCP server's connection
+    /// limit, event loop and shutdown apply; so do `config`'s per-connection bounds and
+    /// timeouts.
     pub fn on_tcp_port(
         dispatcher: Arc<Dispatcher>,
         config: GrpcServerConfig,
@@ -204,7 +205,15 @@ impl OtherProtocol for Shared {
     }
 
     fn serve(&self, stream: TcpStream, peer: SocketAddr, connections: &Arc<Connections>) {
-        start_connection(stream, peer, self, connections);
+        start_connection(incoming(stream, self), peer, self, connections);
+    }
+
+    fn alpn(&self) -> &'static [u8] {
+        ALPN_H2
+    }
+
+    fn serve_tls(&self, stream: TlsStream, peer: SocketAddr, connections: &Arc<Connections>) {
+        start_connection(Incoming::Secured(Box::new(stream)), peer, self, connections);
     }
 
     fn wait_ended(&self, timeout: Duration) -> bool {
@@ -212,18 +221,33 @@ impl OtherProtocol for Shared {
     }
 }
 
+/// A connection as accepted, and what it still needs before HTTP/2.
+enum Incoming {
+    /// Plaintext: HTTP/2's preface is checked.
+    Plain(TcpStream),
+    /// The server's TLS handshake is to be done.
+    Tls(TcpStream, Arc<rustls::ServerConfig>),
+    /// TLS done (by a `tcps://` server, which agreed on HTTP/2 by ALPN).
+    Secured(Box<TlsStream>),
+}
+
 /// Serves a connection accepted within the connection limit.
 fn start_connection(
-    stream: TcpStream,
+    incoming: Incoming,
     peer: SocketAddr,
     shared: &Shared,
     connections: &Arc<Connections>,
 ) {
-    let _ = stream.set_nodelay(true);
-    let scheme = if shared.config.tls.is_some() {
-        "grpcs"
-    } else {
-        "grpc"
+    let scheme = match &incoming {
+        Incoming::Plain(stream) => {
+            let _ = stream.set_nodelay(true);
+            "grpc"
+        }
+        Incoming::Tls(stream, _) => {
+            let _ = stream.set_nodelay(true);
+            "grpcs"
+        }
+        Incoming::Secured(_) => "grpcs",
     };
     let addr = format!("{scheme}://{peer}");
     let conn = GrpcConn::new(
@@ -250,9 +274,16 @@ fn start_connection(
     let phase = conn.phase();
     let config = shared.config.clone();
     let server = shared.side.clone();
-    let tls = shared.tls.clone();
-    let serving = serve_connection(stream, tls, conn, server, phase, config);
+    let serving = serve_connection(incoming, conn, server, phase, config);
     tokio::spawn(shared.tasks.track(serving));
+}
+
+/// The connection as accepted (plaintext, or TLS as the server's configuration says).
+fn incoming(stream: TcpStream, shared: &Shared) -> Incoming {
+    match &shared.tls {
+        None => Incoming::Plain(stream),
+        Some(tls) => Incoming::Tls(stream, tls.clone()),
+    }
 }
 
 /// Sleeps until `at`, or for ever.
@@ -265,22 +296,24 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 
 /// Serves one connection over HTTP/2 until it ends or the server closes it.
 async fn serve_connection(
-    stream: TcpStream,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    incoming: Incoming,
     conn: Arc<GrpcConn>,
     server: Arc<ServerSide>,
     mut phase: watch::Receiver<Phase>,
     config: GrpcServerConfig,
 ) {
-    let ended = match tls {
-        None => match preface(&stream, config.handshake_timeout).await {
+    let ended = match incoming {
+        Incoming::Plain(stream) => match preface(&stream, config.handshake_timeout).await {
             Ok(()) => serve_http2(stream, &conn, server, &mut phase, &config).await,
             Err(why) => Err(why),
         },
-        Some(tls) => match tls_handshake(stream, tls, config.handshake_timeout).await {
-            Ok(stream) => serve_http2(stream, &conn, server, &mut phase, &config).await,
-            Err(why) => Err(why),
-        },
+        Incoming::Tls(stream, tls) => {
+            match tls_handshake(stream, tls, config.handshake_timeout).await {
+                Ok(stream) => serve_http2(stream, &conn, server, &mut phase, &config).await,
+                Err(why) => Err(why),
+            }
+        }
+        Incoming::Secured(stream) => serve_http2(*stream, &conn, server, &mut phase, &config).await,
     };
     let status = match ended {
         Ok(()) => Status::unavailable(format!("{} closed the connection", conn.peer)),

@@ -44,11 +44,15 @@ pub fn listen(
     Ok((runtime, listener))
 }
 
+/// A server's connection whose TLS handshake is done.
+pub type TlsStream = tokio_rustls::server::TlsStream<TcpStream>;
+
 /// The connections a server serves, whatever they speak.
 pub type Connections = ServedConnections<dyn ServedLink>;
 
 /// A protocol a TCP server speaks on its port besides its own frames, told apart by the
-/// first byte a connection sends (our frames begin `R`, HTTP/2's preface `P`, TLS `0x16`).
+/// first byte a connection sends (our frames begin `R`, HTTP/2's preface `P`), or over TLS
+/// by the protocol agreed by ALPN.
 pub trait OtherProtocol: Send + Sync {
     /// Its name in messages (`gRPC (HTTP/2)`).
     fn name(&self) -> &'static str;
@@ -59,6 +63,14 @@ pub trait OtherProtocol: Send + Sync {
     /// Serves such a connection on the server's event loop; it is in `connections` while
     /// served, so that the server's shutdown drains and closes it with the others.
     fn serve(&self, stream: TcpStream, peer: SocketAddr, connections: &Arc<Connections>);
+
+    /// The protocol's name in TLS's ALPN (`h2`), for a server whose connections all open
+    /// with TLS: there the protocol the client agreed on tells the two apart.
+    fn alpn(&self) -> &'static [u8];
+
+    /// Serves a connection whose TLS handshake agreed on [`OtherProtocol::alpn`], as
+    /// [`OtherProtocol::serve`] does.
+    fn serve_tls(&self, stream: TlsStream, peer: SocketAddr, connections: &Arc<Connections>);
 
     /// Once a shutdown closed the connections: waits at most `timeout` for their tasks to
     /// end (what they still send leaves before the event loop stops); whether they did.

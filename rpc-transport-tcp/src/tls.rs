@@ -89,8 +89,14 @@ impl ServerTls {
 
     /// The rustls configuration for a server of `protocol` (agreed by ALPN).
     pub fn config(&self, protocol: &[u8]) -> Arc<rustls::ServerConfig> {
+        self.config_for(&[protocol])
+    }
+
+    /// The rustls configuration for a server of several protocols, the first preferred
+    /// (agreed by ALPN: the first of them the client offers).
+    pub fn config_for(&self, protocols: &[&[u8]]) -> Arc<rustls::ServerConfig> {
         let mut config = (*self.0).clone();
-        config.alpn_protocols = vec![protocol.to_vec()];
+        config.alpn_protocols = protocols.iter().map(|p| p.to_vec()).collect();
         Arc::new(config)
     }
 

@@ -95,8 +95,9 @@ fn other_speaks_already(stream: &TcpStream, shared: &Shared) -> bool {
     }
 }
 
-/// A new connection's TLS handshake (within `handshake_timeout`, our frames agreed by
-/// ALPN), then its authentication inside TLS if the server requires it, then it is served.
+/// A new connection's TLS handshake (within `handshake_timeout`), then, if it agreed on
+/// our frames (ALPN), its authentication inside TLS if the server requires it, and it is
+/// served; one that agreed on the other protocol on the port is handed to it.
 async fn secure(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     let Some(tls) = shared.tls.clone() else {
         return;
@@ -111,7 +112,13 @@ async fn secure(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         Ok(Err(e)) => return tracing::warn!(%peer, %e, "TLS handshake failed"),
         Err(_) => return tracing::warn!(%peer, ?timeout, "no TLS handshake within the timeout"),
     };
-    if !agreed(stream.get_ref().1.alpn_protocol(), ALPN_RPC) {
+    let alpn = stream.get_ref().1.alpn_protocol();
+    if let Some(other) = shared.other.as_ref().filter(|o| alpn == Some(o.alpn())) {
+        // Counted until it joined the connections (`serve_tls` adds it before it returns).
+        other.serve_tls(stream, peer, &shared.connections);
+        return drop(counted);
+    }
+    if !agreed(alpn, ALPN_RPC) {
         return tracing::warn!(%peer, "the client's TLS agreed on a protocol other than ours");
     }
     let addr = format!("tcps://{peer}");

@@ -61,9 +61,10 @@ impl TcpServer {
         TcpServer::start(addr, dispatcher, config, None)
     }
 
-    /// [`TcpServer::bind`], and serves a connection whose first byte is `other`'s in
-    /// `other`'s protocol (gRPC's HTTP/2, say) on the same port, sharing the connection
-    /// limit and the graceful shutdown. A server that authenticates connections
+    /// [`TcpServer::bind`], and serves a connection whose first byte is `other`'s (or, with
+    /// TLS, whose handshake agreed on `other`'s protocol) in `other`'s protocol (gRPC's
+    /// HTTP/2, say) on the same port, sharing the connection limit and the graceful
+    /// shutdown. A server that authenticates connections
     /// (`ServerConfig::auth`) cannot: the other protocol would let a peer past the
     /// handshake.
     pub fn bind_sharing(
@@ -88,20 +89,17 @@ impl TcpServer {
         config: TcpServerConfig,
         other: Option<Arc<dyn OtherProtocol>>,
     ) -> io::Result<TcpServer> {
-        if config.tls.is_some() && other.is_some() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "a tcps:// server serves only its own frames: every connection opens with TLS, \
-                 so no other protocol can be told apart on its port",
-            ));
-        }
         let scheme = scheme(config.tls.is_some());
         let (runtime, listener) = listen(scheme, addr, config.io_threads, "rpc-tcp-server")?;
         let auth = dispatcher.config().auth.clone().map(Checker::new);
+        let tls = config.tls.as_ref().map(|tls| match &other {
+            None => tls.config(ALPN_RPC),
+            Some(other) => tls.config_for(&[ALPN_RPC, other.alpn()]),
+        });
         let shared = Arc::new(Shared {
             auth,
             other,
-            tls: config.tls.as_ref().map(|tls| tls.config(ALPN_RPC)),
+            tls,
             handshaking: AtomicUsize::new(0),
             dispatcher,
             config,
