@@ -164,6 +164,21 @@ fn tcps_a_server_without_the_secret_is_not_trusted() {
     a_server_without_the_secret_is_not_trusted(tcps_server(false).local_url());
 }
 
+/// A `tcps://` server that authenticates connections does not offer gRPC by ALPN: a
+/// `grpcs://` client, which cannot authenticate, is refused by the TLS handshake, where on a
+/// server without authentication it is served (`tcp_tls.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcps_grpc_clients_cannot_pass_a_server_that_authenticates() {
+    let server = tcps_server(true);
+    let url = server.local_url().replace("tcps://", "grpcs://");
+    let refused = trusting(TestPki::shared())
+        .connect(&url)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("TLS handshake"), "{refused}");
+}
+
 /// Admits peers without credentials (as `anonymous`), and those with key 7's.
 struct AnonymousToo(SharedSecrets);
 

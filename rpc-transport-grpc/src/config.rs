@@ -42,8 +42,9 @@ pub struct GrpcServerConfig {
     /// Longest a ping may go unanswered before the connection is closed and its calls
     /// cancelled.
     pub keepalive_timeout: Duration,
-    /// Longest a new connection may take to send HTTP/2's preface; one that does not (or
-    /// sends something else) is closed.
+    /// Longest a new plaintext connection may take to send HTTP/2's preface; one that does
+    /// not (or sends something else) is closed. Over TLS it bounds the TLS handshake, and a
+    /// client silent after it is closed after `idle_timeout`.
     pub handshake_timeout: Duration,
     /// A connection with no call for this long is closed gracefully (GOAWAY; a client
     /// reconnects when it next calls).

@@ -44,7 +44,7 @@ pub(super) fn accepted(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>
         return;
     }
     let who = Peer::anonymous(format!("tcp://{peer}"));
-    if let Err(e) = start_connection(Socket::plain(stream), who, &[], shared) {
+    if let Err(e) = start_connection(Socket::plain(stream), who, &[], None, shared) {
         tracing::warn!(%peer, %e, "could not start a connection");
     }
 }
@@ -105,6 +105,8 @@ async fn secure(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     let Some(counted) = handshaking(&stream, peer, &shared) else {
         return;
     };
+    // The handshake's records, and whatever protocol follows, go out as they are written.
+    let _ = stream.set_nodelay(true);
     let timeout = shared.config.handshake_timeout;
     let accepting = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
     let mut stream = match tokio::time::timeout(timeout, accepting).await {
@@ -113,7 +115,9 @@ async fn secure(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         Err(_) => return tracing::warn!(%peer, ?timeout, "no TLS handshake within the timeout"),
     };
     let alpn = stream.get_ref().1.alpn_protocol();
-    if let Some(other) = shared.other.as_ref().filter(|o| alpn == Some(o.alpn())) {
+    // (A server that authenticates has no other protocol: it would skip the handshake.)
+    let other = shared.other.as_ref().filter(|_| shared.auth.is_none());
+    if let Some(other) = other.filter(|o| alpn == Some(o.alpn())) {
         // Counted until it joined the connections (`serve_tls` adds it before it returns).
         other.serve_tls(stream, peer, &shared.connections);
         return drop(counted);
@@ -126,9 +130,8 @@ async fn secure(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         Some(checker) => authenticated(&mut stream, checker, &addr, timeout).await,
         None => Ok((Peer::anonymous(addr), Vec::new())),
     };
-    drop(counted);
     let (tcp, session) = stream.into_inner();
-    admit(Socket::tls(tcp, session), peer, answered, &shared);
+    admit(Socket::tls(tcp, session), peer, answered, counted, &shared);
 }
 
 /// Waits for a new connection's first byte (as long as an idle connection is kept), and
@@ -153,7 +156,6 @@ async fn sniff(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         other.serve(stream, peer, &shared.connections);
         return drop(counted);
     }
-    drop(counted);
     if first != FRAME_START {
         let why = format!(
             "tcp://{peer} speaks neither rdma-rpc nor {} (its first byte is 0x{first:02x})",
@@ -163,7 +165,7 @@ async fn sniff(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         return answer_http1(&stream, first, &why);
     }
     let who = Peer::anonymous(format!("tcp://{peer}"));
-    if let Err(e) = start_connection(Socket::plain(stream), who, &[], &shared) {
+    if let Err(e) = start_connection(Socket::plain(stream), who, &[], Some(counted), &shared) {
         tracing::warn!(%peer, %e, "could not start a connection");
     }
 }
@@ -180,8 +182,7 @@ async fn authenticate(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Share
     let addr = format!("tcp://{peer}");
     let timeout = shared.config.handshake_timeout;
     let answered = authenticated(&mut stream, checker, &addr, timeout).await;
-    drop(counted);
-    admit(Socket::plain(stream), peer, answered, &shared);
+    admit(Socket::plain(stream), peer, answered, counted, &shared);
 }
 
 /// Authenticates the peer at `addr` on `stream` (the socket, or TLS on it) within
@@ -214,11 +215,12 @@ fn admit(
     socket: Socket,
     peer: SocketAddr,
     answered: Result<(Peer, Vec<u8>), Status>,
+    counted: Handshaking<'_>,
     shared: &Arc<Shared>,
 ) {
     match answered {
         Ok((who, first)) => {
-            if let Err(e) = start_connection(socket, who, &first, shared) {
+            if let Err(e) = start_connection(socket, who, &first, Some(counted), shared) {
                 tracing::warn!(%peer, %e, "could not start a connection");
             }
         }
@@ -253,12 +255,17 @@ fn start_connection(
     socket: Socket,
     who: Peer,
     first: &[u8],
+    counted: Option<Handshaking<'_>>,
     shared: &Arc<Shared>,
 ) -> io::Result<()> {
     let peer = socket.tcp.peer_addr()?;
-    if let Some(status) = at_limit(peer, shared, 0) {
-        refuse(|bytes| socket.try_write(bytes), &status);
-        return Ok(());
+    // A connection counted while it handshook holds its place under the limit until it
+    // joins the connections (below); one that did not handshake is checked now.
+    if counted.is_none() {
+        if let Some(status) = at_limit(peer, shared, 0) {
+            refuse(|bytes| socket.try_write(bytes), &status);
+            return Ok(());
+        }
     }
     let policy = ReadPolicy {
         max_payload: shared.dispatcher.config().max_message_size,
@@ -279,6 +286,7 @@ fn start_connection(
         refuse(|bytes| conn.socket.try_write(bytes), &status);
         return Ok(());
     };
+    drop(counted);
     let requests = Requests::new(dispatch).on_closed_then(forget);
     conn.start(&tokio::runtime::Handle::current(), Arc::new(requests));
     Ok(())
