@@ -71,11 +71,11 @@ pub(crate) static SCHEMES: [Scheme; 5] = [
 ];
 
 /// The URL's scheme: `secure` (`tcps`, `grpcs`) or `plain` (`tcp`, `grpc`).
-fn scheme_of(tls: bool, plain: &str, secure: &str) -> String {
+fn scheme_of(tls: bool, plain: &'static str, secure: &'static str) -> &'static str {
     if tls {
-        secure.to_owned()
+        secure
     } else {
-        plain.to_owned()
+        plain
     }
 }
 

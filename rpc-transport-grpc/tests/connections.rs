@@ -63,7 +63,12 @@ fn a_peer_without_the_preface_is_closed_after_the_handshake_timeout() {
         .unwrap();
     assert!(closed_after(other) < Duration::from_millis(250));
     // Forgotten once its task ended, which may be just after the peer saw the close.
-    let until = Instant::now() + Duration::from_secs(5);
+    until_forgotten(&server);
+}
+
+/// Waits until `server` serves no connection (each is forgotten once its task ended).
+fn until_forgotten(server: &GrpcServer) {
+    let until = Instant::now() + Duration::from_secs(10);
     while server.connections() > 0 {
         assert!(
             Instant::now() < until,
@@ -82,15 +87,7 @@ fn ended_connections_leave_nothing_behind() {
         socket.write_all(PREFACE).unwrap();
         drop(socket);
     }
-    let until = Instant::now() + Duration::from_secs(10);
-    while server.connections() > 0 {
-        assert!(
-            Instant::now() < until,
-            "{} connections left",
-            server.connections()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    until_forgotten(&server);
     server.shutdown(Duration::from_secs(1));
     drop(server);
     // The server's tasks are dropped with its runtime, in the background.

@@ -34,11 +34,11 @@ fn handshake(session: &mut rustls::Connection, stream: &mut TcpStream) {
 fn read(socket: &Socket, len: usize) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![MaybeUninit::<u8>::uninit(); len];
     let n = socket.recv(&mut buf)?;
-    // SAFETY: `recv` initialized the first `n` bytes.
-    Ok(buf[..n]
-        .iter()
-        .map(|b| unsafe { b.assume_init() })
-        .collect())
+    let read = buf[..n].iter().map(|b| {
+        // SAFETY: `recv` initialized the first `n` bytes.
+        unsafe { b.assume_init() }
+    });
+    Ok(read.collect())
 }
 
 /// Plaintext decrypted in the read that then finds the connection reset is returned by
