@@ -111,7 +111,8 @@ fn a_full_shared_receive_queue_refuses_connections_until_one_leaves() {
         assert_eq!(reply.seq, seq as u64);
     }
     drop(clients.remove(0));
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Its teardown queues on the reaper thread, where soft-RoCE may take tens of seconds.
+    let deadline = Instant::now() + Duration::from_secs(90);
     let admitted = loop {
         match connect(&server, client_config.clone()) {
             Ok(client) => break client,

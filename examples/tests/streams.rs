@@ -258,7 +258,7 @@ async fn deadline_covers_the_stream(url: &str) {
         ..produce(1000, 10)
     };
     let mut request = Request::new(slow);
-    request.set_timeout(Duration::from_millis(300));
+    request.set_timeout(Duration::from_secs(2));
     let started = Instant::now();
     let items: Vec<_> = client
         .produce(request)
@@ -270,14 +270,14 @@ async fn deadline_covers_the_stream(url: &str) {
     let elapsed = started.elapsed();
     let last = items.last().unwrap().as_ref().unwrap_err();
     assert_eq!(last.code(), Code::DeadlineExceeded, "{last}");
-    // Items came before the deadline ended the stream (about 14 in 300 ms; a VM that
-    // stalls for most of the budget delivers fewer), and the stream did not run its course.
+    // Items came before the deadline ended the stream (about 100 in 2 s; a VM that stalls
+    // delivers fewer), and the stream did not run its course (1,000 items, 20 s).
     assert!(
-        items.len() >= 2 && items.len() < 30,
+        items.len() >= 2 && items.len() < 500,
         "{} items",
         items.len()
     );
-    assert!(elapsed < Duration::from_secs(2), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(15), "{elapsed:?}");
     eventually("the server's handler is stopped", || {
         streamer.stats.produce_dropped.load(Ordering::SeqCst) == 1
     })

@@ -73,8 +73,9 @@ async fn a_concurrency_limit_with_load_shedding_refuses_beyond_the_limit() {
             .service(channel),
     );
     let running: Vec<_> = (0..2)
-        .map(|_| tokio::spawn(client.sleep(sleep(300))))
+        .map(|_| tokio::spawn(client.sleep(sleep(3_000))))
         .collect();
+    // They hold the two permits from their first poll until their answers, 3 s later.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let status = client.sleep(sleep(1)).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status}");

@@ -190,9 +190,11 @@ fn under_load(outcomes: &Outcomes, calls: u64, what: &str) {
     say(format!("{what}: in use   {:?}", usage()));
 }
 
-/// Waits (up to 10 s) for the resources to come back to `baseline`, and prints both.
+/// Waits (up to 90 s: teardowns queue on the reaper thread, and soft-RoCE may take tens of
+/// seconds to destroy a queue pair) for the resources to come back to `baseline`, and
+/// prints both.
 pub fn back_to(baseline: &Usage, what: &str) {
-    let until = Instant::now() + Duration::from_secs(10);
+    let until = Instant::now() + Duration::from_secs(90);
     let mut now = usage();
     while now != *baseline && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(50));
