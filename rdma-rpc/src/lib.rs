@@ -39,8 +39,8 @@ pub mod grpc {
 }
 pub use rpc_transport_rdma::verbs::{fork_init, fork_status, ForkStatus};
 pub use rpc_transport_rdma::{
-    LargeBodies, Liveness, Nic, PollMode, Polling, RdmaConfig, Receives, Rings, SharedRecvConfig,
-    DEFAULT_KEEPALIVE, DEFAULT_SHARED_WINDOW,
+    large_body_bytes, LargeBodies, LargeBodyBytes, Liveness, Nic, PollMode, Polling, RdmaConfig,
+    Receives, RegisteredBuffer, Rings, SharedRecvConfig, DEFAULT_KEEPALIVE, DEFAULT_SHARED_WINDOW,
 };
 pub use rpc_transport_tcp::{ConnectionLimits, TcpServerConfig};
 pub use serve::{ServeExt, ServeOptions, ServerHandle};

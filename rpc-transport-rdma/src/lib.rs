@@ -15,6 +15,7 @@
 pub use rpc_rdma_protocol as protocol;
 pub use rpc_rdma_verbs as verbs;
 
+mod app_memory;
 mod budget;
 mod client;
 mod config;
@@ -32,6 +33,7 @@ mod send_memory;
 mod server;
 mod shared_recv;
 
+pub use app_memory::{large_body_bytes, LargeBodyBytes, RegisteredBuffer};
 pub use budget::{
     process_limits, process_usage, set_process_limits, ProcessLimits, ProcessUsage,
     DEFAULT_MAX_CONNECTIONS,

@@ -4,7 +4,10 @@
 //! peer's RDMA WRITE of large bodies (`path="write"`), bytes received by SEND/RECV, sends
 //! that waited for credits or send slots), and two gauges against [`crate::ProcessLimits`]:
 //! `rdma_rpc_connections` (RDMA connections open) and `rdma_rpc_registered_bytes` (memory
-//! registered for large bodies). Counted only with metrics on; registered at first use then.
+//! registered for large bodies); and `rdma_rpc_large_body_bytes_total` by `path`: bytes of
+//! large bodies copied into registered buffers (`copied`) or sent from the application's
+//! registered memory in place (`in_place`). Counted only with metrics on; registered at
+//! first use then.
 
 use std::sync::OnceLock;
 
@@ -16,6 +19,8 @@ pub(crate) struct TransportMetrics {
     pub(crate) sent_by_write: Counter,
     pub(crate) received: Counter,
     pub(crate) credit_stalls: Counter,
+    pub(crate) large_copied: Counter,
+    pub(crate) large_in_place: Counter,
     pub(crate) connections: Gauge,
     pub(crate) registered_bytes: Gauge,
 }
@@ -34,9 +39,19 @@ fn registered() -> &'static TransportMetrics {
         metrics::describe_gauge!(
             "rdma_rpc_registered_bytes",
             metrics::Unit::Bytes,
-            "Memory registered for large bodies"
+            "Memory registered for large bodies and application buffers"
+        );
+        metrics::describe_counter!(
+            "rdma_rpc_large_body_bytes_total",
+            metrics::Unit::Bytes,
+            "Bytes of large bodies sent, copied into registered buffers or in place"
         );
         TransportMetrics {
+            large_copied: metrics::counter!("rdma_rpc_large_body_bytes_total", "path" => "copied"),
+            large_in_place: metrics::counter!(
+                "rdma_rpc_large_body_bytes_total",
+                "path" => "in_place"
+            ),
             sent_by_send: transport::sent_bytes("rdma", "send"),
             sent_by_write: transport::sent_bytes("rdma", "write"),
             received: transport::received_bytes("rdma"),

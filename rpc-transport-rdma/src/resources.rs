@@ -108,7 +108,7 @@ impl Resources {
                     caps: QpCapabilities {
                         max_send_wr: sizing.sq_depth(),
                         max_recv_wr: sizing.rq_depth(),
-                        max_send_sge: 1,
+                        max_send_sge: attachment.engine.max_send_sge,
                         max_recv_sge: 1,
                         max_inline_data,
                     },

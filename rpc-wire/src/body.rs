@@ -2,7 +2,14 @@
 //!
 //! A transport asks for [`EncodeBody::encoded_len`], carves exactly that many bytes out of
 //! its buffer (a registered ring slot, a socket write buffer) and lets the body write itself
-//! there with [`EncodeBody::encode_into`]. No intermediate `Vec` exists per call.
+//! there with [`EncodeBody::encode_into`]. No intermediate `Vec` exists per call. A
+//! transport that can send bytes from where they lie (an application's registered memory)
+//! uses [`EncodeBody::encode_gathered`] instead, and copies only the rest.
+
+mod gather;
+
+pub use gather::Gather;
+use gather::Gathering;
 
 /// A value that can serialize itself into a caller-provided byte slice.
 ///
@@ -14,6 +21,21 @@ pub trait EncodeBody: Send + Sync {
 
     /// Writes the encoding into `dst`, which is exactly [`EncodeBody::encoded_len`] bytes long.
     fn encode_into(&self, dst: &mut [u8]);
+
+    /// Encodes like [`EncodeBody::encode_into`], but offers `gather` every run of bytes the
+    /// message holds in one piece (a protobuf `bytes` field held as [`bytes::Bytes`]) and
+    /// leaves out the runs it takes: `dst` receives the rest back to back. Without `dst`
+    /// nothing is written: the call only counts, making the same offers, so that a first
+    /// pass sizes the buffer of a second. Returns the bytes written (or that would be).
+    ///
+    /// The default offers nothing: a body that is not a prost message is written whole.
+    fn encode_gathered(&self, dst: Option<&mut [u8]>, gather: &mut dyn Gather) -> usize {
+        let _ = gather;
+        if let Some(dst) = dst {
+            self.encode_into(dst);
+        }
+        self.encoded_len()
+    }
 }
 
 impl<M: prost::Message> EncodeBody for M {
@@ -25,6 +47,12 @@ impl<M: prost::Message> EncodeBody for M {
         // `&mut [u8]` is a `BufMut` that advances in place: prost writes into the slot itself.
         prost::Message::encode_raw(self, &mut dst);
         debug_assert!(dst.is_empty(), "encoded_len disagreed with encode_raw");
+    }
+
+    fn encode_gathered(&self, dst: Option<&mut [u8]>, gather: &mut dyn Gather) -> usize {
+        let mut buf = Gathering::new(dst, gather);
+        prost::Message::encode_raw(self, &mut buf);
+        buf.written()
     }
 }
 
@@ -55,6 +83,10 @@ impl EncodeBody for SharedBody {
 
     fn encode_into(&self, dst: &mut [u8]) {
         self.0.encode_into(dst);
+    }
+
+    fn encode_gathered(&self, dst: Option<&mut [u8]>, gather: &mut dyn Gather) -> usize {
+        self.0.encode_gathered(dst, gather)
     }
 }
 

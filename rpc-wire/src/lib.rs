@@ -12,7 +12,9 @@
 //!
 //! No I/O and no async runtime: `docs/PROTOCOL.md` describes the bytes.
 
-#![forbid(unsafe_code)]
+// One module implements `bytes::BufMut` (an unsafe trait) for encoding around gathered
+// bytes (`body::gather`); everything else is safe code.
+#![deny(unsafe_code)]
 
 pub mod auth;
 pub mod body;

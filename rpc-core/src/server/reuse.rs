@@ -134,6 +134,14 @@ impl EncodeBody for AnyBody {
     fn encode_into(&self, dst: &mut [u8]) {
         self.0.encode_into(dst);
     }
+
+    fn encode_gathered(
+        &self,
+        dst: Option<&mut [u8]>,
+        gather: &mut dyn crate::body::Gather,
+    ) -> usize {
+        self.0.encode_gathered(dst, gather)
+    }
 }
 
 impl ReplyBody for AnyBody {

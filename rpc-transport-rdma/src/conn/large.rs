@@ -11,6 +11,7 @@ use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::{Code, Flags, FrameKind, Header, Status};
 
 use super::{Conn, State};
+use crate::app_memory::{Gathered, InPlace};
 use crate::large_pool::{ArrivedBody, LargeBuffer, PoolError};
 use crate::protocol::{Action, BodyId, LocalBuffer, Received, WorkId};
 use crate::verbs::{
@@ -39,11 +40,19 @@ struct Granted {
     still_bound: bool,
 }
 
+/// Where an outgoing transfer's body lies: its copied bytes, and the runs of application
+/// memory sent in place, if any.
+#[derive(Debug)]
+struct Source {
+    staged: LargeBuffer,
+    gathered: Option<Gathered>,
+}
+
 /// Large-body resources of one connection, kept under the state lock.
 #[derive(Debug, Default)]
 pub(super) struct LargeState {
-    /// Source buffers of outgoing transfers, until their WRITEs completed.
-    sources: HashMap<u32, LargeBuffer>,
+    /// Sources of outgoing transfers, until their WRITEs completed.
+    sources: HashMap<u32, Source>,
     grants: HashMap<u32, Granted>,
     /// Bodies that arrived and are no longer remotely writable, to hand up after the lock.
     arrived: Vec<(Header, ArrivedBody)>,
@@ -121,23 +130,46 @@ pub(super) enum Arrival {
 }
 
 impl Conn {
-    /// Sends a request, response or stream message whose frame exceeds a slot: encodes the body straight
-    /// into a leased registered buffer (metadata, then payload) and starts the rendezvous.
-    /// Returns at once; the WRITEs go out when the peer grants a buffer.
+    /// Sends a request, response or stream message whose frame exceeds a slot: encodes the
+    /// body straight into a leased registered buffer (metadata, then payload), leaving out
+    /// the runs of application memory ([`RegisteredBuffer`]) its WRITEs gather in place, and
+    /// starts the rendezvous. Returns at once; the WRITEs go out when the peer grants a
+    /// buffer.
+    ///
+    /// [`RegisteredBuffer`]: crate::RegisteredBuffer
     pub(super) fn send_large(self: &Arc<Self>, frame: &OutgoingFrame<'_>) -> Result<(), Status> {
         let header = *frame.header();
         let metadata_len = header.metadata_len as usize;
         let total = header.message_len() as usize;
-        let mut buffer = self.res.large.lease(total).map_err(|e| {
+        let engine = &self.res.attachment.engine;
+        let max_pieces = (engine.max_send_sge.saturating_sub(1) / 2) as usize;
+        // A first pass finds the runs sent in place, and so how many bytes are copied.
+        let mut sizing = InPlace::new(&engine.pd, metadata_len as u64, max_pieces);
+        let copied = metadata_len + frame.payload().encode_gathered(None, &mut sizing);
+        let mut buffer = self.res.large.lease(copied).map_err(|e| {
             Status::resource_exhausted(format!("cannot send a body of {total} bytes: {e}"))
         })?;
-        {
+        let gathered = {
             // SAFETY: just leased: no window is bound on it and no work request names it.
             let body = unsafe { buffer.body_mut() };
             let (metadata, payload) = body.split_at_mut(metadata_len);
             frame.metadata().encode_into(metadata);
-            frame.payload().encode_into(payload);
-        }
+            if sizing.is_empty() {
+                frame.payload().encode_into(payload);
+                None
+            } else {
+                let mut gather = InPlace::new(&engine.pd, metadata_len as u64, max_pieces);
+                let written = frame.payload().encode_gathered(Some(payload), &mut gather);
+                if written != payload.len() || !gather.same_as(&sizing) {
+                    return Err(Status::internal(
+                        "a message encoded differently twice: its bytes changed while sent",
+                    ));
+                }
+                Some(gather.finish())
+            }
+        };
+        let in_place = gathered.as_ref().map_or(0, Gathered::in_place);
+        crate::app_memory::count_large_body(copied as u64, in_place);
         let local = LocalBuffer {
             addr: buffer.addr(),
             lkey: buffer.lkey(),
@@ -148,7 +180,11 @@ impl Conn {
         let mut state = self.state.lock();
         let started = state.proto.start_large(&header, local);
         if let Ok(transfer) = started {
-            state.large.sources.insert(transfer, buffer);
+            let source = Source {
+                staged: buffer,
+                gathered,
+            };
+            state.large.sources.insert(transfer, source);
         }
         self.run_actions(&mut state);
         self.unlock(state);
@@ -222,20 +258,33 @@ impl Conn {
     ) -> Result<(), VerbsError> {
         match action {
             Action::PostWrite(w) => {
-                let sge = [Sge::new(w.local_addr, w.len, w.lkey)];
+                let source = state.large.sources.get(&w.transfer);
+                let sges = match source {
+                    Some(Source {
+                        staged,
+                        gathered: Some(gathered),
+                    }) => gathered.sges(
+                        w.local_addr - staged.addr(),
+                        w.len,
+                        (staged.addr(), staged.lkey()),
+                    ),
+                    _ => smallvec::smallvec![Sge::new(w.local_addr, w.len, w.lkey)],
+                };
                 let request = SendRequest {
                     wr_id: self.res.wr_id(WorkId::Write(w.transfer)),
-                    sges: &sge,
+                    sges: &sges,
                     op: SendOp::RdmaWrite(RemoteAddr {
                         addr: w.remote_addr,
                         rkey: w.rkey,
                     }),
                     flags: SendFlags::SIGNALED,
                 };
-                debug_assert!(state.large.sources.contains_key(&w.transfer));
-                // SAFETY: the source range lies in the transfer's leased buffer, which stays
-                // in `sources` (registered, unwritten) until the protocol's TransferDone,
-                // which comes only after this WRITE's completion.
+                debug_assert!(source.is_some());
+                // SAFETY: the gather list lies in the transfer's leased buffer and in the
+                // application's registered buffers it holds (`Gathered`), all of which stay
+                // in `sources` (registered, unwritten: `RegisteredBuffer::get_mut` refuses
+                // while they are held) until the protocol's TransferDone, which comes only
+                // after this WRITE's completion.
                 unsafe { self.res.qp.post_send(&request) }
             }
             Action::TransferDone { transfer } => {

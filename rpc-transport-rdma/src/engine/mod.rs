@@ -93,6 +93,15 @@ pub(crate) enum Role {
 /// Engines of the process, one per (device context, poll mode, role).
 static ENGINES: Mutex<Vec<Arc<Engine>>> = Mutex::new(Vec::new());
 
+/// Most gather entries a send work request may have: a large body's WRITE gathers the runs
+/// of application memory it sends in place and the copied bytes between them.
+pub(crate) const SEND_SGES: u32 = 15;
+
+/// The protection domains of the process's engines now.
+pub(crate) fn protection_domains() -> Vec<Arc<ProtectionDomain>> {
+    ENGINES.lock().iter().map(|e| e.pd.clone()).collect()
+}
+
 /// What one look at a completion queue found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Polled {
@@ -115,6 +124,9 @@ pub(crate) struct Engine {
     channel: Arc<CompletionChannel>,
     /// Entries per CQ (the device's limit permitting).
     cq_entries: u32,
+    /// Gather entries per send work request its queue pairs are made with: up to
+    /// [`SEND_SGES`], the device's limit permitting.
+    pub(crate) max_send_sge: u32,
     /// The device's limit of receives per shared receive queue.
     max_srq_wr: u32,
     /// Shared receive queues, one per buffer size and bounds, created with their first
@@ -257,6 +269,7 @@ impl Engine {
 
     fn new(context: &Arc<Context>, config: &RdmaConfig, role: Role) -> Result<Arc<Engine>, Status> {
         let pd = ProtectionDomain::new(context).map_err(|e| verbs_status("ibv_alloc_pd", e))?;
+        crate::app_memory::register_all(&pd);
         let channel = CompletionChannel::new(context)
             .map_err(|e| verbs_status("ibv_create_comp_channel", e))?;
         channel
@@ -282,6 +295,7 @@ impl Engine {
             pd,
             channel,
             cq_entries: config.polling.cq_entries.min(device.max_cqe).max(1),
+            max_send_sge: SEND_SGES.min(device.max_sge).max(1),
             max_srq_wr: device.max_srq_wr,
             srqs: Mutex::new(Vec::new()),
             has_srq: AtomicBool::new(false),

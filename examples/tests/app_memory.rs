@@ -1,0 +1,132 @@
+//! Large requests sent from the application's registered memory ([`RegisteredBuffer`]): over
+//! real verbs the bytes go by RDMA WRITE from where they lie, uncopied (run in the
+//! soft-RoCE VM by `cargo xtask test`); over `tcp://` the same code works, copying.
+//!
+//! A binary of its own: the copy counters it reads are the process's.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use rdma_rpc::prelude::*;
+use rdma_rpc::{large_body_bytes, RdmaConfig, RegisteredBuffer, ServerHandle};
+use rpc_examples::testing::tester_client::TesterClient;
+use rpc_examples::testing::tester_server::TesterServer;
+use rpc_examples::testing::BulkRequest;
+use rpc_examples::{bulk_pattern, Tester};
+use rpc_transport_rdma::verbs::test_support::require_device;
+
+const MIB: usize = 1 << 20;
+
+fn builder() -> rdma_rpc::ServerBuilder {
+    Server::builder()
+        .max_message_size(256 * MIB)
+        .add_service(TesterServer::new(Tester::default()))
+}
+
+fn client(server: &ServerHandle) -> TesterClient<Channel> {
+    TesterClient::new(
+        rdma_rpc::client()
+            .max_message_size(256 * MIB)
+            .connect_blocking(server.local_url())
+            .expect("client connects"),
+    )
+}
+
+/// A buffer of `len` bytes of pattern `seed`.
+fn filled(len: usize, seed: u64) -> RegisteredBuffer {
+    let mut buffer = RegisteredBuffer::new(len).expect("a registered buffer");
+    buffer
+        .get_mut()
+        .expect("nothing else holds a new buffer")
+        .copy_from_slice(&bulk_pattern(len, seed));
+    buffer
+}
+
+/// Sends `payload` in a bulk request that asks for a small answer, and checks the server
+/// received it intact.
+fn send(client: &TesterClient, payload: bytes::Bytes, seed: u64) {
+    let len = payload.len();
+    let reply = client
+        .bulk_blocking(BulkRequest {
+            reply_len: 8,
+            seed,
+            payload,
+            delay: None,
+        })
+        .expect("bulk call")
+        .into_inner();
+    assert_eq!(reply.received, len as u64);
+    assert!(reply.matched, "a request of {len} bytes arrived corrupted");
+}
+
+/// The transfer lets go of the buffer once its WRITEs completed, which may be just after
+/// the answer came: then it can be written again.
+fn writable_again(buffer: &mut RegisteredBuffer) -> &mut [u8] {
+    let until = Instant::now() + Duration::from_secs(30);
+    while buffer.get_mut().is_none() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    buffer
+        .get_mut()
+        .expect("the finished send let go of the buffer")
+}
+
+#[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+fn a_large_request_goes_from_registered_memory_uncopied() {
+    if require_device().is_none() {
+        return;
+    }
+    // Made before any connection: registered when the first connection sets its device up.
+    let early = filled(16 * MIB + 3, 1);
+    let server = common::start_rdma(builder(), RdmaConfig::default());
+    let client = client(&server);
+    // Made while a connection uses the device: registered at once.
+    let mut late = filled(64 * MIB, 2);
+
+    for (buffer, seed) in [(&early, 1), (&late, 2)] {
+        let before = large_body_bytes();
+        send(&client, buffer.slice(..), seed);
+        let after = large_body_bytes();
+        let in_place = after.in_place - before.in_place;
+        let copied = after.copied - before.copied;
+        eprintln!(
+            "{} bytes: {in_place} in place, {copied} copied",
+            buffer.len()
+        );
+        assert_eq!(in_place, buffer.len() as u64, "the payload went in place");
+        // The field's tag and length, the other fields and the metadata.
+        assert!(copied < 256, "{copied} bytes copied");
+    }
+
+    // A part of a buffer (the pattern's start is the shorter pattern), and the buffer
+    // written again once the send let go of it.
+    send(&client, late.slice(..3 * MIB + 7), 2);
+    let bytes = writable_again(&mut late);
+    bytes[..4 * MIB].copy_from_slice(&bulk_pattern(4 * MIB, 5));
+    let before = large_body_bytes();
+    send(&client, late.slice(..4 * MIB), 5);
+    assert_eq!(
+        large_body_bytes().in_place - before.in_place,
+        4 * MIB as u64
+    );
+
+    // Memory that is not registered is copied.
+    let before = large_body_bytes();
+    send(&client, bulk_pattern(2 * MIB, 6).into(), 6);
+    let after = large_body_bytes();
+    assert_eq!(after.in_place, before.in_place);
+    assert!(after.copied - before.copied >= 2 * MIB as u64);
+    drop(server);
+}
+
+/// The same code over `tcp://`: the bytes are copied, and arrive.
+#[test]
+fn registered_memory_works_over_tcp() {
+    let server: ServerHandle = builder().start("tcp://127.0.0.1:0").expect("tcp server");
+    let client = client(&server);
+    let buffer = filled(8 * MIB, 3);
+    send(&client, buffer.slice(..), 3);
+    send(&client, buffer.slice(..2 * MIB + 1), 3);
+}
