@@ -10,10 +10,13 @@ use std::time::{Duration, Instant};
 
 use rdma_rpc::prelude::*;
 use rdma_rpc::{large_body_bytes, RdmaConfig, RegisteredBuffer, ServerHandle};
+use rpc_examples::echo::echo_client::EchoClient;
+use rpc_examples::echo::echo_server::EchoServer;
+use rpc_examples::echo::EchoRequest;
 use rpc_examples::testing::tester_client::TesterClient;
 use rpc_examples::testing::tester_server::TesterServer;
 use rpc_examples::testing::BulkRequest;
-use rpc_examples::{bulk_pattern, Tester};
+use rpc_examples::{bulk_pattern, EchoService, Tester};
 use rpc_transport_rdma::verbs::test_support::require_device;
 
 const MIB: usize = 1 << 20;
@@ -22,15 +25,14 @@ fn builder() -> rdma_rpc::ServerBuilder {
     Server::builder()
         .max_message_size(256 * MIB)
         .add_service(TesterServer::new(Tester::default()))
+        .add_service(EchoServer::new(EchoService))
 }
 
-fn client(server: &ServerHandle) -> TesterClient<Channel> {
-    TesterClient::new(
-        rdma_rpc::client()
-            .max_message_size(256 * MIB)
-            .connect_blocking(server.local_url())
-            .expect("client connects"),
-    )
+fn channel(server: &ServerHandle) -> Channel {
+    rdma_rpc::client()
+        .max_message_size(256 * MIB)
+        .connect_blocking(server.local_url())
+        .expect("client connects")
 }
 
 /// A buffer of `len` bytes of pattern `seed`.
@@ -81,7 +83,8 @@ fn a_large_request_goes_from_registered_memory_uncopied() {
     // Made before any connection: registered when the first connection sets its device up.
     let early = filled(16 * MIB + 3, 1);
     let server = common::start_rdma(builder(), RdmaConfig::default());
-    let client = client(&server);
+    let channel = channel(&server);
+    let client = TesterClient::new(channel.clone());
     // Made while a connection uses the device: registered at once.
     let mut late = filled(64 * MIB, 2);
 
@@ -112,6 +115,34 @@ fn a_large_request_goes_from_registered_memory_uncopied() {
         4 * MIB as u64
     );
 
+    // An echo: the request goes from the buffer, and the server sends the body back from the
+    // buffer it arrived in.
+    let echo = EchoClient::new(channel);
+    let len = 16 * MIB as u64;
+    let before = large_body_bytes();
+    let reply = echo
+        .echo_blocking(EchoRequest {
+            payload: late.slice(..len as usize),
+            seq: 7,
+        })
+        .expect("echo")
+        .into_inner();
+    assert!(
+        reply.payload == late.slice(..len as usize),
+        "the echo came back intact"
+    );
+    assert_eq!(reply.seq, 7);
+    let after = large_body_bytes();
+    assert_eq!(
+        after.in_place - before.in_place,
+        2 * len,
+        "both ways in place"
+    );
+    assert!(
+        after.copied - before.copied < 512,
+        "{after:?} after {before:?}"
+    );
+
     // Memory that is not registered is copied.
     let before = large_body_bytes();
     send(&client, bulk_pattern(2 * MIB, 6).into(), 6);
@@ -125,7 +156,7 @@ fn a_large_request_goes_from_registered_memory_uncopied() {
 #[test]
 fn registered_memory_works_over_tcp() {
     let server: ServerHandle = builder().start("tcp://127.0.0.1:0").expect("tcp server");
-    let client = client(&server);
+    let client = TesterClient::new(channel(&server));
     let buffer = filled(8 * MIB, 3);
     send(&client, buffer.slice(..), 3);
     send(&client, buffer.slice(..2 * MIB + 1), 3);

@@ -227,6 +227,11 @@ impl LargeBuffer {
         self.len
     }
 
+    /// The protection domain it is registered with.
+    pub(crate) fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pool.pd
+    }
+
     /// The leased bytes, for encoding a body into.
     ///
     /// # Safety
@@ -251,6 +256,11 @@ impl ArrivedBody {
     /// valid (it was invalidated or deallocated), nor any work request naming it.
     pub(crate) unsafe fn new(buffer: LargeBuffer) -> ArrivedBody {
         ArrivedBody(buffer)
+    }
+
+    /// The buffer it arrived in.
+    pub(crate) fn buffer(&self) -> &LargeBuffer {
+        &self.0
     }
 }
 

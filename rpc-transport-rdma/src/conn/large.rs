@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
 use rpc_core::{Code, Flags, FrameKind, Header, Status};
 
@@ -463,7 +462,7 @@ impl Conn {
 pub(super) fn placed_frame(header: Header, buffer: ArrivedBody) -> InboundFrame {
     let metadata_len = header.metadata_len as usize;
     let total = header.message_len() as usize;
-    let body = Bytes::from_owner(buffer);
+    let body = crate::app_memory::placed_view(buffer);
     let stream = header.flags.contains(rpc_core::Flags::STREAM);
     InboundFrame {
         metadata: body.slice(..metadata_len),
