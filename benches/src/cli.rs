@@ -142,6 +142,10 @@ pub struct ClientArgs {
     /// runtime) instead of the blocking stub.
     #[arg(long)]
     pub async_stubs: bool,
+    /// Send each request's payload from a `RegisteredBuffer` (one call at a time, blocking
+    /// stub): large requests go by RDMA WRITE from it, uncopied.
+    #[arg(long)]
+    pub registered: bool,
     /// Print exactly one JSON object (a `BenchResult`) on stdout instead of the text summary.
     #[arg(long)]
     pub json: bool,

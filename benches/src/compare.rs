@@ -131,6 +131,7 @@ fn plan(size: usize, iters: u64, warmup: u64, concurrency: usize) -> ClientPlan 
         warmup,
         concurrency,
         async_stubs: false,
+        registered: false,
         rdma: rdma_rpc::RdmaConfig::default(),
         poll: None,
         tls: None,

@@ -16,6 +16,7 @@ use crate::error::BenchError;
 use crate::payload::Payloads;
 use crate::recorder::{Recorder, RunInfo};
 use crate::result::BenchResult;
+use rdma_rpc::RegisteredBuffer;
 
 /// Largest message the benchmark server accepts: any size a client may ask for.
 pub const SERVER_MAX_MESSAGE: usize = 1 << 30;
@@ -35,6 +36,8 @@ pub struct ClientPlan {
     pub concurrency: usize,
     /// Make even one call at a time through the async stubs.
     pub async_stubs: bool,
+    /// Requests' payloads from a `RegisteredBuffer` (blocking stub only).
+    pub registered: bool,
     /// RDMA settings (rdma:// only).
     pub rdma: RdmaConfig,
     /// RDMA polling mode's name for the result.
@@ -120,14 +123,22 @@ fn run_blocking(
     recorder: &mut Recorder,
 ) -> Result<(), BenchError> {
     let mut buf = BytesMut::new();
+    let mut registered = match plan.registered {
+        true => Some(
+            RegisteredBuffer::new(plan.size.max(1))
+                .map_err(|status| BenchError::failed("registering the payload buffer", status))?,
+        ),
+        false => None,
+    };
     for seq in 0..plan.warmup + plan.iters {
         if seq == plan.warmup {
             recorder.start();
         }
-        let request = EchoRequest {
-            payload: payloads.request_in(&mut buf, seq),
-            seq,
+        let payload = match &mut registered {
+            Some(buffer) => payloads.request_registered(buffer, seq)?,
+            None => payloads.request_in(&mut buf, seq),
         };
+        let request = EchoRequest { payload, seq };
         let started = Instant::now();
         let reply = client.echo_blocking(request);
         let done = Instant::now();

@@ -98,6 +98,33 @@ impl Payloads {
         buf.split().freeze()
     }
 
+    /// The payload for call `seq`, written into `buffer` (application memory registered
+    /// with the devices: a large request goes from it uncopied) once the previous call's
+    /// send let go of it.
+    pub fn request_registered(
+        &self,
+        buffer: &mut rdma_rpc::RegisteredBuffer,
+        seq: u64,
+    ) -> Result<Bytes, BenchError> {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // The transfer lets go of it when its WRITEs complete, which may be just after the
+        // answer to its call came.
+        while buffer.get_mut().is_none() {
+            if std::time::Instant::now() > until {
+                return Err(BenchError::failed(
+                    "reusing the payload buffer",
+                    "a finished call's send still holds it after 10 s",
+                ));
+            }
+            std::hint::spin_loop();
+        }
+        let bytes = buffer.get_mut().expect("nothing holds it");
+        let len = self.template.len();
+        bytes[..len].copy_from_slice(&self.template);
+        Self::stamp(&mut bytes[..len], seq);
+        Ok(buffer.slice(..len))
+    }
+
     /// Reuses `payload` (a verified reply of this size) for call `seq`: only the stamp
     /// changes, which saves an allocation and a copy per call.
     pub fn restamp(&self, payload: &mut [u8], seq: u64) {

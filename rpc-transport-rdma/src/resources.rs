@@ -98,25 +98,29 @@ impl Resources {
                     .shared_recv(config.rings.slot_size, &bounds)
             })
             .transpose()?;
-        let qp = create_qp(config.rings.max_inline, |max_inline_data| {
-            QueuePair::new(
-                id,
-                &pd,
-                QpInitAttr {
-                    send_cq: cq.clone(),
-                    recv_cq: cq.clone(),
-                    caps: QpCapabilities {
-                        max_send_wr: sizing.sq_depth(),
-                        max_recv_wr: sizing.rq_depth(),
-                        max_send_sge: attachment.engine.max_send_sge,
-                        max_recv_sge: 1,
-                        max_inline_data,
+        let qp = create_qp(
+            config.rings.max_inline,
+            attachment.engine.max_send_sge,
+            |max_inline_data, max_send_sge| {
+                QueuePair::new(
+                    id,
+                    &pd,
+                    QpInitAttr {
+                        send_cq: cq.clone(),
+                        recv_cq: cq.clone(),
+                        caps: QpCapabilities {
+                            max_send_wr: sizing.sq_depth(),
+                            max_recv_wr: sizing.rq_depth(),
+                            max_send_sge,
+                            max_recv_sge: 1,
+                            max_inline_data,
+                        },
+                        sq_sig_all: false,
+                        srq: shared.as_ref().map(|s| s.srq().clone()),
                     },
-                    sq_sig_all: false,
-                    srq: shared.as_ref().map(|s| s.srq().clone()),
-                },
-            )
-        })
+                )
+            },
+        )
         .map_err(|e| verbs_status("rdma_create_qp", e))?;
         if let Some(exponent) = config.liveness.ack_timeout {
             // Before connect or accept, which move the QP to RTS with it.
@@ -235,16 +239,24 @@ impl Resources {
 /// are sent from registered memory instead. The first error is returned if none works.
 fn create_qp(
     max_inline: u32,
-    mut create: impl FnMut(u32) -> Result<QueuePair, VerbsError>,
+    max_send_sge: u32,
+    mut create: impl FnMut(u32, u32) -> Result<QueuePair, VerbsError>,
 ) -> Result<QueuePair, VerbsError> {
-    let first = match create(max_inline) {
+    let first = match create(max_inline, max_send_sge) {
         Ok(qp) => return Ok(qp),
         Err(e) => e,
     };
+    // Gather entries go first (they only spare large bodies a copy), then inline data.
+    if max_send_sge > 1 {
+        if let Ok(qp) = create(max_inline, 1) {
+            tracing::debug!(asked = max_send_sge, "the device offers no gather entries");
+            return Ok(qp);
+        }
+    }
     let mut inline = max_inline;
     while inline > 0 {
         inline = if inline > 16 { inline / 2 } else { 0 };
-        if let Ok(qp) = create(inline) {
+        if let Ok(qp) = create(inline, 1) {
             tracing::debug!(
                 asked = max_inline,
                 granted = inline,

@@ -125,6 +125,7 @@ fn plan(args: &ClientArgs) -> ClientPlan {
         warmup: args.run.warmup,
         concurrency: args.concurrency,
         async_stubs: args.async_stubs,
+        registered: args.registered,
         rdma: args.rdma.config(),
         poll: args.rdma.poll_name(&args.url),
         tls: None,

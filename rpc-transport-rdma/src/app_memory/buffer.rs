@@ -1,7 +1,14 @@
 //! [`RegisteredBuffer`]: application memory registered with the process's devices.
+//!
+//! Who may touch the bytes is counted in `Region::holders`: every handle, every `Bytes`
+//! view and every send gathering from it. [`RegisteredBuffer::get_mut`] writes only when
+//! its own handle is the one holder. The list of reachable memory holds the region weakly
+//! and its lookups touch only the address and the registrations, never the holders or the
+//! bytes, so they never make a buffer look busy.
 
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -27,7 +34,7 @@ use crate::verbs::{AccessFlags, AlignedBuffer, MemoryRegion, ProtectionDomain, S
 /// let field: bytes::Bytes = buffer.slice(..);
 /// # Ok::<(), rpc_core::Status>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RegisteredBuffer {
     region: Arc<Region>,
 }
@@ -37,42 +44,52 @@ pub struct RegisteredBuffer {
 #[derive(Debug)]
 struct Region {
     registrations: Mutex<Vec<Registration>>,
+    /// Handles, views and sends that may read the bytes (see the module documentation).
+    holders: AtomicUsize,
     /// Where `memory` lies: how everything but a view reaches it, so that the bytes are
     /// never borrowed but by views and by [`RegisteredBuffer::get_mut`].
-    at: Shared,
+    at: Span,
     memory: AlignedBuffer,
 }
 
+/// A registration of the region's memory with one protection domain. Private to this
+/// module, which only reads its keys: `MemoryRegion`'s slice accessors are never called on
+/// it (they would alias the views and `get_mut`).
 #[derive(Debug)]
 struct Registration {
     region: MemoryRegion<Shared>,
     _counted: Registered,
 }
 
-/// The memory of a [`Region`], by address.
+/// Where a region's memory lies.
 #[derive(Debug, Clone, Copy)]
-struct Shared {
+struct Span {
     ptr: *const u8,
     len: usize,
 }
 
 // SAFETY: an address and a length, shared like the `Region` they point into.
-unsafe impl Send for Shared {}
-// SAFETY: as above; nothing is read or written through it by safe code.
-unsafe impl Sync for Shared {}
+unsafe impl Send for Span {}
+// SAFETY: as above; nothing is read or written through it but under `get_mut`'s contract.
+unsafe impl Sync for Span {}
+
+/// The region's memory as one registration sees it; made only by `Region::register`.
+#[derive(Debug)]
+struct Shared(Span);
 
 // SAFETY: the memory is the region's `AlignedBuffer`, which never moves and outlives every
-// registration (dropped after them, by field order); the device only reads it (registered
-// without LOCAL_WRITE), and nothing here writes through `as_mut_ptr`.
+// registration (dropped after them, by field order). Through the registration the device
+// only reads it (no work request names it as a destination), and this module never asks
+// the `MemoryRegion` for a slice of it.
 unsafe impl StableBuffer for Shared {
     fn as_ptr(&self) -> *const u8 {
-        self.ptr
+        self.0.ptr
     }
     fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr.cast_mut()
+        self.0.ptr.cast_mut()
     }
     fn len(&self) -> usize {
-        self.len
+        self.0.len
     }
 }
 
@@ -82,20 +99,24 @@ impl RegisteredBuffer {
     /// for `len` 0 or when the memory cannot be had; a device it cannot be registered with
     /// is skipped (it sends copies).
     pub fn new(len: usize) -> Result<RegisteredBuffer, Status> {
+        if len == 0 {
+            return Err(Status::invalid_argument("a registered buffer of 0 bytes"));
+        }
         let memory = AlignedBuffer::new(len).map_err(|e| {
             Status::resource_exhausted(format!("cannot allocate a buffer of {len} bytes: {e}"))
         })?;
         let region = Arc::new(Region {
             registrations: Mutex::new(Vec::new()),
-            at: Shared {
+            holders: AtomicUsize::new(1),
+            at: Span {
                 ptr: memory.as_ptr(),
                 len,
             },
             memory,
         });
         // Listed before it looks for devices: a device set up meanwhile registers it too.
-        let weak: std::sync::Weak<dyn Reachable> = Arc::downgrade(&region) as _;
-        reachable::list(region.start(), weak);
+        let weak: Weak<dyn Reachable> = Arc::downgrade(&region) as _;
+        reachable::list(region.start(), len, weak);
         for pd in crate::engine::protection_domains() {
             region.register(&pd);
         }
@@ -115,20 +136,16 @@ impl RegisteredBuffer {
     /// Its bytes, to write, when nothing else holds the buffer: no clone, no `Bytes` view
     /// alive, no send still reading it. `None` otherwise.
     pub fn get_mut(&mut self) -> Option<&mut [u8]> {
-        // Holders are clones of the `Arc` (views, transfers); only a view's bytes are ever
-        // looked up (and so upgraded from the list of reachable memory), so with no view none can appear.
-        match Arc::strong_count(&self.region) {
-            1 => {
-                let Shared { ptr, len } = self.region.at;
-                // SAFETY: the allocation's own pointer, `len` initialized bytes. This handle
-                // is the only strong one and is borrowed mutably: no view exists, so nothing
-                // borrows the bytes, and the device reads them only for a send, which holds
-                // a strong handle. (`Arc::get_mut` would refuse: the list holds a weak one,
-                // whose upgrades touch only `at` and the registrations, never the bytes.)
-                Some(unsafe { std::slice::from_raw_parts_mut(ptr.cast_mut(), len) })
-            }
-            _ => None,
+        // Acquire: the reads of every holder that let go happen before the writes below.
+        if self.region.holders.load(Ordering::Acquire) != 1 {
+            return None;
         }
+        let Span { ptr, len } = self.region.at;
+        // SAFETY: the allocation's own pointer to `len` initialized bytes. This handle is
+        // the one holder and is borrowed mutably: no other handle or view exists to borrow
+        // the bytes or to make a new holder, and the device reads them only for a send,
+        // which is a holder.
+        Some(unsafe { std::slice::from_raw_parts_mut(ptr.cast_mut(), len) })
     }
 
     /// A view of `range` of its bytes, holding the buffer while it lives.
@@ -137,26 +154,51 @@ impl RegisteredBuffer {
     /// If the range is out of bounds.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Bytes {
         let start = match range.start_bound() {
-            Bound::Included(&s) => s,
-            Bound::Excluded(&s) => s + 1,
-            Bound::Unbounded => 0,
+            Bound::Included(&s) => Some(s),
+            Bound::Excluded(&s) => s.checked_add(1),
+            Bound::Unbounded => Some(0),
         };
         let end = match range.end_bound() {
-            Bound::Included(&e) => e + 1,
-            Bound::Excluded(&e) => e,
-            Bound::Unbounded => self.len(),
+            Bound::Included(&e) => e.checked_add(1),
+            Bound::Excluded(&e) => Some(e),
+            Bound::Unbounded => Some(self.len()),
         };
-        assert!(start <= end && end <= self.len(), "range out of bounds");
+        let (start, end) = match (start, end) {
+            (Some(start), Some(end)) if start <= end && end <= self.len() => (start, end),
+            _ => panic!("range out of bounds of a buffer of {} bytes", self.len()),
+        };
+        self.region.hold();
         Bytes::from_owner(View(self.region.clone())).slice(start..end)
     }
 }
 
-/// What a `Bytes` view owns.
+impl Clone for RegisteredBuffer {
+    fn clone(&self) -> Self {
+        self.region.hold();
+        RegisteredBuffer {
+            region: self.region.clone(),
+        }
+    }
+}
+
+impl Drop for RegisteredBuffer {
+    fn drop(&mut self) {
+        self.region.unhold();
+    }
+}
+
+/// What a `Bytes` view owns: a holder.
 struct View(Arc<Region>);
 
 impl AsRef<[u8]> for View {
     fn as_ref(&self) -> &[u8] {
         &self.0.memory
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        self.0.unhold();
     }
 }
 
@@ -167,19 +209,18 @@ impl Region {
 }
 
 impl Reachable for Region {
-    fn len(&self) -> usize {
-        self.at.len
-    }
-
     /// Registers the memory with `pd` unless it is already; a failure leaves this device
-    /// sending copies. Also lets go of registrations whose device nothing else uses.
+    /// sending copies.
+    ///
+    /// Registered `LOCAL_WRITE` although the device only reads it: a writable pin breaks
+    /// copy-on-write at registration, where a read-only pin of pages never written may
+    /// pin the shared zero page, which the application's writes then leave behind.
     fn register(&self, pd: &Arc<ProtectionDomain>) {
         let mut registrations = self.registrations.lock();
-        registrations.retain(|r| Arc::strong_count(r.region.pd()) > 1);
         if registrations.iter().any(|r| Arc::ptr_eq(r.region.pd(), pd)) {
             return;
         }
-        let Shared { ptr, len } = self.at;
+        let len = self.at.len;
         let Ok(counted) = Registered::take(len as u64) else {
             tracing::warn!(
                 len,
@@ -187,7 +228,7 @@ impl Reachable for Region {
             );
             return;
         };
-        match MemoryRegion::register(pd, Shared { ptr, len }, AccessFlags::NONE) {
+        match MemoryRegion::register(pd, Shared(self.at), AccessFlags::LOCAL_WRITE) {
             Ok(region) => registrations.push(Registration {
                 region,
                 _counted: counted,
@@ -196,13 +237,34 @@ impl Reachable for Region {
         }
     }
 
-    /// The local key of the registration with `pd`.
+    fn unregister(&self, pd: &Arc<ProtectionDomain>) {
+        let gone: Vec<Registration> = {
+            let mut registrations = self.registrations.lock();
+            let (gone, kept) = std::mem::take(&mut *registrations)
+                .into_iter()
+                .partition(|r| Arc::ptr_eq(r.region.pd(), pd));
+            *registrations = kept;
+            gone
+        };
+        // Deregistered outside the lock.
+        drop(gone);
+    }
+
     fn lkey(&self, pd: &Arc<ProtectionDomain>) -> Option<u32> {
         self.registrations
             .lock()
             .iter()
             .find(|r| Arc::ptr_eq(r.region.pd(), pd))
             .map(|r| r.region.lkey())
+    }
+
+    fn hold(&self) {
+        self.holders.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn unhold(&self) {
+        // Release: pairs with `get_mut`'s Acquire.
+        self.holders.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -228,7 +290,22 @@ mod tests {
         drop(view);
         assert!(buffer.get_mut().is_none(), "a clone still holds it");
         drop(clone);
+        // Lookups in the list do not hold it.
+        let start = buffer.region.start();
+        let found = reachable::find(start, 8192).expect("listed");
+        assert!(buffer.get_mut().is_some(), "a lookup is not a holder");
+        // A send gathering from it is.
+        let held = reachable::Held::new(found.1);
+        assert!(buffer.get_mut().is_none(), "a send still reads it");
+        drop(held);
         assert!(buffer.get_mut().is_some());
+    }
+
+    #[test]
+    #[should_panic(expected = "out of bounds")]
+    fn a_range_past_the_end_panics_without_overflowing() {
+        let buffer = RegisteredBuffer::new(4096).expect("a buffer");
+        let _ = buffer.slice(..=usize::MAX);
     }
 
     #[test]
@@ -238,5 +315,9 @@ mod tests {
         assert!(reachable::find(start, 1).is_some());
         drop(buffer);
         assert!(reachable::find(start, 1).is_none());
+        assert_eq!(
+            RegisteredBuffer::new(0).unwrap_err().code(),
+            rpc_core::Code::InvalidArgument
+        );
     }
 }

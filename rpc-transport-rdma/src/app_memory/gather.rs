@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rpc_core::body::Gather;
 use smallvec::SmallVec;
 
-use super::reachable::{self, Reachable};
+use super::reachable::{self, Held};
 use crate::verbs::{ProtectionDomain, Sge};
 
 /// Runs of fewer bytes are copied: a copy of them costs less than a gather entry.
@@ -28,7 +28,7 @@ struct Piece {
 pub(crate) struct Gathered {
     /// In body order.
     pieces: Vec<Piece>,
-    _holds: Vec<Arc<dyn Reachable>>,
+    _holds: Vec<Held>,
 }
 
 impl Gathered {
@@ -93,7 +93,7 @@ pub(crate) struct InPlace<'a> {
     max_pieces: usize,
     pieces: Vec<Piece>,
     /// The buffers the pieces lie in, held until the pieces are written.
-    holds: Vec<Arc<dyn Reachable>>,
+    holds: Vec<Held>,
 }
 
 impl<'a> InPlace<'a> {
@@ -118,11 +118,6 @@ impl<'a> InPlace<'a> {
             pieces: self.pieces,
             _holds: self.holds,
         }
-    }
-
-    /// Whether this pass took the same runs as `other`.
-    pub(crate) fn same_as(&self, other: &InPlace<'_>) -> bool {
-        self.pieces == other.pieces
     }
 }
 
@@ -151,7 +146,7 @@ impl Gather for InPlace<'_> {
             len,
             lkey,
         });
-        self.holds.push(memory);
+        self.holds.push(Held::new(memory));
         true
     }
 }

@@ -27,7 +27,7 @@ mod reachable;
 
 pub use buffer::RegisteredBuffer;
 pub(crate) use gather::{Gathered, InPlace};
-pub(crate) use reachable::{placed_view, register_all};
+pub(crate) use reachable::{any_listed, placed_view, register_all, unregister_all};
 
 static COPIED: AtomicU64 = AtomicU64::new(0);
 static IN_PLACE: AtomicU64 = AtomicU64::new(0);

@@ -13,53 +13,107 @@ use crate::verbs::ProtectionDomain;
 
 /// Memory on the list.
 pub(super) trait Reachable: Send + Sync + std::fmt::Debug {
-    /// Bytes from the listed address.
-    fn len(&self) -> usize;
-
     /// The local key of its registration with `pd`, if it has one.
     fn lkey(&self, pd: &Arc<ProtectionDomain>) -> Option<u32>;
 
     /// Registers it with a device's new protection domain, if it is application memory.
     fn register(&self, _pd: &Arc<ProtectionDomain>) {}
+
+    /// Lets go of its registration with a device's protection domain, which is going.
+    fn unregister(&self, _pd: &Arc<ProtectionDomain>) {}
+
+    /// A send starts reading it (see [`Held`]).
+    fn hold(&self) {}
+
+    /// The send is done reading it.
+    fn unhold(&self) {}
 }
 
-/// The list. Entries are weak: memory leaves when its last holder drops (see [`unlist`]).
-static LISTED: RwLock<BTreeMap<usize, Weak<dyn Reachable>>> = RwLock::new(BTreeMap::new());
+/// A send's hold on memory it gathers from: the memory stays, and stays unwritten, until
+/// the hold drops (after the send's WRITEs completed).
+#[derive(Debug)]
+pub(super) struct Held(Arc<dyn Reachable>);
 
-/// Lists the memory at `start`.
-pub(super) fn list(start: usize, memory: Weak<dyn Reachable>) {
-    LISTED.write().insert(start, memory);
+impl Held {
+    pub(super) fn new(memory: Arc<dyn Reachable>) -> Held {
+        memory.hold();
+        Held(memory)
+    }
 }
 
-/// Takes the memory at `start` off the list, from its `Drop`: only if no holder is left, so
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.unhold();
+    }
+}
+
+/// An entry of the list: the memory's length, and the memory, held weakly.
+type Entry = (usize, Weak<dyn Reachable>);
+
+/// The list, by first byte. Memory leaves when its last handle drops (see [`unlist`]).
+static LISTED: RwLock<BTreeMap<usize, Entry>> = RwLock::new(BTreeMap::new());
+
+/// Lists `len` bytes of memory at `start`.
+pub(super) fn list(start: usize, len: usize, memory: Weak<dyn Reachable>) {
+    LISTED.write().insert(start, (len, memory));
+}
+
+/// Takes the memory at `start` off the list, from its `Drop`: only if no handle is left, so
 /// that memory listed since at the same address (once this was freed) stays.
 pub(super) fn unlist(start: usize) {
     let mut listed = LISTED.write();
-    if listed.get(&start).is_some_and(|m| m.strong_count() == 0) {
+    if listed
+        .get(&start)
+        .is_some_and(|(_, memory)| memory.strong_count() == 0)
+    {
         listed.remove(&start);
     }
 }
 
+/// Whether anything is listed: when nothing is, no body needs a look for runs to gather.
+pub(crate) fn any_listed() -> bool {
+    !LISTED.read().is_empty()
+}
+
 /// The listed memory that `len` bytes at `addr` lie in, and where it starts.
 pub(super) fn find(addr: usize, len: usize) -> Option<(usize, Arc<dyn Reachable>)> {
-    // Upgraded after the lock is let go: dropping the last holder takes the lock.
-    let (start, weak) = LISTED
+    let (start, weak) = {
+        let listed = LISTED.read();
+        let (&start, (listed_len, memory)) = listed.range(..=addr).next_back()?;
+        // Bounds first: memory the bytes do not lie in is not even upgraded.
+        if addr.checked_add(len)? > start + listed_len {
+            return None;
+        }
+        (start, memory.clone())
+    };
+    // Upgraded after the lock is let go: dropping the last handle takes the lock.
+    Some((start, weak.upgrade()?))
+}
+
+/// Every listed memory now, upgraded (dropped by the caller, after the lock: it may hold
+/// the last handle of some).
+fn live() -> Vec<Arc<dyn Reachable>> {
+    LISTED
         .read()
-        .range(..=addr)
-        .next_back()
-        .map(|(&start, memory)| (start, memory.clone()))?;
-    let memory = weak.upgrade()?;
-    (addr + len <= start + memory.len()).then_some((start, memory))
+        .values()
+        .filter_map(|(_, memory)| memory.upgrade())
+        .collect()
 }
 
 /// Registers every listed buffer with a device's new protection domain (a connection set
 /// up the device's engine).
 pub(crate) fn register_all(pd: &Arc<ProtectionDomain>) {
-    let live: Vec<Arc<dyn Reachable>> = LISTED.read().values().filter_map(Weak::upgrade).collect();
-    for memory in &live {
+    for memory in live() {
         memory.register(pd);
     }
-    // `live` drops here, after the lock: it may hold the last handle of some.
+}
+
+/// Lets go of every listed buffer's registration with a protection domain whose engine is
+/// gone, so that registrations do not pile up as engines come and go.
+pub(crate) fn unregister_all(pd: &Arc<ProtectionDomain>) {
+    for memory in live() {
+        memory.unregister(pd);
+    }
 }
 
 /// A large body that arrived by RDMA WRITE, handed up as `Bytes` views of its buffer.
@@ -72,10 +126,6 @@ struct Placed {
 }
 
 impl Reachable for Placed {
-    fn len(&self) -> usize {
-        self.body.buffer().len()
-    }
-
     fn lkey(&self, pd: &Arc<ProtectionDomain>) -> Option<u32> {
         let buffer = self.body.buffer();
         Arc::ptr_eq(buffer.pd(), pd).then(|| buffer.lkey())
@@ -102,7 +152,8 @@ impl AsRef<[u8]> for PlacedView {
 pub(crate) fn placed_view(body: ArrivedBody) -> Bytes {
     let start = body.as_ref().as_ptr() as usize;
     let placed = Arc::new(Placed { body, start });
+    let len = placed.body.buffer().len();
     let weak: Weak<dyn Reachable> = Arc::downgrade(&placed) as Weak<dyn Reachable>;
-    list(start, weak);
+    list(start, len, weak);
     Bytes::from_owner(PlacedView(placed))
 }

@@ -140,11 +140,15 @@ impl Conn {
         let header = *frame.header();
         let metadata_len = header.metadata_len as usize;
         let total = header.message_len() as usize;
-        let engine = &self.res.attachment.engine;
-        let max_pieces = (engine.max_send_sge.saturating_sub(1) / 2) as usize;
-        // A first pass finds the runs sent in place, and so how many bytes are copied.
-        let mut sizing = InPlace::new(&engine.pd, metadata_len as u64, max_pieces);
-        let copied = metadata_len + frame.payload().encode_gathered(None, &mut sizing);
+        let pd = &self.res.attachment.engine.pd;
+        let max_pieces = (self.res.qp.caps().max_send_sge.saturating_sub(1) / 2) as usize;
+        // A first pass finds the runs sent in place, and so how many bytes are copied; with
+        // nothing listed there are none to find.
+        let mut sizing = InPlace::new(pd, metadata_len as u64, max_pieces);
+        let copied = match crate::app_memory::any_listed() && max_pieces > 0 {
+            true => metadata_len + frame.payload().encode_gathered(None, &mut sizing),
+            false => total,
+        };
         let mut buffer = self.res.large.lease(copied).map_err(|e| {
             Status::resource_exhausted(format!("cannot send a body of {total} bytes: {e}"))
         })?;
@@ -157,18 +161,22 @@ impl Conn {
                 frame.payload().encode_into(payload);
                 None
             } else {
-                let mut gather = InPlace::new(&engine.pd, metadata_len as u64, max_pieces);
+                let mut gather = InPlace::new(pd, metadata_len as u64, max_pieces);
                 let written = frame.payload().encode_gathered(Some(payload), &mut gather);
-                if written != payload.len() || !gather.same_as(&sizing) {
-                    return Err(Status::internal(
-                        "a message encoded differently twice: its bytes changed while sent",
-                    ));
+                let gathered = gather.finish();
+                let whole = (copied as u64).checked_add(gathered.in_place());
+                if written != payload.len() || whole != Some(total as u64) {
+                    return Err(Status::internal(format!(
+                        "a body of {total} bytes encoded as {} copied and {} in place, then \
+                         {written} copied: its encoding changed while it was sent",
+                        copied,
+                        gathered.in_place()
+                    )));
                 }
-                Some(gather.finish())
+                Some(gathered)
             }
         };
         let in_place = gathered.as_ref().map_or(0, Gathered::in_place);
-        crate::app_memory::count_large_body(copied as u64, in_place);
         let local = LocalBuffer {
             addr: buffer.addr(),
             lkey: buffer.lkey(),
@@ -179,6 +187,7 @@ impl Conn {
         let mut state = self.state.lock();
         let started = state.proto.start_large(&header, local);
         if let Ok(transfer) = started {
+            crate::app_memory::count_large_body(copied as u64, in_place);
             let source = Source {
                 staged: buffer,
                 gathered,

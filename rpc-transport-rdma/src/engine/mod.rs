@@ -225,6 +225,7 @@ impl Engine {
         role: Role,
         entries: u32,
     ) -> Result<Attachment, Status> {
+        let mut created = false;
         let engine = {
             let mut engines = ENGINES.lock();
             let found = engines.iter().find(|e| {
@@ -242,6 +243,7 @@ impl Engine {
                         Status::internal(format!("cannot start the RDMA poller thread: {e}"))
                     })?;
                     engines.push(engine.clone());
+                    created = true;
                     engine
                 }
             };
@@ -249,6 +251,11 @@ impl Engine {
             engine.attached.fetch_add(1, Ordering::AcqRel);
             engine
         };
+        if created {
+            // The application's buffers, registered with the new device (outside the lock:
+            // registering is slow, and other connections' set-ups need it).
+            crate::app_memory::register_all(&engine.pd);
+        }
         // From here on, dropping the attachment undoes the count.
         let mut attachment = Attachment {
             cq: engine.place(entries).inspect_err(|_| {
@@ -269,7 +276,6 @@ impl Engine {
 
     fn new(context: &Arc<Context>, config: &RdmaConfig, role: Role) -> Result<Arc<Engine>, Status> {
         let pd = ProtectionDomain::new(context).map_err(|e| verbs_status("ibv_alloc_pd", e))?;
-        crate::app_memory::register_all(&pd);
         let channel = CompletionChannel::new(context)
             .map_err(|e| verbs_status("ibv_create_comp_channel", e))?;
         channel
@@ -584,6 +590,9 @@ impl Engine {
         }
         self.retired.store(true, Ordering::Release);
         engines.retain(|e| !std::ptr::eq(Arc::as_ptr(e), self));
+        drop(engines);
+        // Its protection domain goes with it: the application's buffers let go of theirs.
+        crate::app_memory::unregister_all(&self.pd);
         true
     }
 }

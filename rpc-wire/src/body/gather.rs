@@ -22,7 +22,8 @@ pub trait Gather {
 }
 
 /// What prost writes through: the bytes the [`Gather`] does not take, back to back, into
-/// `dst`; without `dst` it only counts them.
+/// `dst`; without `dst` it only counts them. Bytes past the end of `dst` (an encoding that
+/// grew since it was counted) are counted, not written: the count tells the caller.
 pub(super) struct Gathering<'a, 'g> {
     dst: Option<&'a mut [u8]>,
     /// Bytes written (or counted).
@@ -30,7 +31,7 @@ pub(super) struct Gathering<'a, 'g> {
     /// Bytes taken by the gather.
     taken: usize,
     gather: &'g mut dyn Gather,
-    /// Where a counting pass lets prost's default methods write (and nobody reads).
+    /// Where prost's default methods write what is only counted (nobody reads it).
     scratch: [u8; 16],
 }
 
@@ -49,37 +50,45 @@ impl<'a, 'g> Gathering<'a, 'g> {
     pub(super) fn written(&self) -> usize {
         self.written
     }
+
+    /// The rest of `dst`, if anything is left of it.
+    fn rest(&mut self) -> Option<&mut [u8]> {
+        let written = self.written;
+        self.dst
+            .as_deref_mut()
+            .and_then(|dst| dst.get_mut(written..))
+            .filter(|rest| !rest.is_empty())
+    }
 }
 
-// SAFETY: `chunk_mut` hands out the unwritten rest of `dst` (or, counting, a scratch area
-// nobody reads), and `advance_mut` moves past exactly the bytes the caller initialized
-// there, panicking (never overrunning) past the end of `dst`.
+// SAFETY: `chunk_mut` hands out the unwritten rest of `dst`, or a scratch area nobody reads
+// when there is none (counting, or past the end); `advance_mut` moves the count past the
+// bytes the caller initialized there, and nothing is ever read from beyond what was
+// written.
 unsafe impl BufMut for Gathering<'_, '_> {
     fn remaining_mut(&self) -> usize {
-        match &self.dst {
-            Some(dst) => dst.len() - self.written,
-            None => usize::MAX - self.written,
-        }
+        usize::MAX - self.written
     }
 
     unsafe fn advance_mut(&mut self, cnt: usize) {
-        let end = self.written + cnt;
-        if let Some(dst) = &self.dst {
-            assert!(end <= dst.len(), "encoding past the end of its buffer");
-        }
-        self.written = end;
+        self.written += cnt;
     }
 
     fn chunk_mut(&mut self) -> &mut UninitSlice {
-        match &mut self.dst {
-            Some(dst) => UninitSlice::new(&mut dst[self.written..]),
-            None => UninitSlice::new(&mut self.scratch),
+        // Two steps for the borrow checker: `rest` borrows `self` whole.
+        if self.rest().is_some() {
+            let written = self.written;
+            let dst = self.dst.as_deref_mut().expect("checked");
+            return UninitSlice::new(&mut dst[written..]);
         }
+        UninitSlice::new(&mut self.scratch)
     }
 
     fn put_slice(&mut self, src: &[u8]) {
-        if let Some(dst) = &mut self.dst {
-            dst[self.written..self.written + src.len()].copy_from_slice(src);
+        if let Some(rest) = self.rest() {
+            if let Some(room) = rest.get_mut(..src.len()) {
+                room.copy_from_slice(src);
+            }
         }
         self.written += src.len();
     }
@@ -181,6 +190,14 @@ mod tests {
         rebuilt.extend_from_slice(&dst[at..]);
         assert_eq!(taken, 1000);
         assert_eq!(rebuilt, whole);
+
+        // An encoding longer than its buffer is counted, not written past the end.
+        let mut short = vec![0u8; len - 1];
+        let mut gather = InRegion {
+            region: &region,
+            taken: Vec::new(),
+        };
+        assert_eq!(blob.encode_gathered(Some(&mut short), &mut gather), len);
 
         // A run outside the region is written.
         let elsewhere = Blob {
