@@ -17,6 +17,7 @@ use rpc_examples::testing::tester_client::TesterClient;
 use rpc_examples::testing::tester_server::TesterServer;
 use rpc_examples::testing::BulkRequest;
 use rpc_examples::{bulk_pattern, EchoService, Tester};
+use rpc_transport_rdma::process_usage;
 use rpc_transport_rdma::verbs::test_support::require_device;
 
 const MIB: usize = 1 << 20;
@@ -28,7 +29,7 @@ fn builder() -> rdma_rpc::ServerBuilder {
         .add_service(EchoServer::new(EchoService))
 }
 
-fn channel(server: &ServerHandle) -> Channel {
+fn connect(server: &ServerHandle) -> Channel {
     rdma_rpc::client()
         .max_message_size(256 * MIB)
         .connect_blocking(server.local_url())
@@ -83,7 +84,7 @@ fn a_large_request_goes_from_registered_memory_uncopied() {
     // Made before any connection: registered when the first connection sets its device up.
     let early = filled(16 * MIB + 3, 1);
     let server = common::start_rdma(builder(), RdmaConfig::default());
-    let channel = channel(&server);
+    let channel = connect(&server);
     let client = TesterClient::new(channel.clone());
     // Made while a connection uses the device: registered at once.
     let mut late = filled(64 * MIB, 2);
@@ -133,6 +134,11 @@ fn a_large_request_goes_from_registered_memory_uncopied() {
     );
     assert_eq!(reply.seq, 7);
     let after = large_body_bytes();
+    eprintln!(
+        "16 MiB echo: {} in place, {} copied",
+        after.in_place - before.in_place,
+        after.copied - before.copied
+    );
     assert_eq!(
         after.in_place - before.in_place,
         2 * len,
@@ -149,14 +155,43 @@ fn a_large_request_goes_from_registered_memory_uncopied() {
     let after = large_body_bytes();
     assert_eq!(after.in_place, before.in_place);
     assert!(after.copied - before.copied >= 2 * MIB as u64);
-    drop(server);
+
+    // Registered with the devices the connections use; let go when their engines retire,
+    // and registered again by the next connection.
+    assert!(
+        process_usage().registered_bytes >= (early.len() + late.len()) as u64,
+        "{:?}",
+        process_usage()
+    );
+    // (The echo's reply holds the buffer it arrived in, and that its connection's pool.)
+    drop((reply, echo, client));
+    server.shutdown_blocking(Duration::ZERO);
+    let until = Instant::now() + Duration::from_secs(90);
+    while process_usage().registered_bytes > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        process_usage().registered_bytes,
+        0,
+        "registrations outlived the connections' engines: {:?}",
+        process_usage()
+    );
+    let server = common::start_rdma(builder(), RdmaConfig::default());
+    let client = TesterClient::new(connect(&server));
+    assert!(process_usage().registered_bytes >= (early.len() + late.len()) as u64);
+    let before = large_body_bytes();
+    send(&client, early.slice(..), 1);
+    assert_eq!(
+        large_body_bytes().in_place - before.in_place,
+        early.len() as u64
+    );
 }
 
 /// The same code over `tcp://`: the bytes are copied, and arrive.
 #[test]
 fn registered_memory_works_over_tcp() {
     let server: ServerHandle = builder().start("tcp://127.0.0.1:0").expect("tcp server");
-    let client = TesterClient::new(channel(&server));
+    let client = TesterClient::new(connect(&server));
     let buffer = filled(8 * MIB, 3);
     send(&client, buffer.slice(..), 3);
     send(&client, buffer.slice(..2 * MIB + 1), 3);
