@@ -83,6 +83,13 @@ pub fn start_server_with(
 /// Connects to `url` and runs `plan`.
 pub fn run_client(url: &str, plan: &ClientPlan) -> Result<BenchResult, BenchError> {
     let endpoint: Endpoint = url.parse()?;
+    if plan.registered && (plan.concurrency > 1 || plan.async_stubs) {
+        return Err(BenchError::failed(
+            "--registered",
+            "it sends one call at a time through the blocking stub: drop --concurrency \
+             and --async-stubs",
+        ));
+    }
     let limit = (plan.size + PROTOBUF_OVERHEAD).max(rdma_rpc::client::DEFAULT_MAX_MESSAGE_SIZE);
     let mut client = rdma_rpc::client()
         .rdma_config(plan.rdma.clone())

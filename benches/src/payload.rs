@@ -116,7 +116,7 @@ impl Payloads {
                     "a finished call's send still holds it after 10 s",
                 ));
             }
-            std::hint::spin_loop();
+            std::thread::yield_now();
         }
         let bytes = buffer.get_mut().expect("nothing holds it");
         let len = self.template.len();

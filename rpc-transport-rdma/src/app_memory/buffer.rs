@@ -16,6 +16,7 @@ use rpc_core::Status;
 
 use super::reachable::{self, Reachable};
 use crate::budget::Registered;
+use crate::engine::Engine;
 use crate::verbs::{AccessFlags, AlignedBuffer, MemoryRegion, ProtectionDomain, StableBuffer};
 
 /// A buffer of application memory, registered with the process's RDMA devices, whose
@@ -94,10 +95,10 @@ unsafe impl StableBuffer for Shared {
 }
 
 impl RegisteredBuffer {
-    /// `len` zeroed, page-aligned bytes, registered with every RDMA device the process's
-    /// connections use now (and, later, with each device a new connection brings). Fails
-    /// for `len` 0 or when the memory cannot be had; a device it cannot be registered with
-    /// is skipped (it sends copies).
+    /// `len` zeroed, page-aligned bytes, registered with the RDMA devices the process's
+    /// connections use now (and, later, with those new connections bring). Fails for `len`
+    /// 0 or when the memory cannot be had; a device it cannot be registered with is skipped
+    /// (its connections send copies).
     pub fn new(len: usize) -> Result<RegisteredBuffer, Status> {
         if len == 0 {
             return Err(Status::invalid_argument("a registered buffer of 0 bytes"));
@@ -117,8 +118,8 @@ impl RegisteredBuffer {
         // Listed before it looks for devices: a device set up meanwhile registers it too.
         let weak: Weak<dyn Reachable> = Arc::downgrade(&region) as _;
         reachable::list(region.start(), len, weak);
-        for pd in crate::engine::protection_domains() {
-            region.register(&pd);
+        for engine in crate::engine::engines() {
+            region.register(&engine);
         }
         Ok(RegisteredBuffer { region })
     }
@@ -209,15 +210,19 @@ impl Region {
 }
 
 impl Reachable for Region {
-    /// Registers the memory with `pd` unless it is already; a failure leaves this device
-    /// sending copies.
+    /// Registers the memory with `engine`'s protection domain unless it is already; a
+    /// failure leaves that engine's connections sending copies. Registering is slow: it
+    /// runs outside the lock, which senders looking up a key take.
     ///
     /// Registered `LOCAL_WRITE` although the device only reads it: a writable pin breaks
     /// copy-on-write at registration, where a read-only pin of pages never written may
     /// pin the shared zero page, which the application's writes then leave behind.
-    fn register(&self, pd: &Arc<ProtectionDomain>) {
-        let mut registrations = self.registrations.lock();
-        if registrations.iter().any(|r| Arc::ptr_eq(r.region.pd(), pd)) {
+    fn register(&self, engine: &Engine) {
+        let pd = &engine.pd;
+        let registered = |registrations: &[Registration]| {
+            registrations.iter().any(|r| Arc::ptr_eq(r.region.pd(), pd))
+        };
+        if registered(&self.registrations.lock()) {
             return;
         }
         let len = self.at.len;
@@ -228,13 +233,26 @@ impl Reachable for Region {
             );
             return;
         };
-        match MemoryRegion::register(pd, Shared(self.at), AccessFlags::LOCAL_WRITE) {
-            Ok(region) => registrations.push(Registration {
-                region,
-                _counted: counted,
-            }),
-            Err(e) => tracing::warn!(len, error = %e, "cannot register a buffer: it is copied"),
+        let region = match MemoryRegion::register(pd, Shared(self.at), AccessFlags::LOCAL_WRITE) {
+            Ok(region) => region,
+            Err(e) => {
+                tracing::warn!(len, error = %e, "cannot register a buffer: it is copied");
+                return;
+            }
+        };
+        let registration = Registration {
+            region,
+            _counted: counted,
+        };
+        let mut registrations = self.registrations.lock();
+        // An engine retires before it unregisters every buffer, under this lock: one that
+        // retired meanwhile would never let go of a registration pushed now.
+        if engine.is_retired() || registered(&registrations) {
+            drop(registrations);
+            drop(registration);
+            return;
         }
+        registrations.push(registration);
     }
 
     fn unregister(&self, pd: &Arc<ProtectionDomain>) {

@@ -112,6 +112,17 @@ impl<'a> InPlace<'a> {
         self.pieces.is_empty()
     }
 
+    /// A gather that takes exactly the runs this one took, for the pass that writes: the
+    /// registrations may change between the passes (a device set up meanwhile), the layout
+    /// must not.
+    pub(crate) fn replay(&self) -> Replay<'_> {
+        Replay {
+            pieces: &self.pieces,
+            base: self.base,
+            next: 0,
+        }
+    }
+
     /// The runs taken, and the buffers they lie in.
     pub(crate) fn finish(self) -> Gathered {
         Gathered {
@@ -151,9 +162,57 @@ impl Gather for InPlace<'_> {
     }
 }
 
+/// Takes the runs an [`InPlace`] pass took, in order, and nothing else.
+pub(crate) struct Replay<'p> {
+    pieces: &'p [Piece],
+    base: u64,
+    next: usize,
+}
+
+impl Gather for Replay<'_> {
+    fn min_len(&self) -> usize {
+        IN_PLACE_MIN
+    }
+
+    fn offer(&mut self, at: usize, bytes: &[u8]) -> bool {
+        let Some(piece) = self.pieces.get(self.next) else {
+            return false;
+        };
+        let same = piece.at == self.base + at as u64
+            && piece.addr == bytes.as_ptr() as u64
+            && piece.len as usize == bytes.len();
+        self.next += usize::from(same);
+        same
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The writing pass takes what the sizing pass took, in order, whatever else is
+    /// offered: a run that became reachable in between (a device set up meanwhile) is
+    /// written, since the leased buffer was sized without it.
+    #[test]
+    fn the_writing_pass_replays_the_sizing_pass() {
+        let bytes = vec![0u8; 64 * 1024];
+        let (a, b) = (&bytes[..20_000], &bytes[30_000..60_000]);
+        let taken = [Piece {
+            at: 110,
+            addr: b.as_ptr() as u64,
+            len: b.len() as u32,
+            lkey: 1,
+        }];
+        let mut replay = Replay {
+            pieces: &taken,
+            base: 10,
+            next: 0,
+        };
+        assert!(!replay.offer(0, a), "not taken by the sizing pass");
+        assert!(!replay.offer(99, b), "taken, but at another offset");
+        assert!(replay.offer(100, b));
+        assert!(!replay.offer(100, b), "taken once");
+    }
 
     /// A body of 100 bytes: copied 0..10, application memory 10..40 (at 1000), copied
     /// 40..50, application memory 50..90 (at 2000), copied 90..100 (staged at 500).

@@ -8,6 +8,7 @@ use std::sync::{Arc, Weak};
 use bytes::Bytes;
 use parking_lot::RwLock;
 
+use crate::engine::Engine;
 use crate::large_pool::ArrivedBody;
 use crate::verbs::ProtectionDomain;
 
@@ -16,8 +17,8 @@ pub(super) trait Reachable: Send + Sync + std::fmt::Debug {
     /// The local key of its registration with `pd`, if it has one.
     fn lkey(&self, pd: &Arc<ProtectionDomain>) -> Option<u32>;
 
-    /// Registers it with a device's new protection domain, if it is application memory.
-    fn register(&self, _pd: &Arc<ProtectionDomain>) {}
+    /// Registers it with a new engine's protection domain, if it is application memory.
+    fn register(&self, _engine: &Engine) {}
 
     /// Lets go of its registration with a device's protection domain, which is going.
     fn unregister(&self, _pd: &Arc<ProtectionDomain>) {}
@@ -100,11 +101,11 @@ fn live() -> Vec<Arc<dyn Reachable>> {
         .collect()
 }
 
-/// Registers every listed buffer with a device's new protection domain (a connection set
-/// up the device's engine).
-pub(crate) fn register_all(pd: &Arc<ProtectionDomain>) {
+/// Registers every listed buffer with a new engine's protection domain (a connection set
+/// the engine up).
+pub(crate) fn register_all(engine: &Engine) {
     for memory in live() {
-        memory.register(pd);
+        memory.register(engine);
     }
 }
 

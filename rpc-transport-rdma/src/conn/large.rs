@@ -161,9 +161,10 @@ impl Conn {
                 frame.payload().encode_into(payload);
                 None
             } else {
-                let mut gather = InPlace::new(pd, metadata_len as u64, max_pieces);
-                let written = frame.payload().encode_gathered(Some(payload), &mut gather);
-                let gathered = gather.finish();
+                let written = frame
+                    .payload()
+                    .encode_gathered(Some(payload), &mut sizing.replay());
+                let gathered = sizing.finish();
                 let whole = (copied as u64).checked_add(gathered.in_place());
                 if written != payload.len() || whole != Some(total as u64) {
                     return Err(Status::internal(format!(

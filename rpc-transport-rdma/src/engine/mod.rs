@@ -97,9 +97,9 @@ static ENGINES: Mutex<Vec<Arc<Engine>>> = Mutex::new(Vec::new());
 /// of application memory it sends in place and the copied bytes between them.
 pub(crate) const SEND_SGES: u32 = 15;
 
-/// The protection domains of the process's engines now.
-pub(crate) fn protection_domains() -> Vec<Arc<ProtectionDomain>> {
-    ENGINES.lock().iter().map(|e| e.pd.clone()).collect()
+/// The process's engines now.
+pub(crate) fn engines() -> Vec<Arc<Engine>> {
+    ENGINES.lock().clone()
 }
 
 /// What one look at a completion queue found.
@@ -254,7 +254,7 @@ impl Engine {
         if created {
             // The application's buffers, registered with the new device (outside the lock:
             // registering is slow, and other connections' set-ups need it).
-            crate::app_memory::register_all(&engine.pd);
+            crate::app_memory::register_all(&engine);
         }
         // From here on, dropping the attachment undoes the count.
         let mut attachment = Attachment {
@@ -577,6 +577,11 @@ impl Engine {
             self.kick.kick();
         }
         progressed
+    }
+
+    /// Whether it left the process's engines (its protection domain goes with it).
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     /// Leaves the process's engines if no connection is attached; true if it did.
