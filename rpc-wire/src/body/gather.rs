@@ -70,6 +70,8 @@ unsafe impl BufMut for Gathering<'_, '_> {
         usize::MAX - self.written
     }
 
+    // SAFETY: the caller initialized `cnt` bytes of `chunk_mut` (the trait's contract);
+    // this only counts them, and reads nothing.
     unsafe fn advance_mut(&mut self, cnt: usize) {
         self.written += cnt;
     }
