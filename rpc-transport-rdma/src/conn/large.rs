@@ -188,7 +188,6 @@ impl Conn {
         let mut state = self.state.lock();
         let started = state.proto.start_large(&header, local);
         if let Ok(transfer) = started {
-            crate::app_memory::count_large_body(copied as u64, in_place);
             let source = Source {
                 staged: buffer,
                 gathered,
@@ -197,6 +196,9 @@ impl Conn {
         }
         self.run_actions(&mut state);
         self.unlock(state);
+        if started.is_ok() {
+            crate::app_memory::count_large_body(copied as u64, in_place);
+        }
         started.map(|_| ()).map_err(|e| self.send_error(e, total))
     }
 
