@@ -17,7 +17,7 @@ use crate::codec::MessageReader;
 use crate::conn::{inbound_frame, stream_frame, GrpcConn, Reply};
 use crate::headers::{
     add_metadata, headers_of, is_grpc, metadata_from, status_headers, timeout_from,
-    GRPC_CONTENT_TYPE,
+    GRPC_ACCEPT_ENCODING, GRPC_CONTENT_TYPE, GRPC_ENCODING,
 };
 use crate::pump::{pump, Ending};
 
@@ -104,7 +104,7 @@ where
         .dispatcher
         .method(path)
         .ok_or_else(|| Status::unimplemented(format!("unknown method {path}")))?;
-    if let Some(encoding) = parts.headers.get("grpc-encoding") {
+    if let Some(encoding) = parts.headers.get(GRPC_ENCODING) {
         if encoding != "identity" {
             return Err(Status::unimplemented(format!(
                 "grpc-encoding {encoding:?}: this server takes identity only"
@@ -245,7 +245,7 @@ fn grpc_response(mut headers: HeaderMap, body: ReplyBody) -> http::Response<Repl
         http::header::CONTENT_TYPE,
         HeaderValue::from_static(GRPC_CONTENT_TYPE),
     );
-    headers.insert("grpc-accept-encoding", HeaderValue::from_static("identity"));
+    headers.insert(GRPC_ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     let mut response = http::Response::new(body);
     *response.headers_mut() = headers;
     response

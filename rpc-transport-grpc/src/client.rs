@@ -29,7 +29,7 @@ use crate::config::{
 };
 use crate::conn::{take_frame, GrpcConn, Side};
 use crate::exchange::{exchange, Exchange};
-use crate::headers::{add_metadata, grpc_timeout, GRPC_CONTENT_TYPE};
+use crate::headers::{add_metadata, grpc_timeout, GRPC_CONTENT_TYPE, GRPC_TIMEOUT};
 use crate::tls::{agreed_h2, server_name, ClientTls, ALPN_H2};
 
 /// `grpc://` client settings.
@@ -249,7 +249,7 @@ impl GrpcClient {
         );
         headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
         if header.timeout_us > 0 {
-            headers.insert("grpc-timeout", grpc_timeout(header.timeout_us));
+            headers.insert(GRPC_TIMEOUT, grpc_timeout(header.timeout_us));
         }
         add_metadata(headers, &metadata);
         self.link.open_call_as(id)?;

@@ -14,6 +14,12 @@ use rpc_core::{Code, MetadataMap, Status, BINARY_SUFFIX};
 /// The content type of every gRPC request and response (`application/grpc+proto` and other
 /// `application/grpc+…` forms are accepted on requests).
 pub(crate) const GRPC_CONTENT_TYPE: &str = "application/grpc";
+/// gRPC's own headers, made once (a name given as a string is parsed at every use).
+pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+pub(crate) const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+pub(crate) const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+pub(crate) const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
+pub(crate) const GRPC_ACCEPT_ENCODING: HeaderName = HeaderName::from_static("grpc-accept-encoding");
 /// Longest `grpc-timeout` value: at most 8 digits and a unit.
 const MAX_TIMEOUT_DIGITS: usize = 8;
 
@@ -127,7 +133,7 @@ pub(crate) fn add_metadata(headers: &mut HeaderMap, metadata: &MetadataMap) {
 /// The time budget `grpc-timeout` gives, if any: at most 8 digits and a unit (`H`, `M`,
 /// `S`, `m`, `u`, `n`). A malformed one fails, naming it.
 pub(crate) fn timeout_from(headers: &HeaderMap) -> Result<Option<Duration>, Status> {
-    let Some(value) = headers.get("grpc-timeout") else {
+    let Some(value) = headers.get(GRPC_TIMEOUT) else {
         return Ok(None);
     };
     let bad = || {
@@ -159,12 +165,12 @@ pub(crate) fn timeout_from(headers: &HeaderMap) -> Result<Option<Duration>, Stat
 /// and `metadata` (the trailers, or an error's metadata and details).
 pub(crate) fn status_headers(code: Code, message: &[u8], metadata: &MetadataMap) -> HeaderMap {
     let mut headers = HeaderMap::new();
-    headers.insert("grpc-status", HeaderValue::from(code as u16));
+    headers.insert(GRPC_STATUS, HeaderValue::from(code as u16));
     if !message.is_empty() {
         let text = String::from_utf8_lossy(message);
         let encoded = utf8_percent_encode(&text, MESSAGE_ESCAPES).to_string();
         if let Ok(value) = HeaderValue::from_str(&encoded) {
-            headers.insert("grpc-message", value);
+            headers.insert(GRPC_MESSAGE, value);
         }
     }
     add_metadata(&mut headers, metadata);
@@ -199,7 +205,7 @@ pub(crate) fn grpc_timeout(micros: u64) -> HeaderValue {
 /// (percent-decoded) and its metadata, details included; metadata our rules refuse is
 /// `INTERNAL`.
 pub(crate) fn status_of(headers: &HeaderMap) -> Option<Status> {
-    let raw = headers.get("grpc-status")?;
+    let raw = headers.get(GRPC_STATUS)?;
     let code = raw
         .to_str()
         .ok()
@@ -208,7 +214,7 @@ pub(crate) fn status_of(headers: &HeaderMap) -> Option<Status> {
             Code::from_wire(n).unwrap_or(Code::Unknown)
         });
     let message = headers
-        .get("grpc-message")
+        .get(GRPC_MESSAGE)
         .map(|v| {
             percent_encoding::percent_decode(v.as_bytes())
                 .decode_utf8_lossy()

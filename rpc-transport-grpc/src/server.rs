@@ -286,14 +286,6 @@ fn incoming(stream: TcpStream, shared: &Shared) -> Incoming {
     }
 }
 
-/// Sleeps until `at`, or for ever.
-async fn sleep_until(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// Serves one connection over HTTP/2 until it ends or the server closes it.
 async fn serve_connection(
     incoming: Incoming,
@@ -400,8 +392,12 @@ where
     });
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);
+    // The idle timer runs beside the connection, not in the select below: that select is
+    // polled on every wake of the connection (several per call), a timer there would be
+    // polled as often.
+    let idle = tokio::spawn(drain_when_idle(conn.clone(), config.idle_timeout));
+    let _idle = AbortOnDrop(idle);
     let mut now = *phase.borrow_and_update();
-    let mut idle_closing = false;
     loop {
         if now != Phase::Serving {
             connection.as_mut().graceful_shutdown();
@@ -412,25 +408,45 @@ where
                 Err(_) => Err("closed by the server's shutdown".to_owned()),
             };
         }
-        // Idle since then, it is closed at this time (looked at again if a call came).
-        let idle_until = conn
-            .idle_since()
-            .unwrap_or_else(Instant::now)
-            .checked_add(config.idle_timeout)
-            .map(tokio::time::Instant::from_std);
         tokio::select! {
+            biased;
             ended = connection.as_mut() => return ended.map_err(|e| e.to_string()),
             changed = phase.changed() => {
                 now = if changed.is_ok() { *phase.borrow_and_update() } else { Phase::Closed };
             }
-            () = sleep_until(idle_until), if !idle_closing => {
-                if conn.idle_since().is_some_and(|since| since.elapsed() >= config.idle_timeout) {
-                    tracing::debug!(peer = %conn.peer, "closing an idle connection");
-                    idle_closing = true;
-                    connection.as_mut().graceful_shutdown();
-                }
-            }
         }
+    }
+}
+
+/// Drains `conn` (GOAWAY; a running call is not cut) once it has had no call for
+/// `idle_timeout`; looks again whenever the time it would have been idle for that long
+/// comes while a call runs, or came in between.
+async fn drain_when_idle(conn: Arc<GrpcConn>, idle_timeout: Duration) {
+    loop {
+        let Some(until) = conn
+            .idle_since()
+            .unwrap_or_else(Instant::now)
+            .checked_add(idle_timeout)
+        else {
+            return;
+        };
+        tokio::time::sleep_until(until.into()).await;
+        if conn
+            .idle_since()
+            .is_some_and(|since| since.elapsed() >= idle_timeout)
+        {
+            tracing::debug!(peer = %conn.peer, "closing an idle connection");
+            return conn.drain();
+        }
+    }
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

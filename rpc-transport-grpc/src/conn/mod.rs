@@ -12,7 +12,7 @@
 //! together hold at most `GrpcServerConfig::write_queue` bytes of messages (plus one): past
 //! it, the dispatcher's senders wait (`Pending`) until HTTP/2 takes some.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -23,6 +23,7 @@ use rpc_core::server::ServedLink;
 use rpc_core::stream::batch::Batch;
 use rpc_core::stream::{Wakes, WindowUpdate, INITIAL_WINDOW};
 use rpc_core::{FrameKind, FrameSender, Header, Inbound, Status};
+use rustc_hash::FxHashMap;
 use tokio::sync::watch;
 
 use crate::codec::{framed, put_prefix, ReadBudget, PREFIX_LEN};
@@ -118,7 +119,8 @@ impl CallState {
 
 #[derive(Debug, Default)]
 struct State {
-    calls: HashMap<u64, CallState>,
+    /// By call id (numbered by this side or the upper side: never by the peer).
+    calls: FxHashMap<u64, CallState>,
     next_id: u64,
     closed: Option<Status>,
     /// The peer said GOAWAY: no new call opens.
