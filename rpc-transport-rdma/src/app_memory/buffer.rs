@@ -6,6 +6,7 @@
 //! and its lookups touch only the address and the registrations, never the holders or the
 //! bytes, so they never make a buffer look busy.
 
+use std::mem::ManuallyDrop;
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -40,8 +41,10 @@ pub struct RegisteredBuffer {
     region: Arc<Region>,
 }
 
-/// The memory and its registrations. Field order is drop order: the registrations go
-/// first, so the memory is never freed while a device may reach it.
+/// The memory and its registrations. Its last holder may let go anywhere (an async task,
+/// a connection's thread under its lock), and deregistering unpins every page, which for a
+/// large buffer takes long: `Drop` hands the registrations and then the memory to the
+/// reaper thread, in that order, so the memory is never freed while a device may reach it.
 #[derive(Debug)]
 struct Region {
     registrations: Mutex<Vec<Registration>>,
@@ -50,7 +53,8 @@ struct Region {
     /// Where `memory` lies: how everything but a view reaches it, so that the bytes are
     /// never borrowed but by views and by [`RegisteredBuffer::get_mut`].
     at: Span,
-    memory: AlignedBuffer,
+    /// Taken only by `Drop`.
+    memory: ManuallyDrop<AlignedBuffer>,
 }
 
 /// A registration of the region's memory with one protection domain. Private to this
@@ -79,7 +83,7 @@ unsafe impl Sync for Span {}
 struct Shared(Span);
 
 // SAFETY: the memory is the region's `AlignedBuffer`, which never moves and outlives every
-// registration (dropped after them, by field order). Through the registration the device
+// registration (`Region`'s `Drop` drops them first). Through the registration the device
 // only reads it (no work request names it as a destination), and this module never asks
 // the `MemoryRegion` for a slice of it.
 unsafe impl StableBuffer for Shared {
@@ -113,7 +117,7 @@ impl RegisteredBuffer {
                 ptr: memory.as_ptr(),
                 len,
             },
-            memory,
+            memory: ManuallyDrop::new(memory),
         });
         // Listed before it looks for devices: a device set up meanwhile registers it too.
         let weak: Weak<dyn Reachable> = Arc::downgrade(&region) as _;
@@ -207,18 +211,11 @@ impl Region {
     fn start(&self) -> usize {
         self.at.ptr as usize
     }
-}
 
-impl Reachable for Region {
-    /// Registers the memory with `engine`'s protection domain unless it is already; a
-    /// failure leaves that engine's connections sending copies. Registering is slow: it
-    /// runs outside the lock, which senders looking up a key take.
-    ///
-    /// Registered `LOCAL_WRITE` although the device only reads it: a writable pin breaks
-    /// copy-on-write at registration, where a read-only pin of pages never written may
-    /// pin the shared zero page, which the application's writes then leave behind.
-    fn register(&self, engine: &Engine) {
-        let pd = &engine.pd;
+    /// Registers the memory with `pd` unless it is already, or unless `retired()` says,
+    /// under the registrations' lock, that its engine retired meanwhile (see
+    /// [`Reachable::register`]).
+    fn register_with(&self, pd: &Arc<ProtectionDomain>, retired: impl Fn() -> bool) {
         let registered = |registrations: &[Registration]| {
             registrations.iter().any(|r| Arc::ptr_eq(r.region.pd(), pd))
         };
@@ -247,12 +244,25 @@ impl Reachable for Region {
         let mut registrations = self.registrations.lock();
         // An engine retires before it unregisters every buffer, under this lock: one that
         // retired meanwhile would never let go of a registration pushed now.
-        if engine.is_retired() || registered(&registrations) {
+        if retired() || registered(&registrations) {
             drop(registrations);
             drop(registration);
             return;
         }
         registrations.push(registration);
+    }
+}
+
+impl Reachable for Region {
+    /// Registers the memory with `engine`'s protection domain unless it is already; a
+    /// failure leaves that engine's connections sending copies. Registering is slow: it
+    /// runs outside the lock, which senders looking up a key take.
+    ///
+    /// Registered `LOCAL_WRITE` although the device only reads it: a writable pin breaks
+    /// copy-on-write at registration, where a read-only pin of pages never written may
+    /// pin the shared zero page, which the application's writes then leave behind.
+    fn register(&self, engine: &Engine) {
+        self.register_with(&engine.pd, || engine.is_retired());
     }
 
     fn unregister(&self, pd: &Arc<ProtectionDomain>) {
@@ -289,6 +299,13 @@ impl Reachable for Region {
 impl Drop for Region {
     fn drop(&mut self) {
         reachable::unlist(self.start());
+        let registrations = std::mem::take(self.registrations.get_mut());
+        // SAFETY: taken once, here; `self` does not use the memory after.
+        let memory = unsafe { ManuallyDrop::take(&mut self.memory) };
+        crate::reaper::reap(move || {
+            drop(registrations);
+            drop(memory);
+        });
     }
 }
 
@@ -337,5 +354,43 @@ mod tests {
             RegisteredBuffer::new(0).unwrap_err().code(),
             rpc_core::Code::InvalidArgument
         );
+    }
+
+    /// Deregistering unpins every page of the buffer, which takes long for a large one: the
+    /// last holder's drop leaves it to the reaper thread instead of doing it where it is
+    /// (an async task, a connection's thread under its lock).
+    #[test]
+    #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+    fn the_last_drop_deregisters_on_the_reaper_thread() {
+        use crate::verbs::test_support::require_device;
+        use crate::verbs::Context;
+        if require_device().is_none() {
+            return;
+        }
+        let context = Context::open_first().expect("the device opens");
+        let pd = ProtectionDomain::new(&context).expect("a protection domain");
+        let buffer = RegisteredBuffer::new(1 << 20).expect("a buffer");
+        buffer.region.register_with(&pd, || false);
+        assert_eq!(Arc::strong_count(&pd), 2, "the registration holds the domain");
+        // The reaper waits until told to go on.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        crate::reaper::reap(move || {
+            let _ = wait.recv();
+        });
+        let view = buffer.slice(..);
+        drop(buffer);
+        drop(view);
+        assert_eq!(
+            Arc::strong_count(&pd),
+            2,
+            "the dropping thread deregistered the memory"
+        );
+        go.send(()).expect("the reaper waits");
+        let (done, finished) = std::sync::mpsc::channel();
+        crate::reaper::reap(move || {
+            let _ = done.send(());
+        });
+        finished.recv().expect("the reaper runs in order");
+        assert_eq!(Arc::strong_count(&pd), 1, "deregistered by the reaper");
     }
 }
