@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use rdma_rpc::prelude::*;
-use rdma_rpc::{large_body_bytes, RdmaConfig, RegisteredBuffer, ServerHandle};
+use rdma_rpc::{large_body_bytes, RdmaConfig, RegisteredBuffer, ResponseLanding, ServerHandle};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -21,6 +21,15 @@ use rpc_transport_rdma::process_usage;
 use rpc_transport_rdma::verbs::test_support::require_device;
 
 const MIB: usize = 1 << 20;
+
+/// The copy counters are the process's: its tests run one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 fn builder() -> rdma_rpc::ServerBuilder {
     Server::builder()
@@ -78,6 +87,7 @@ fn writable_again(buffer: &mut RegisteredBuffer) -> &mut [u8] {
 #[test]
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn a_large_request_goes_from_registered_memory_uncopied() {
+    let _one = one_at_a_time();
     if require_device().is_none() {
         return;
     }
@@ -187,12 +197,110 @@ fn a_large_request_goes_from_registered_memory_uncopied() {
     );
 }
 
+/// Asks for a bulk reply of `len` bytes of pattern `seed`, offering `landing` for it.
+fn bulk_into(
+    client: &TesterClient,
+    landing: Option<&ResponseLanding>,
+    len: usize,
+    seed: u64,
+) -> bytes::Bytes {
+    let mut request = Request::new(BulkRequest {
+        reply_len: len as u64,
+        seed,
+        payload: bytes::Bytes::new(),
+        delay: None,
+    });
+    if let Some(landing) = landing {
+        request.receive_into(landing.clone());
+    }
+    let reply = client
+        .bulk_blocking(request)
+        .expect("bulk call")
+        .into_inner();
+    assert!(
+        reply.payload == bulk_pattern(len, seed),
+        "a response of {len} bytes arrived corrupted"
+    );
+    reply.payload
+}
+
+/// The addresses of the buffer `landing` holds.
+fn addresses(landing: &ResponseLanding) -> std::ops::Range<usize> {
+    let buffer = landing
+        .take::<RegisteredBuffer>()
+        .expect("the landing holds its buffer");
+    let view = buffer.slice(..);
+    let start = view.as_ptr() as usize;
+    drop(view);
+    landing.put(buffer);
+    start..start + 64 * MIB
+}
+
+/// A large response lands where the application offered it ([`ResponseLanding`]): the
+/// server writes it into the registered buffer, and the decoded reply's `bytes` field is a
+/// view of that buffer. A landing serves one call at a time, and falls back to the pool
+/// when it cannot serve (too small, still viewed); the buffer comes back to be reused.
+#[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+fn a_large_response_lands_in_the_applications_buffer() {
+    let _one = one_at_a_time();
+    if require_device().is_none() {
+        return;
+    }
+    let server = common::start_rdma(builder(), RdmaConfig::default());
+    let client = TesterClient::new(connect(&server));
+    let landing = ResponseLanding::new(RegisteredBuffer::new(64 * MIB).expect("a buffer"));
+    let range = addresses(&landing);
+    let inside = |bytes: &bytes::Bytes| {
+        let start = bytes.as_ptr() as usize;
+        range.contains(&start) && start + bytes.len() <= range.end
+    };
+
+    for (len, seed) in [(16 * MIB, 3), (64 * MIB - 4096, 4), (3 * MIB + 5, 5)] {
+        let payload = bulk_into(&client, Some(&landing), len, seed);
+        assert!(
+            inside(&payload),
+            "a response of {len} bytes landed elsewhere"
+        );
+        // The landing is still viewed by this reply: another call's response goes to a
+        // pooled buffer meanwhile, intact.
+        let other = bulk_into(&client, Some(&landing), 2 * MIB, 6);
+        assert!(!inside(&other), "two responses landed in one buffer");
+    }
+
+    // A landing too small for the response: it takes the rendezvous, intact.
+    let small = ResponseLanding::new(RegisteredBuffer::new(MIB).expect("a buffer"));
+    let payload = bulk_into(&client, Some(&small), 2 * MIB, 7);
+    assert!(!inside(&payload));
+    // A response small enough for a slot leaves the buffer untouched.
+    let payload = bulk_into(&client, Some(&landing), 100, 8);
+    assert!(!inside(&payload));
+
+    // The buffer comes back, and may be written once nothing views it.
+    let mut buffer = landing
+        .take::<RegisteredBuffer>()
+        .expect("back in its landing");
+    assert!(
+        buffer.get_mut().is_some(),
+        "nothing views the buffer any more"
+    );
+    let mut buffer = small
+        .take::<RegisteredBuffer>()
+        .expect("back in its landing");
+    assert!(buffer.get_mut().is_some());
+}
+
 /// The same code over `tcp://`: the bytes are copied, and arrive.
 #[test]
 fn registered_memory_works_over_tcp() {
+    let _one = one_at_a_time();
     let server: ServerHandle = builder().start("tcp://127.0.0.1:0").expect("tcp server");
     let client = TesterClient::new(connect(&server));
     let buffer = filled(8 * MIB, 3);
     send(&client, buffer.slice(..), 3);
     send(&client, buffer.slice(..2 * MIB + 1), 3);
+    // A landing offered for a response is left alone: the response arrives as without it.
+    let landing = ResponseLanding::new(buffer);
+    bulk_into(&client, Some(&landing), 4 * MIB, 4);
+    assert!(landing.take::<RegisteredBuffer>().is_some());
 }

@@ -134,12 +134,12 @@ pub(crate) fn intercept_all_blocking<T>(
     Ok(head.map(|()| message))
 }
 
+/// The request's head (everything but its message: the interceptors see that) and its
+/// message.
 fn split<T>(request: Request<T>) -> (Request<()>, T) {
-    let peer = request.peer.clone();
-    let (metadata, message, timeout) = request.into_parts();
-    let mut head = Request::from_parts(metadata, (), timeout);
-    head.peer = peer;
-    (head, message)
+    let mut message = None;
+    let head = request.map(|m| message = Some(m));
+    (head, message.expect("map calls its closure"))
 }
 
 #[cfg(test)]

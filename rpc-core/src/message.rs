@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::auth::Peer;
 use crate::MetadataMap;
+use crate::ResponseLanding;
 
 /// Default limit on encoded request and response sizes, on both sides (the gRPC default).
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
@@ -25,6 +26,8 @@ pub struct Request<T> {
     message: T,
     timeout: Option<Duration>,
     pub(crate) peer: Option<Arc<Peer>>,
+    /// Memory offered for the response (client side).
+    landing: Option<ResponseLanding>,
 }
 
 impl<T> Request<T> {
@@ -35,6 +38,7 @@ impl<T> Request<T> {
             message,
             timeout: None,
             peer: None,
+            landing: None,
         }
     }
 
@@ -45,6 +49,7 @@ impl<T> Request<T> {
             message,
             timeout,
             peer: None,
+            landing: None,
         }
     }
 
@@ -68,14 +73,35 @@ impl<T> Request<T> {
         (self.metadata, self.message, self.timeout)
     }
 
-    /// The same request around another message (the peer goes along).
+    /// The same request around another message (the peer and the landing go along).
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Request<U> {
         Request {
             metadata: self.metadata,
             message: f(self.message),
             timeout: self.timeout,
             peer: self.peer,
+            landing: self.landing,
         }
+    }
+
+    /// Offers `landing`'s memory for a unary call's response: a large response is written
+    /// straight into it where the transport can (`rdma://`), and the decoded message's
+    /// `bytes` fields are views of it. Streaming calls, and transports that cannot place a
+    /// response, leave it alone.
+    ///
+    /// ```
+    /// let landing = rpc_core::ResponseLanding::new(vec![0u8; 4096]);
+    /// let mut req = rpc_core::Request::new(7u32);
+    /// req.receive_into(landing.clone());
+    /// assert!(req.landing().is_some());
+    /// ```
+    pub fn receive_into(&mut self, landing: ResponseLanding) {
+        self.landing = Some(landing);
+    }
+
+    /// The memory offered for the response, if any.
+    pub fn landing(&self) -> Option<&ResponseLanding> {
+        self.landing.as_ref()
     }
 
     /// Request metadata.

@@ -164,16 +164,23 @@ impl RdmaClient {
 }
 
 impl RdmaClient {
-    /// Advertises a response buffer with a request whose method answered large last time.
+    /// Advertises a response buffer with a request: the application's, when the call
+    /// offers one ([`rpc_core::ResponseLanding`]), else a leased one if the method answered
+    /// large last time.
     fn advertise(&self, frame: &mut OutgoingFrame<'_>) -> bool {
         let (kind, method_id) = (frame.header().kind, frame.header().method_id);
         // A streaming call's answers are stream messages: no buffer for them.
-        kind == FrameKind::Request
-            && !frame.header().flags.contains(rpc_core::Flags::STREAM)
-            && self
-                .response_sizes
-                .predict(method_id)
-                .is_some_and(|len| self.conn.advertise_response_buffer(frame, len))
+        if kind != FrameKind::Request || frame.header().flags.contains(rpc_core::Flags::STREAM) {
+            return false;
+        }
+        if let Some(landing) = frame.landing() {
+            if self.conn.advertise_landing(frame, landing) {
+                return true;
+            }
+        }
+        self.response_sizes
+            .predict(method_id)
+            .is_some_and(|len| self.conn.advertise_response_buffer(frame, len))
     }
 }
 

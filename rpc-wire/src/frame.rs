@@ -4,6 +4,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::body::{EmptyBody, EncodeBody};
 use crate::header::Header;
+use crate::landing::ResponseLanding;
 use crate::metadata::MetadataMap;
 use crate::status::Status;
 
@@ -16,6 +17,8 @@ pub struct OutgoingFrame<'a> {
     header: Header,
     metadata: &'a dyn EncodeBody,
     payload: &'a dyn EncodeBody,
+    /// Where the response to this request may land ([`ResponseLanding`]).
+    landing: Option<&'a ResponseLanding>,
 }
 
 impl std::fmt::Debug for OutgoingFrame<'_> {
@@ -61,7 +64,19 @@ impl<'a> OutgoingFrame<'a> {
             header,
             metadata,
             payload,
+            landing: None,
         })
+    }
+
+    /// The same frame, offering `landing` for the response (a unary request's).
+    pub fn with_landing(mut self, landing: Option<&'a ResponseLanding>) -> Self {
+        self.landing = landing;
+        self
+    }
+
+    /// The memory the caller offers for the response, if any.
+    pub fn landing(&self) -> Option<&'a ResponseLanding> {
+        self.landing
     }
 
     /// A frame with no body (cancel, credit-only, ...).
@@ -74,6 +89,7 @@ impl<'a> OutgoingFrame<'a> {
             },
             metadata: &EMPTY,
             payload: &EMPTY,
+            landing: None,
         }
     }
 

@@ -21,11 +21,13 @@ pub mod body;
 mod error;
 pub mod frame;
 pub mod header;
+mod landing;
 mod metadata;
 mod status;
 
 pub use error::{Error, HeaderError};
 pub use frame::{FrameTooLarge, InboundFrame, OutgoingFrame};
 pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};
+pub use landing::ResponseLanding;
 pub use metadata::{MetadataMap, ResponseMetadata, BINARY_SUFFIX, MAX_METADATA_LEN};
 pub use status::{Code, Status, WireStatus, MAX_STATUS_MESSAGE, STATUS_DETAILS_KEY};

@@ -449,6 +449,7 @@ fn request_frame<'a, B: EncodeBody>(
 ) -> Result<OutgoingFrame<'a>, Status> {
     let metadata: &MetadataMap = request.metadata();
     OutgoingFrame::new(header, metadata, request.get_ref())
+        .map(|frame| frame.with_landing(request.landing()))
         .map_err(|e| Status::resource_exhausted(e.to_string()))
 }
 

@@ -13,7 +13,7 @@ use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use rpc_core::Status;
+use rpc_core::{ResponseLanding, Status};
 
 use super::reachable::{self, Reachable};
 use crate::budget::Registered;
@@ -62,7 +62,8 @@ struct Region {
 /// it (they would alias the views and `get_mut`).
 #[derive(Debug)]
 struct Registration {
-    region: MemoryRegion<Shared>,
+    /// Shared with a [`Landing`] while a window over it may be bound.
+    region: Arc<MemoryRegion<Shared>>,
     _counted: Registered,
 }
 
@@ -80,12 +81,14 @@ unsafe impl Sync for Span {}
 
 /// The region's memory as one registration sees it; made only by `Region::register`.
 #[derive(Debug)]
-struct Shared(Span);
+pub(crate) struct Shared(Span);
 
 // SAFETY: the memory is the region's `AlignedBuffer`, which never moves and outlives every
-// registration (`Region`'s `Drop` drops them first). Through the registration the device
-// only reads it (no work request names it as a destination), and this module never asks
-// the `MemoryRegion` for a slice of it.
+// registration (`Region`'s `Drop` drops them first; a `Landing` sharing one holds a handle).
+// Through the registration the device reads it for sends, and writes it only through a
+// window bound while a `Landing` holds the buffer's one handle (no other handle, no view,
+// so nothing borrows the bytes); the view of what arrived is made only once that window is
+// gone. This module never asks the `MemoryRegion` for a slice of it.
 unsafe impl StableBuffer for Shared {
     fn as_ptr(&self) -> *const u8 {
         self.0.ptr
@@ -230,8 +233,9 @@ impl Region {
             );
             return;
         };
-        let region = match MemoryRegion::register(pd, Shared(self.at), AccessFlags::LOCAL_WRITE) {
-            Ok(region) => region,
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
+        let region = match MemoryRegion::register(pd, Shared(self.at), access) {
+            Ok(region) => Arc::new(region),
             Err(e) => {
                 tracing::warn!(len, error = %e, "cannot register a buffer: it is copied");
                 return;
@@ -258,9 +262,10 @@ impl Reachable for Region {
     /// failure leaves that engine's connections sending copies. Registering is slow: it
     /// runs outside the lock, which senders looking up a key take.
     ///
-    /// Registered `LOCAL_WRITE` although the device only reads it: a writable pin breaks
-    /// copy-on-write at registration, where a read-only pin of pages never written may
-    /// pin the shared zero page, which the application's writes then leave behind.
+    /// Registered `LOCAL_WRITE` (a writable pin breaks copy-on-write at registration, where a
+    /// read-only pin of pages never written may pin the shared zero page, which the
+    /// application's writes then leave behind), and `MW_BIND`: a response lands in it
+    /// through a window ([`Landing`]); the registration itself grants no remote access.
     fn register(&self, engine: &Engine) {
         self.register_with(&engine.pd, || engine.is_retired());
     }
@@ -306,6 +311,79 @@ impl Drop for Region {
             drop(registrations);
             drop(memory);
         });
+    }
+}
+
+/// A [`RegisteredBuffer`] taken out of a [`ResponseLanding`] for one response: a window over
+/// it lets the peer write the response in. It holds the buffer's one handle (no clone, no
+/// view exists), so nothing reads or writes the bytes meanwhile; dropped, it puts the
+/// buffer back.
+#[derive(Debug)]
+pub(crate) struct Landing {
+    /// The registration with the connection's protection domain.
+    mr: Arc<MemoryRegion<Shared>>,
+    buffer: Option<RegisteredBuffer>,
+    landing: ResponseLanding,
+}
+
+impl Landing {
+    /// `landing`'s buffer, if it holds a [`RegisteredBuffer`] that nothing else holds (no
+    /// view of an earlier response is alive) and that is registered with `pd`; otherwise
+    /// the landing keeps what it holds.
+    pub(crate) fn take(landing: &ResponseLanding, pd: &Arc<ProtectionDomain>) -> Option<Landing> {
+        let buffer = landing.take::<RegisteredBuffer>()?;
+        let region = &buffer.region;
+        // Acquire: the reads of every view let go happen before the peer writes.
+        let mr = (region.holders.load(Ordering::Acquire) == 1)
+            .then(|| {
+                region
+                    .registrations
+                    .lock()
+                    .iter()
+                    .find(|r| Arc::ptr_eq(r.region.pd(), pd))
+                    .map(|r| r.region.clone())
+            })
+            .flatten();
+        let Some(mr) = mr else {
+            landing.put(buffer);
+            return None;
+        };
+        Some(Landing {
+            mr,
+            buffer: Some(buffer),
+            landing: landing.clone(),
+        })
+    }
+
+    /// The registration a window over it is bound with.
+    pub(crate) fn region(&self) -> &MemoryRegion<Shared> {
+        &self.mr
+    }
+
+    pub(crate) fn addr(&self) -> u64 {
+        self.mr.addr()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.mr.len()
+    }
+
+    /// The first `len` bytes, where the response arrived, as a view.
+    ///
+    /// # Safety
+    /// The peer's last write completed, and no window bound on the buffer is left valid
+    /// (invalidated or deallocated), nor any work request naming it.
+    pub(crate) unsafe fn arrived(&self, len: usize) -> Bytes {
+        let buffer = self.buffer.as_ref().expect("held until dropped");
+        buffer.slice(..len.min(buffer.len()))
+    }
+}
+
+impl Drop for Landing {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            self.landing.put(buffer);
+        }
     }
 }
 
@@ -371,7 +449,11 @@ mod tests {
         let pd = ProtectionDomain::new(&context).expect("a protection domain");
         let buffer = RegisteredBuffer::new(1 << 20).expect("a buffer");
         buffer.region.register_with(&pd, || false);
-        assert_eq!(Arc::strong_count(&pd), 2, "the registration holds the domain");
+        assert_eq!(
+            Arc::strong_count(&pd),
+            2,
+            "the registration holds the domain"
+        );
         // The reaper waits until told to go on.
         let (go, wait) = std::sync::mpsc::channel::<()>();
         crate::reaper::reap(move || {

@@ -26,6 +26,7 @@ mod buffer;
 mod gather;
 mod reachable;
 
+pub(crate) use buffer::Landing;
 pub use buffer::RegisteredBuffer;
 pub(crate) use gather::{Gathered, InPlace};
 pub(crate) use reachable::{any_listed, placed_view, register_all, unregister_all};

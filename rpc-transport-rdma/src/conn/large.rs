@@ -7,15 +7,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::{Code, Flags, FrameKind, Header, Status};
+use rpc_core::{Code, Flags, FrameKind, Header, ResponseLanding, Status};
 
+use super::grant::{GrantBuffer, GrantLimit, PlacedBody};
 use super::{Conn, State};
-use crate::app_memory::{Gathered, InPlace};
-use crate::large_pool::{ArrivedBody, LargeBuffer, PoolError};
+use crate::app_memory::{Gathered, InPlace, Landing};
+use crate::large_pool::{LargeBuffer, PoolError};
 use crate::protocol::{Action, BodyId, LocalBuffer, Received, WorkId};
-use crate::verbs::{
-    AccessFlags, MemoryWindow, RemoteAddr, SendFlags, SendOp, SendRequest, Sge, VerbsError,
-};
+use crate::verbs::{MemoryWindow, RemoteAddr, SendFlags, SendOp, SendRequest, Sge, VerbsError};
 
 /// Kinds whose body may travel by RDMA WRITE.
 pub(super) fn is_body_kind(kind: FrameKind) -> bool {
@@ -30,7 +29,7 @@ pub(super) fn is_body_kind(kind: FrameKind) -> bool {
 #[derive(Debug)]
 struct Granted {
     window: MemoryWindow,
-    buffer: LargeBuffer,
+    buffer: GrantBuffer,
     /// When the peer was granted it at its request; `None` for a response buffer we
     /// advertised (its handler may take any time).
     asked: Option<Instant>,
@@ -54,7 +53,7 @@ pub(super) struct LargeState {
     sources: HashMap<u32, Source>,
     grants: HashMap<u32, Granted>,
     /// Bodies that arrived and are no longer remotely writable, to hand up after the lock.
-    arrived: Vec<(Header, ArrivedBody)>,
+    arrived: Vec<(Header, PlacedBody)>,
     /// Transfers the peer refused, to report after the lock.
     failed: Vec<(u64, FrameKind, Status)>,
 }
@@ -68,7 +67,7 @@ impl LargeState {
         std::mem::take(&mut self.failed)
     }
 
-    pub(super) fn take_arrived(&mut self) -> Vec<(Header, ArrivedBody)> {
+    pub(super) fn take_arrived(&mut self) -> Vec<(Header, PlacedBody)> {
         std::mem::take(&mut self.arrived)
     }
 
@@ -100,24 +99,6 @@ impl LargeState {
     }
 }
 
-/// How long a peer may hold a buffer granted at its request before it counts as hoarding
-/// (`LargeBodies::grant_timeout`, `LargeBodies::grant_min_rate`).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct GrantLimit {
-    pub(super) timeout: Duration,
-    /// Bytes per second.
-    pub(super) min_rate: u64,
-}
-
-impl GrantLimit {
-    /// The time a grant of `len` bytes may be held: the timeout, plus the body's writing at
-    /// the slowest expected rate.
-    fn allowance(self, len: usize) -> Duration {
-        let writing = Duration::from_secs_f64(len as f64 / self.min_rate.max(1) as f64);
-        self.timeout.saturating_add(writing)
-    }
-}
-
 /// Something to hand to the upper layer.
 #[derive(Debug)]
 pub(super) enum Arrival {
@@ -125,7 +106,7 @@ pub(super) enum Arrival {
     /// receive queue's buffer).
     Slot(Received, u32),
     /// A body placed by RDMA WRITE, announced by the header.
-    Placed(Header, ArrivedBody),
+    Placed(Header, PlacedBody),
 }
 
 impl Conn {
@@ -214,9 +195,28 @@ impl Conn {
         let Ok(len) = usize::try_from(len) else {
             return false;
         };
-        let Ok(buffer) = self.res.large.lease(len) else {
-            return false;
-        };
+        match self.res.large.lease(len) {
+            Ok(buffer) => self.advertise(frame, GrantBuffer::Pool(buffer)),
+            Err(_) => false,
+        }
+    }
+
+    /// Advertises the application's buffer `landing` offers for the response of the
+    /// request `frame`, as [`Conn::advertise_response_buffer`] does a leased one. False,
+    /// and the landing unchanged, when it holds no registered buffer this connection's
+    /// device knows, or one still viewed (an earlier response), or no window can be had.
+    pub(crate) fn advertise_landing(
+        &self,
+        frame: &mut OutgoingFrame<'_>,
+        landing: &ResponseLanding,
+    ) -> bool {
+        match Landing::take(landing, &self.res.attachment.engine.pd) {
+            Some(landing) => self.advertise(frame, GrantBuffer::App(landing)),
+            None => false,
+        }
+    }
+
+    fn advertise(&self, frame: &mut OutgoingFrame<'_>, buffer: GrantBuffer) -> bool {
         let Ok(window) = self.res.large.window() else {
             return false;
         };
@@ -343,18 +343,9 @@ impl Conn {
                 // completed (DeliverLarge/ReleaseGrant come after it) or the connection is
                 // torn down (`Conn`'s Drop deallocates every window before the buffers go);
                 // its bytes are read only after that.
-                unsafe {
-                    self.res.qp.post_bind_window(
-                        wr_id,
-                        &mut g.window,
-                        g.buffer.region(),
-                        0..g.buffer.len(),
-                        AccessFlags::REMOTE_WRITE,
-                        SendFlags::SIGNALED,
-                    )
-                }
-                // The bind hands out `window.next_rkey()`, the rkey the grant announced.
-                .map(|_| ())
+                unsafe { g.buffer.bind(&self.res.qp, wr_id, &mut g.window) }
+                    // The bind hands out `window.next_rkey()`, the rkey the grant announced.
+                    .map(|_| ())
             }
             Action::Invalidate { grant, rkey } => {
                 let wr_id = self.res.wr_id(WorkId::Invalidate(grant));
@@ -369,7 +360,7 @@ impl Conn {
                     // (its notice came after them on the same queue pair) and the window's
                     // invalidation completed; a window whose invalidation failed was just
                     // dropped by `recycle_window`, which deallocates it.
-                    let body = unsafe { ArrivedBody::new(g.buffer) };
+                    let body = unsafe { g.buffer.arrived(header.message_len() as usize) };
                     state.large.arrived.push((header, body));
                 }
                 Ok(())
@@ -440,7 +431,7 @@ impl Conn {
             Some(grant) => {
                 let granted = Granted {
                     window,
-                    buffer,
+                    buffer: GrantBuffer::Pool(buffer),
                     asked: Some(Instant::now()),
                     still_bound: false,
                 };
@@ -471,10 +462,13 @@ impl Conn {
 /// back to the pool when the last view drops. The header keeps what the frame is (a
 /// stream's opening or headers: `STREAM`); how its body came, and the descriptor that
 /// said where, stay here.
-pub(super) fn placed_frame(header: Header, buffer: ArrivedBody) -> InboundFrame {
+pub(super) fn placed_frame(header: Header, body: PlacedBody) -> InboundFrame {
     let metadata_len = header.metadata_len as usize;
     let total = header.message_len() as usize;
-    let body = crate::app_memory::placed_view(buffer);
+    let body = match body {
+        PlacedBody::Pool(buffer) => crate::app_memory::placed_view(buffer),
+        PlacedBody::App(view) => view,
+    };
     let stream = header.flags.contains(rpc_core::Flags::STREAM);
     InboundFrame {
         metadata: body.slice(..metadata_len),
@@ -487,30 +481,5 @@ pub(super) fn placed_frame(header: Header, buffer: ArrivedBody) -> InboundFrame 
             },
             ..header
         },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A grant may be held its timeout plus the time its body takes at the slowest
-    /// expected rate: a slow writer of a large body is not a hoarder.
-    #[test]
-    fn a_large_grant_may_be_held_while_its_body_is_written_slowly() {
-        let limit = GrantLimit {
-            timeout: Duration::from_secs(30),
-            min_rate: 4 << 20,
-        };
-        assert_eq!(limit.allowance(0), Duration::from_secs(30));
-        assert_eq!(limit.allowance(1 << 30), Duration::from_secs(30 + 256));
-        // A body written at 10 MB/s, as soft-RoCE under emulation can.
-        let writing = Duration::from_secs_f64((1u64 << 30) as f64 / 10e6);
-        assert!(writing > limit.timeout && writing < limit.allowance(1 << 30));
-        let no_rate = GrantLimit {
-            min_rate: 0,
-            ..limit
-        };
-        assert!(no_rate.allowance(1) > limit.timeout, "0 counts as 1 B/s");
     }
 }

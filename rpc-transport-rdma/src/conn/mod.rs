@@ -29,6 +29,7 @@ use crate::resources::Resources;
 use crate::verbs::{CmEventKind, CmId, SendFlags, SendOp, SendRequest, Sge};
 
 mod copies;
+mod grant;
 mod keepalive;
 mod large;
 mod recv;
@@ -36,8 +37,9 @@ mod send;
 mod slots;
 mod teardown;
 
+use grant::GrantLimit;
 use keepalive::Keepalive;
-use large::{GrantLimit, LargeState};
+use large::LargeState;
 pub(crate) use recv::Processed;
 use recv::{HandUps, UPPER_LAYER_LOCKED};
 use send::Writers;

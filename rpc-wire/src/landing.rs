@@ -1,0 +1,76 @@
+//! [`ResponseLanding`]: memory a call's large response may be written into where it lies.
+
+use std::any::Any;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Memory the application offers for one call's large response, so that the response's
+/// bytes land in it and the decoded message's `bytes` fields are views of it: over
+/// `rdma://` a registered buffer (`rdma_rpc::RegisteredBuffer`), which the server writes
+/// the response into by RDMA WRITE. Transports that cannot place a response (`tcp://`,
+/// `grpc://`) leave it alone and the call works as without it.
+///
+/// A landing holds its memory until a call takes it: the transport takes it out while the
+/// peer may write it (so that no other call or handle reaches it meanwhile) and puts it
+/// back once the response arrived, or the call ended without using it. A landing shared by
+/// several calls at once serves one of them; the others go as without it. Take the memory
+/// back with [`ResponseLanding::take`] to reuse it.
+#[derive(Clone, Default)]
+pub struct ResponseLanding(Arc<Mutex<Option<Box<dyn Any + Send>>>>);
+
+impl std::fmt::Debug for ResponseLanding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseLanding")
+            .field("holds", &!self.is_empty())
+            .finish()
+    }
+}
+
+impl ResponseLanding {
+    /// A landing holding `memory`.
+    pub fn new<T: Any + Send>(memory: T) -> ResponseLanding {
+        ResponseLanding(Arc::new(Mutex::new(Some(Box::new(memory)))))
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Box<dyn Any + Send>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the memory out if it is a `T`; `None` if the landing is empty (a call holds
+    /// it) or holds something else, which stays.
+    pub fn take<T: Any + Send>(&self) -> Option<T> {
+        let mut slot = self.slot();
+        match slot.take()?.downcast::<T>() {
+            Ok(memory) => Some(*memory),
+            Err(other) => {
+                *slot = Some(other);
+                None
+            }
+        }
+    }
+
+    /// Puts memory (back) in; what it held before is dropped.
+    pub fn put<T: Any + Send>(&self, memory: T) {
+        *self.slot() = Some(Box::new(memory));
+    }
+
+    /// Whether it holds nothing now.
+    pub fn is_empty(&self) -> bool {
+        self.slot().is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_is_taken_once_as_its_own_type_and_put_back() {
+        let landing = ResponseLanding::new(vec![1u8, 2, 3]);
+        assert!(landing.take::<String>().is_none(), "another type stays");
+        let shared = landing.clone();
+        let memory = shared.take::<Vec<u8>>().expect("the memory");
+        assert!(landing.is_empty() && landing.take::<Vec<u8>>().is_none());
+        landing.put(memory);
+        assert_eq!(shared.take::<Vec<u8>>(), Some(vec![1, 2, 3]));
+    }
+}
