@@ -224,8 +224,8 @@ fn bulk_into(
     reply.payload
 }
 
-/// The addresses of the buffer `landing` holds.
-fn addresses(landing: &ResponseLanding) -> std::ops::Range<usize> {
+/// The addresses of the buffer of `len` bytes `landing` holds.
+fn addresses(landing: &ResponseLanding, len: usize) -> std::ops::Range<usize> {
     let buffer = landing
         .take::<RegisteredBuffer>()
         .expect("the landing holds its buffer");
@@ -233,7 +233,7 @@ fn addresses(landing: &ResponseLanding) -> std::ops::Range<usize> {
     let start = view.as_ptr() as usize;
     drop(view);
     landing.put(buffer);
-    start..start + 64 * MIB
+    start..start + len
 }
 
 /// A large response lands where the application offered it ([`ResponseLanding`]): the
@@ -250,7 +250,7 @@ fn a_large_response_lands_in_the_applications_buffer() {
     let server = common::start_rdma(builder(), RdmaConfig::default());
     let client = TesterClient::new(connect(&server));
     let landing = ResponseLanding::new(RegisteredBuffer::new(64 * MIB).expect("a buffer"));
-    let range = addresses(&landing);
+    let range = addresses(&landing, 64 * MIB);
     let inside = |bytes: &bytes::Bytes| {
         let start = bytes.as_ptr() as usize;
         range.contains(&start) && start + bytes.len() <= range.end
@@ -288,6 +288,38 @@ fn a_large_response_lands_in_the_applications_buffer() {
         .take::<RegisteredBuffer>()
         .expect("back in its landing");
     assert!(buffer.get_mut().is_some());
+
+    // Both ways uncopied: an echo of 256 MiB sent from a registered buffer, sent back by
+    // the server from the buffer it arrived in, lands in the buffer offered for it.
+    let len = 256 * MIB - 64 * 1024;
+    let request = filled(len, 9);
+    let landing = ResponseLanding::new(RegisteredBuffer::new(256 * MIB).expect("a buffer"));
+    let range = addresses(&landing, 256 * MIB);
+    let mut call = Request::new(EchoRequest {
+        payload: request.slice(..),
+        seq: 9,
+    });
+    call.receive_into(landing.clone());
+    let echo = EchoClient::new(connect(&server));
+    let before = large_body_bytes();
+    let reply = echo.echo_blocking(call).expect("echo").into_inner();
+    let after = large_body_bytes();
+    let (in_place, copied) = (
+        after.in_place - before.in_place,
+        after.copied - before.copied,
+    );
+    eprintln!("{len} B echo into a landing: {in_place} in place, {copied} copied");
+    assert!(
+        reply.payload == request.slice(..),
+        "the echo came back intact"
+    );
+    let start = reply.payload.as_ptr() as usize;
+    assert!(
+        range.contains(&start) && start + len <= range.end,
+        "the echo landed elsewhere"
+    );
+    assert_eq!(in_place, 2 * len as u64, "both ways in place");
+    assert!(copied < 512, "{copied} bytes copied");
 }
 
 /// The same code over `tcp://`: the bytes are copied, and arrive.
