@@ -232,8 +232,20 @@ fn addresses(landing: &ResponseLanding, len: usize) -> std::ops::Range<usize> {
     let view = buffer.slice(..);
     let start = view.as_ptr() as usize;
     drop(view);
-    landing.put(buffer);
+    landing.put(buffer).expect("the landing was emptied");
     start..start + len
+}
+
+/// The buffer `landing` holds, once it is back (within 30 s).
+fn back(landing: &ResponseLanding) -> RegisteredBuffer {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        match landing.take::<RegisteredBuffer>() {
+            Some(buffer) => return buffer,
+            None if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
+            None => panic!("the buffer did not come back to its landing"),
+        }
+    }
 }
 
 /// A large response lands where the application offered it ([`ResponseLanding`]): the
@@ -257,36 +269,45 @@ fn a_large_response_lands_in_the_applications_buffer() {
     };
 
     for (len, seed) in [(16 * MIB, 3), (64 * MIB - 4096, 4), (3 * MIB + 5, 5)] {
+        let before = large_body_bytes().landed;
         let payload = bulk_into(&client, Some(&landing), len, seed);
         assert!(
             inside(&payload),
             "a response of {len} bytes landed elsewhere"
         );
+        let landed = large_body_bytes().landed - before;
+        assert!(
+            landed >= len as u64 && landed < len as u64 + 64,
+            "{landed} bytes landed for a response of {len}"
+        );
         // The landing is still viewed by this reply: another call's response goes to a
         // pooled buffer meanwhile, intact.
+        let before = large_body_bytes().landed;
         let other = bulk_into(&client, Some(&landing), 2 * MIB, 6);
         assert!(!inside(&other), "two responses landed in one buffer");
+        assert_eq!(large_body_bytes().landed, before);
     }
 
     // A landing too small for the response: it takes the rendezvous, intact.
     let small = ResponseLanding::new(RegisteredBuffer::new(MIB).expect("a buffer"));
+    let small_range = addresses(&small, MIB);
+    let before = large_body_bytes().landed;
     let payload = bulk_into(&client, Some(&small), 2 * MIB, 7);
-    assert!(!inside(&payload));
+    assert!(!small_range.contains(&(payload.as_ptr() as usize)));
     // A response small enough for a slot leaves the buffer untouched.
     let payload = bulk_into(&client, Some(&landing), 100, 8);
     assert!(!inside(&payload));
+    assert_eq!(large_body_bytes().landed, before, "nothing landed");
 
-    // The buffer comes back, and may be written once nothing views it.
-    let mut buffer = landing
-        .take::<RegisteredBuffer>()
-        .expect("back in its landing");
+    // The buffers come back (once their windows are invalidated, which may complete just
+    // after the call), and may be written once nothing views them.
+    drop(payload);
+    let mut buffer = back(&landing);
     assert!(
         buffer.get_mut().is_some(),
         "nothing views the buffer any more"
     );
-    let mut buffer = small
-        .take::<RegisteredBuffer>()
-        .expect("back in its landing");
+    let mut buffer = back(&small);
     assert!(buffer.get_mut().is_some());
 
     // Both ways uncopied: an echo of 256 MiB sent from a registered buffer, sent back by
@@ -320,6 +341,10 @@ fn a_large_response_lands_in_the_applications_buffer() {
     );
     assert_eq!(in_place, 2 * len as u64, "both ways in place");
     assert!(copied < 512, "{copied} bytes copied");
+    assert!(
+        after.landed - before.landed >= len as u64,
+        "the echo landed"
+    );
 }
 
 /// The same code over `tcp://`: the bytes are copied, and arrive.
@@ -333,6 +358,8 @@ fn registered_memory_works_over_tcp() {
     send(&client, buffer.slice(..2 * MIB + 1), 3);
     // A landing offered for a response is left alone: the response arrives as without it.
     let landing = ResponseLanding::new(buffer);
+    let before = large_body_bytes().landed;
     bulk_into(&client, Some(&landing), 4 * MIB, 4);
     assert!(landing.take::<RegisteredBuffer>().is_some());
+    assert_eq!(large_body_bytes().landed, before);
 }

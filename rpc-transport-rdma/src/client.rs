@@ -166,27 +166,34 @@ impl RdmaClient {
 impl RdmaClient {
     /// Advertises a response buffer with a request: the application's, when the call
     /// offers one ([`rpc_core::ResponseLanding`]), else a leased one if the method answered
-    /// large last time.
-    fn advertise(&self, frame: &mut OutgoingFrame<'_>) -> bool {
+    /// large last time. With `waiting` (an async sender, which withdraws the offer if the
+    /// request cannot go now), only when the request can go now: a withdrawn offer would
+    /// hold the landing's buffer until its window is invalidated, and the next poll would
+    /// go without it.
+    fn advertise(&self, frame: &mut OutgoingFrame<'_>, waiting: bool) -> bool {
         let (kind, method_id) = (frame.header().kind, frame.header().method_id);
         // A streaming call's answers are stream messages: no buffer for them.
         if kind != FrameKind::Request || frame.header().flags.contains(rpc_core::Flags::STREAM) {
             return false;
         }
-        if let Some(landing) = frame.landing() {
+        let predicted = self.response_sizes.predict(method_id);
+        let landing = frame.landing();
+        if (landing.is_none() && predicted.is_none()) || (waiting && !self.conn.can_send_now(frame))
+        {
+            return false;
+        }
+        if let Some(landing) = landing {
             if self.conn.advertise_landing(frame, landing) {
                 return true;
             }
         }
-        self.response_sizes
-            .predict(method_id)
-            .is_some_and(|len| self.conn.advertise_response_buffer(frame, len))
+        predicted.is_some_and(|len| self.conn.advertise_response_buffer(frame, len))
     }
 }
 
 impl FrameSender for RdmaClient {
     fn send(&self, frame: &mut OutgoingFrame<'_>) -> Result<(), Status> {
-        let advertised = self.advertise(frame);
+        let advertised = self.advertise(frame, false);
         let sent = self.conn.send(frame);
         if sent.is_err() && advertised {
             self.conn.withdraw_response_buffer(frame);
@@ -199,7 +206,7 @@ impl FrameSender for RdmaClient {
         cx: &mut Context<'_>,
         frame: &mut OutgoingFrame<'_>,
     ) -> Poll<Result<(), Status>> {
-        let advertised = self.advertise(frame);
+        let advertised = self.advertise(frame, true);
         let sent = self.conn.poll_send(cx, frame);
         if advertised && !matches!(sent, Poll::Ready(Ok(()))) {
             // Not sent (yet): the offer goes; a later poll starts over.

@@ -21,6 +21,7 @@ pub(crate) struct TransportMetrics {
     pub(crate) credit_stalls: Counter,
     pub(crate) large_copied: Counter,
     pub(crate) large_in_place: Counter,
+    pub(crate) large_landed: Counter,
     pub(crate) connections: Gauge,
     pub(crate) registered_bytes: Gauge,
 }
@@ -44,13 +45,18 @@ fn registered() -> &'static TransportMetrics {
         metrics::describe_counter!(
             "rdma_rpc_large_body_bytes_total",
             metrics::Unit::Bytes,
-            "Bytes of large bodies sent, copied into registered buffers or in place"
+            "Bytes of large bodies sent, copied into registered buffers (copied) or from \
+             application memory (in_place), and received into application memory (landed)"
         );
         TransportMetrics {
             large_copied: metrics::counter!("rdma_rpc_large_body_bytes_total", "path" => "copied"),
             large_in_place: metrics::counter!(
                 "rdma_rpc_large_body_bytes_total",
                 "path" => "in_place"
+            ),
+            large_landed: metrics::counter!(
+                "rdma_rpc_large_body_bytes_total",
+                "path" => "landed"
             ),
             sent_by_send: transport::sent_bytes("rdma", "send"),
             sent_by_write: transport::sent_bytes("rdma", "write"),

@@ -48,9 +48,15 @@ impl ResponseLanding {
         }
     }
 
-    /// Puts memory (back) in; what it held before is dropped.
-    pub fn put<T: Any + Send>(&self, memory: T) {
-        *self.slot() = Some(Box::new(memory));
+    /// Puts memory (back) in, if the landing is empty; `Err` gives it back if the landing
+    /// holds something already.
+    pub fn put<T: Any + Send>(&self, memory: T) -> Result<(), T> {
+        let mut slot = self.slot();
+        if slot.is_some() {
+            return Err(memory);
+        }
+        *slot = Some(Box::new(memory));
+        Ok(())
     }
 
     /// Whether it holds nothing now.
@@ -70,7 +76,12 @@ mod tests {
         let shared = landing.clone();
         let memory = shared.take::<Vec<u8>>().expect("the memory");
         assert!(landing.is_empty() && landing.take::<Vec<u8>>().is_none());
-        landing.put(memory);
+        landing.put(memory).expect("empty");
+        assert_eq!(
+            landing.put(vec![9u8]),
+            Err(vec![9]),
+            "a full landing keeps what it holds"
+        );
         assert_eq!(shared.take::<Vec<u8>>(), Some(vec![1, 2, 3]));
     }
 }

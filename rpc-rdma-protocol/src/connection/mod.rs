@@ -272,6 +272,12 @@ impl Connection {
         }
     }
 
+    /// Whether [`Connection::reserve_send`] would find a slot now: a sender that prepares
+    /// something before its frame (a response buffer to advertise) asks first.
+    pub fn can_reserve_send(&self) -> bool {
+        self.closed.is_none() && self.send.can_reserve()
+    }
+
     /// Reserves a send slot for a frame of `len` bytes (header included).
     ///
     /// [`SendError::WouldBlock`] when the ring is full or the queue bound is reached; an

@@ -30,8 +30,9 @@ impl Large {
     // ---- the side that advertises (client) ----
 
     /// Makes `len` bytes at `addr` writable for the response to `call_id` through a window
-    /// the driver binds with `rkey` ([`Action::BindWindow`] follows). Returns the descriptor
-    /// to put in the request, or `None` when the grant limit is reached or the call already
+    /// the driver binds with `rkey` ([`Action::BindWindow`] follows), at most the largest
+    /// body this side takes (`max_message`). Returns the descriptor (its length is what the
+    /// window must cover) to put in the request, or `None` when the grant limit is reached or the call already
     /// has a buffer (the response then takes the rendezvous if it is large).
     pub(crate) fn advertise(
         &mut self,
@@ -45,6 +46,8 @@ impl Large {
         if len == 0 || open >= self.config.max_grants as usize {
             return None;
         }
+        // No larger than a response this side takes: the peer may write what it is offered.
+        let len = len.min(self.config.max_message);
         let body = BodyId { call_id, seq: 0 };
         if self.grant_by_body.contains_key(&body) {
             return None;

@@ -368,6 +368,7 @@ impl Large {
             let transfer_len = transfer.total;
             self.transfers.remove(&id);
             self.transfer_by_body.remove(&body);
+            self.request_unsent(kind, body.call_id, out);
             out.push_back(Action::TransferFailed {
                 transfer: id,
                 call_id: body.call_id,
@@ -472,6 +473,17 @@ impl Large {
         let Some(t) = self.transfers.get_mut(&id) else {
             return;
         };
+        if matches!(
+            t.state,
+            TransferState::AwaitingGrant | TransferState::Writing { .. }
+        ) {
+            // Its notice will not go: neither will the response buffer it advertised.
+            let kind = t.notice.kind;
+            self.request_unsent(kind, body.call_id, out);
+        }
+        let Some(t) = self.transfers.get_mut(&id) else {
+            return;
+        };
         match t.state {
             TransferState::AwaitingGrant => {
                 let queued = self
@@ -502,6 +514,15 @@ impl Large {
             }
             // The notification is on its way; the receiver revokes on the Cancel after it.
             TransferState::Written | TransferState::Aborted => {}
+        }
+    }
+
+    /// A request body's transfer ended before its notice went: the peer never heard of the
+    /// response buffer the notice advertised, and will never answer it, so it is revoked
+    /// here.
+    fn request_unsent(&mut self, kind: FrameKind, call_id: u64, out: &mut VecDeque<Action>) {
+        if kind == FrameKind::Request {
+            self.end_advertisement(call_id, out);
         }
     }
 

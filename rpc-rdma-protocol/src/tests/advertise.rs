@@ -143,6 +143,39 @@ fn a_request_cannot_carry_a_buffer_it_did_not_advertise() {
     assert_eq!(p.a.conn.stats().send_unposted, 0, "the slot was given back");
 }
 
+/// A large request whose rendezvous is refused never reaches the server, and neither does
+/// the response buffer its notice advertised: the client revokes it.
+#[test]
+fn a_large_request_refused_takes_its_offer_back() {
+    let mut p = Pair::new(cfg(large(16, 1 << 20)), cfg(large(16, 1000)));
+    p.a.send_large_advertising(4000, BUFFER);
+    // `settle` finds no grant left open and no registered buffer leaked.
+    settle(&mut p);
+    assert_eq!(
+        p.a.large.released, 1,
+        "the advertised buffer was not revoked"
+    );
+}
+
+/// A large request cancelled before its notice went: the offer goes with it.
+#[test]
+fn a_large_request_cancelled_before_its_notice_takes_its_offer_back() {
+    for written in [false, true] {
+        let mut p = pair();
+        let call = p.a.send_large_advertising(3 * u64::from(CHUNK), BUFFER);
+        if written {
+            // Granted, and writing.
+            run_until(&mut p, |p| p.a.wire_shape().contains('W'));
+        }
+        p.a.cancel(call).expect("cancel");
+        settle(&mut p);
+        assert_eq!(
+            p.a.large.released, 1,
+            "the advertised buffer was not revoked"
+        );
+    }
+}
+
 /// Answers every request `b` holds with a small response, then settles.
 fn settle_answering(p: &mut Pair) {
     p.run_to_idle(16);

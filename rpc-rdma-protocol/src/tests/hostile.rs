@@ -468,6 +468,25 @@ fn a_response_placed_beyond_the_advertised_buffer_is_a_violation() {
     expect_feed_violation(&mut c, 0, &response, expected);
 }
 
+/// An offer is no larger than a body this side takes: a peer may write what it is offered.
+#[test]
+fn a_response_buffer_is_offered_up_to_the_largest_body_taken() {
+    let mut c = conn();
+    let max = crate::LargeConfig::default().max_message;
+    let buffer = c
+        .advertise(8, 0x20_0000, 0x99, max + 4096)
+        .expect("advertised");
+    assert_eq!(buffer.len, max);
+    let mut response = placed(8, u32::try_from(max + 1).expect("fits"));
+    response.kind = FrameKind::Response;
+    let expected = ProtocolViolation::PlacedBeyondGrant {
+        body: unary(8),
+        len: max + 1,
+        granted: max,
+    };
+    expect_feed_violation(&mut c, 0, &response, expected);
+}
+
 #[test]
 fn grants_nobody_asked_for_or_too_small_are_violations() {
     let mut c = conn();

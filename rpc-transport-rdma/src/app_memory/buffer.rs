@@ -44,7 +44,8 @@ pub struct RegisteredBuffer {
 /// The memory and its registrations. Its last holder may let go anywhere (an async task,
 /// a connection's thread under its lock), and deregistering unpins every page, which for a
 /// large buffer takes long: `Drop` hands the registrations and then the memory to the
-/// reaper thread, in that order, so the memory is never freed while a device may reach it.
+/// release thread (`reaper::release`), in that order, so the memory is never freed while
+/// a device may reach it.
 #[derive(Debug)]
 struct Region {
     registrations: Mutex<Vec<Registration>>,
@@ -307,7 +308,7 @@ impl Drop for Region {
         let registrations = std::mem::take(self.registrations.get_mut());
         // SAFETY: taken once, here; `self` does not use the memory after.
         let memory = unsafe { ManuallyDrop::take(&mut self.memory) };
-        crate::reaper::reap(move || {
+        crate::reaper::release(move || {
             drop(registrations);
             drop(memory);
         });
@@ -320,8 +321,9 @@ impl Drop for Region {
 /// buffer back.
 #[derive(Debug)]
 pub(crate) struct Landing {
-    /// The registration with the connection's protection domain.
-    mr: Arc<MemoryRegion<Shared>>,
+    /// The registration with the connection's protection domain; let go before the buffer
+    /// goes back, so that whoever takes the buffer next may be its last holder.
+    mr: Option<Arc<MemoryRegion<Shared>>>,
     buffer: Option<RegisteredBuffer>,
     landing: ResponseLanding,
 }
@@ -345,11 +347,12 @@ impl Landing {
             })
             .flatten();
         let Some(mr) = mr else {
-            landing.put(buffer);
+            // Back where it was (or dropped, if the application put another in meanwhile).
+            drop(landing.put(buffer));
             return None;
         };
         Some(Landing {
-            mr,
+            mr: Some(mr),
             buffer: Some(buffer),
             landing: landing.clone(),
         })
@@ -357,15 +360,15 @@ impl Landing {
 
     /// The registration a window over it is bound with.
     pub(crate) fn region(&self) -> &MemoryRegion<Shared> {
-        &self.mr
+        self.mr.as_ref().expect("held until dropped")
     }
 
     pub(crate) fn addr(&self) -> u64 {
-        self.mr.addr()
+        self.region().addr()
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.mr.len()
+        self.region().len()
     }
 
     /// The first `len` bytes, where the response arrived, as a view.
@@ -381,8 +384,11 @@ impl Landing {
 
 impl Drop for Landing {
     fn drop(&mut self) {
+        drop(self.mr.take());
         if let Some(buffer) = self.buffer.take() {
-            self.landing.put(buffer);
+            // Put back unless the application put something else in meanwhile: then the
+            // buffer goes (its views, if any, keep its memory).
+            drop(self.landing.put(buffer));
         }
     }
 }
@@ -435,11 +441,11 @@ mod tests {
     }
 
     /// Deregistering unpins every page of the buffer, which takes long for a large one: the
-    /// last holder's drop leaves it to the reaper thread instead of doing it where it is
+    /// last holder's drop leaves it to the release thread instead of doing it where it is
     /// (an async task, a connection's thread under its lock).
     #[test]
     #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
-    fn the_last_drop_deregisters_on_the_reaper_thread() {
+    fn the_last_drop_deregisters_on_the_release_thread() {
         use crate::verbs::test_support::require_device;
         use crate::verbs::Context;
         if require_device().is_none() {
@@ -454,9 +460,9 @@ mod tests {
             2,
             "the registration holds the domain"
         );
-        // The reaper waits until told to go on.
+        // The release thread waits until told to go on.
         let (go, wait) = std::sync::mpsc::channel::<()>();
-        crate::reaper::reap(move || {
+        crate::reaper::release(move || {
             let _ = wait.recv();
         });
         let view = buffer.slice(..);
@@ -467,12 +473,16 @@ mod tests {
             2,
             "the dropping thread deregistered the memory"
         );
-        go.send(()).expect("the reaper waits");
+        go.send(()).expect("the release thread waits");
         let (done, finished) = std::sync::mpsc::channel();
-        crate::reaper::reap(move || {
+        crate::reaper::release(move || {
             let _ = done.send(());
         });
-        finished.recv().expect("the reaper runs in order");
-        assert_eq!(Arc::strong_count(&pd), 1, "deregistered by the reaper");
+        finished.recv().expect("the release thread runs in order");
+        assert_eq!(
+            Arc::strong_count(&pd),
+            1,
+            "deregistered by the release thread"
+        );
     }
 }

@@ -33,23 +33,37 @@ pub(crate) use reachable::{any_listed, placed_view, register_all, unregister_all
 
 static COPIED: AtomicU64 = AtomicU64::new(0);
 static IN_PLACE: AtomicU64 = AtomicU64::new(0);
+static LANDED: AtomicU64 = AtomicU64::new(0);
 
-/// Bytes of the large bodies (those sent by RDMA WRITE) this process has sent, by how.
+/// Bytes of the large bodies (those sent by RDMA WRITE) this process has sent, by how, and
+/// of those it received into the application's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LargeBodyBytes {
     /// Encoded (copied) into the transport's registered buffers.
     pub copied: u64,
     /// Sent from the application's [`RegisteredBuffer`]s where they lie, uncopied.
     pub in_place: u64,
+    /// Received straight into the application's buffers offered for them
+    /// ([`rpc_core::ResponseLanding`]), uncopied.
+    pub landed: u64,
 }
 
-/// How the large bodies sent so far went: copied, or from application memory in place.
-/// Also counted, with metrics on, as `rdma_rpc_large_body_bytes_total` by `path`
-/// (`copied`, `in_place`).
+/// How the large bodies sent so far went: copied, or from application memory in place;
+/// and how many bytes landed in application memory. Also counted, with metrics on, as
+/// `rdma_rpc_large_body_bytes_total` by `path` (`copied`, `in_place`, `landed`).
 pub fn large_body_bytes() -> LargeBodyBytes {
     LargeBodyBytes {
         copied: COPIED.load(Ordering::Relaxed),
         in_place: IN_PLACE.load(Ordering::Relaxed),
+        landed: LANDED.load(Ordering::Relaxed),
+    }
+}
+
+/// A large body of `len` bytes landed in application memory.
+pub(crate) fn count_landed(len: u64) {
+    LANDED.fetch_add(len, Ordering::Relaxed);
+    if let Some(metrics) = crate::metrics::rdma() {
+        metrics.large_landed.increment(len);
     }
 }
 

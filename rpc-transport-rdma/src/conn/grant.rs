@@ -40,7 +40,7 @@ impl GrantBuffer {
         }
     }
 
-    /// Binds `window` over the whole buffer for the peer's writes.
+    /// Binds `window` over the buffer's first `len` bytes for the peer's writes.
     ///
     /// # Safety
     /// The buffer stays where it is, unread, until the window is invalidated or
@@ -50,9 +50,10 @@ impl GrantBuffer {
         qp: &QueuePair,
         wr_id: u64,
         window: &mut MemoryWindow,
+        len: usize,
     ) -> Result<u32, VerbsError> {
         let (access, flags) = (AccessFlags::REMOTE_WRITE, SendFlags::SIGNALED);
-        let range = 0..self.len();
+        let range = 0..len.min(self.len());
         // SAFETY: the caller's contract.
         unsafe {
             match self {

@@ -30,6 +30,8 @@ pub(super) fn is_body_kind(kind: FrameKind) -> bool {
 struct Granted {
     window: MemoryWindow,
     buffer: GrantBuffer,
+    /// Bytes of it the window covers (what the grant or offer told the peer).
+    len: usize,
     /// When the peer was granted it at its request; `None` for a response buffer we
     /// advertised (its handler may take any time).
     asked: Option<Instant>,
@@ -90,7 +92,7 @@ impl LargeState {
         self.grants
             .values()
             .filter_map(|g| {
-                let len = g.buffer.len();
+                let len = g.len;
                 let age = now.saturating_duration_since(g.asked?);
                 let allowed = limit.allowance(len);
                 (age > allowed).then_some((len, age, allowed))
@@ -237,6 +239,8 @@ impl Conn {
             Granted {
                 window,
                 buffer,
+                // At most the buffer's length (the protocol caps it).
+                len: descriptor.len as usize,
                 asked: None,
                 still_bound: false,
             },
@@ -343,7 +347,7 @@ impl Conn {
                 // completed (DeliverLarge/ReleaseGrant come after it) or the connection is
                 // torn down (`Conn`'s Drop deallocates every window before the buffers go);
                 // its bytes are read only after that.
-                unsafe { g.buffer.bind(&self.res.qp, wr_id, &mut g.window) }
+                unsafe { g.buffer.bind(&self.res.qp, wr_id, &mut g.window, g.len) }
                     // The bind hands out `window.next_rkey()`, the rkey the grant announced.
                     .map(|_| ())
             }
@@ -431,6 +435,7 @@ impl Conn {
             Some(grant) => {
                 let granted = Granted {
                     window,
+                    len: buffer.len(),
                     buffer: GrantBuffer::Pool(buffer),
                     asked: Some(Instant::now()),
                     still_bound: false,
@@ -467,7 +472,10 @@ pub(super) fn placed_frame(header: Header, body: PlacedBody) -> InboundFrame {
     let total = header.message_len() as usize;
     let body = match body {
         PlacedBody::Pool(buffer) => crate::app_memory::placed_view(buffer),
-        PlacedBody::App(view) => view,
+        PlacedBody::App(view) => {
+            crate::app_memory::count_landed(view.len() as u64);
+            view
+        }
     };
     let stream = header.flags.contains(rpc_core::Flags::STREAM);
     InboundFrame {

@@ -118,6 +118,13 @@ impl Conn {
         Poll::Pending
     }
 
+    /// Whether `frame` can go without waiting: a large body always starts at once; another
+    /// frame needs a free send slot now.
+    pub(crate) fn can_send_now(&self, frame: &OutgoingFrame<'_>) -> bool {
+        (frame.len() > self.limits.max_send_frame && large::is_body_kind(frame.header().kind))
+            || self.state.lock().proto.can_reserve_send()
+    }
+
     /// Sends a header-only frame (a client's `Cancel`) without blocking: with no room now it
     /// waits in a queue of at most `control_queue` frames, sent on the next `Writable`; past
     /// the bound it is dropped (the peer then answers a call nobody waits for, and the

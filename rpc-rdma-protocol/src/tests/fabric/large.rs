@@ -96,6 +96,27 @@ impl Endpoint {
         Ok(call_id)
     }
 
+    /// As [`Endpoint::send_large`], the request advertising a `buffer`-byte response buffer.
+    pub(crate) fn send_large_advertising(&mut self, len: u64, buffer: u64) -> u64 {
+        let call_id = self.next_call;
+        self.next_call += 1;
+        let mut notice = Header::new(FrameKind::Request, call_id);
+        notice.method_id = 7;
+        notice.payload_len = u32::try_from(len).expect("test bodies fit u32");
+        let (addr, rkey) = self.large.new_window(buffer);
+        let descriptor = self
+            .conn
+            .advertise(call_id, addr, rkey, buffer)
+            .expect("advertised");
+        self.large
+            .lend(descriptor.generation, addr, rkey, descriptor.len);
+        notice.flags = rpc_wire::Flags::RESPONSE_BUFFER;
+        notice.remote = descriptor;
+        self.absorb();
+        self.start_body(&notice).expect("started");
+        call_id
+    }
+
     /// Sends message `seq` of `call_id`'s stream, `len` bytes, by the large-body path.
     pub(crate) fn send_large_message(
         &mut self,
