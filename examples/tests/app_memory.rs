@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use rdma_rpc::prelude::*;
-use rdma_rpc::{large_body_bytes, RdmaConfig, RegisteredBuffer, ResponseLanding, ServerHandle};
+use rdma_rpc::{large_body_bytes, Landing, RdmaConfig, RegisteredBuffer, ServerHandle};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
@@ -200,7 +200,7 @@ fn a_large_request_goes_from_registered_memory_uncopied() {
 /// Asks for a bulk reply of `len` bytes of pattern `seed`, offering `landing` for it.
 fn bulk_into(
     client: &TesterClient,
-    landing: Option<&ResponseLanding>,
+    landing: Option<&Landing>,
     len: usize,
     seed: u64,
 ) -> bytes::Bytes {
@@ -225,7 +225,7 @@ fn bulk_into(
 }
 
 /// The addresses of the buffer of `len` bytes `landing` holds.
-fn addresses(landing: &ResponseLanding, len: usize) -> std::ops::Range<usize> {
+fn addresses(landing: &Landing, len: usize) -> std::ops::Range<usize> {
     let buffer = landing
         .take::<RegisteredBuffer>()
         .expect("the landing holds its buffer");
@@ -237,7 +237,7 @@ fn addresses(landing: &ResponseLanding, len: usize) -> std::ops::Range<usize> {
 }
 
 /// The buffer `landing` holds, once it is back (within 30 s).
-fn back(landing: &ResponseLanding) -> RegisteredBuffer {
+fn back(landing: &Landing) -> RegisteredBuffer {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
         match landing.take::<RegisteredBuffer>() {
@@ -248,7 +248,7 @@ fn back(landing: &ResponseLanding) -> RegisteredBuffer {
     }
 }
 
-/// A large response lands where the application offered it ([`ResponseLanding`]): the
+/// A large response lands where the application offered it ([`Landing`]): the
 /// server writes it into the registered buffer, and the decoded reply's `bytes` field is a
 /// view of that buffer. A landing serves one call at a time, and falls back to the pool
 /// when it cannot serve (too small, still viewed); the buffer comes back to be reused.
@@ -261,7 +261,7 @@ fn a_large_response_lands_in_the_applications_buffer() {
     }
     let server = common::start_rdma(builder(), RdmaConfig::default());
     let client = TesterClient::new(connect(&server));
-    let landing = ResponseLanding::new(RegisteredBuffer::new(64 * MIB).expect("a buffer"));
+    let landing = Landing::new(RegisteredBuffer::new(64 * MIB).expect("a buffer"));
     let range = addresses(&landing, 64 * MIB);
     let inside = |bytes: &bytes::Bytes| {
         let start = bytes.as_ptr() as usize;
@@ -289,7 +289,7 @@ fn a_large_response_lands_in_the_applications_buffer() {
     }
 
     // A landing too small for the response: it takes the rendezvous, intact.
-    let small = ResponseLanding::new(RegisteredBuffer::new(MIB).expect("a buffer"));
+    let small = Landing::new(RegisteredBuffer::new(MIB).expect("a buffer"));
     let small_range = addresses(&small, MIB);
     let before = large_body_bytes().landed;
     let payload = bulk_into(&client, Some(&small), 2 * MIB, 7);
@@ -314,7 +314,7 @@ fn a_large_response_lands_in_the_applications_buffer() {
     // the server from the buffer it arrived in, lands in the buffer offered for it.
     let len = 256 * MIB - 64 * 1024;
     let request = filled(len, 9);
-    let landing = ResponseLanding::new(RegisteredBuffer::new(256 * MIB).expect("a buffer"));
+    let landing = Landing::new(RegisteredBuffer::new(256 * MIB).expect("a buffer"));
     let range = addresses(&landing, 256 * MIB);
     let mut call = Request::new(EchoRequest {
         payload: request.slice(..),
@@ -357,7 +357,7 @@ fn registered_memory_works_over_tcp() {
     send(&client, buffer.slice(..), 3);
     send(&client, buffer.slice(..2 * MIB + 1), 3);
     // A landing offered for a response is left alone: the response arrives as without it.
-    let landing = ResponseLanding::new(buffer);
+    let landing = Landing::new(buffer);
     let before = large_body_bytes().landed;
     bulk_into(&client, Some(&landing), 4 * MIB, 4);
     assert!(landing.take::<RegisteredBuffer>().is_some());

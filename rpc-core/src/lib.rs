@@ -41,7 +41,7 @@ pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEA
 pub use interceptor::{AsyncInterceptor, Interceptor};
 pub use message::{method_id, IntoRequest, IntoStreamingRequest, Request, Response};
 pub use observe::{Method, MethodKind, MethodRef};
-pub use rpc_wire::{Code, ResponseLanding, Status, STATUS_DETAILS_KEY};
+pub use rpc_wire::{Code, Landing, Status, STATUS_DETAILS_KEY};
 pub use rpc_wire::{MetadataMap, ResponseMetadata, BINARY_SUFFIX, MAX_METADATA_LEN};
 pub use server::InterceptedService;
 pub use server::{Server, ServerBuilder};

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::auth::Peer;
+use crate::Landing;
 use crate::MetadataMap;
-use crate::ResponseLanding;
 
 /// Default limit on encoded request and response sizes, on both sides (the gRPC default).
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 4 * 1024 * 1024;
@@ -27,7 +27,7 @@ pub struct Request<T> {
     timeout: Option<Duration>,
     pub(crate) peer: Option<Arc<Peer>>,
     /// Memory offered for the response (client side).
-    landing: Option<ResponseLanding>,
+    landing: Option<Landing>,
 }
 
 impl<T> Request<T> {
@@ -90,17 +90,17 @@ impl<T> Request<T> {
     /// response, leave it alone.
     ///
     /// ```
-    /// let landing = rpc_core::ResponseLanding::new(vec![0u8; 4096]);
+    /// let landing = rpc_core::Landing::new(vec![0u8; 4096]);
     /// let mut req = rpc_core::Request::new(7u32);
     /// req.receive_into(landing.clone());
     /// assert!(req.landing().is_some());
     /// ```
-    pub fn receive_into(&mut self, landing: ResponseLanding) {
+    pub fn receive_into(&mut self, landing: Landing) {
         self.landing = Some(landing);
     }
 
     /// The memory offered for the response, if any.
-    pub fn landing(&self) -> Option<&ResponseLanding> {
+    pub fn landing(&self) -> Option<&Landing> {
         self.landing.as_ref()
     }
 

@@ -165,7 +165,7 @@ impl RdmaClient {
 
 impl RdmaClient {
     /// Advertises a response buffer with a request: the application's, when the call
-    /// offers one ([`rpc_core::ResponseLanding`]), else a leased one if the method answered
+    /// offers one ([`rpc_core::Landing`]), else a leased one if the method answered
     /// large last time. With `waiting` (an async sender, which withdraws the offer if the
     /// request cannot go now), only when the request can go now: a withdrawn offer would
     /// hold the landing's buffer until its window is invalidated, and the next poll would

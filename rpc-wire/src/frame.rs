@@ -4,7 +4,7 @@ use bytes::{Bytes, BytesMut};
 
 use crate::body::{EmptyBody, EncodeBody};
 use crate::header::Header;
-use crate::landing::ResponseLanding;
+use crate::landing::Landing;
 use crate::metadata::MetadataMap;
 use crate::status::Status;
 
@@ -17,8 +17,8 @@ pub struct OutgoingFrame<'a> {
     header: Header,
     metadata: &'a dyn EncodeBody,
     payload: &'a dyn EncodeBody,
-    /// Where the response to this request may land ([`ResponseLanding`]).
-    landing: Option<&'a ResponseLanding>,
+    /// Where the response to this request may land ([`Landing`]).
+    landing: Option<&'a Landing>,
 }
 
 impl std::fmt::Debug for OutgoingFrame<'_> {
@@ -69,13 +69,13 @@ impl<'a> OutgoingFrame<'a> {
     }
 
     /// The same frame, offering `landing` for the response (a unary request's).
-    pub fn with_landing(mut self, landing: Option<&'a ResponseLanding>) -> Self {
+    pub fn with_landing(mut self, landing: Option<&'a Landing>) -> Self {
         self.landing = landing;
         self
     }
 
     /// The memory the caller offers for the response, if any.
-    pub fn landing(&self) -> Option<&'a ResponseLanding> {
+    pub fn landing(&self) -> Option<&'a Landing> {
         self.landing
     }
 

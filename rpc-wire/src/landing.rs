@@ -1,4 +1,4 @@
-//! [`ResponseLanding`]: memory a call's large response may be written into where it lies.
+//! [`Landing`]: memory a call's large response may be written into where it lies.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,22 +13,22 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// peer may write it (so that no other call or handle reaches it meanwhile) and puts it
 /// back once the response arrived, or the call ended without using it. A landing shared by
 /// several calls at once serves one of them; the others go as without it. Take the memory
-/// back with [`ResponseLanding::take`] to reuse it.
+/// back with [`Landing::take`] to reuse it.
 #[derive(Clone, Default)]
-pub struct ResponseLanding(Arc<Mutex<Option<Box<dyn Any + Send>>>>);
+pub struct Landing(Arc<Mutex<Option<Box<dyn Any + Send>>>>);
 
-impl std::fmt::Debug for ResponseLanding {
+impl std::fmt::Debug for Landing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponseLanding")
+        f.debug_struct("Landing")
             .field("holds", &!self.is_empty())
             .finish()
     }
 }
 
-impl ResponseLanding {
+impl Landing {
     /// A landing holding `memory`.
-    pub fn new<T: Any + Send>(memory: T) -> ResponseLanding {
-        ResponseLanding(Arc::new(Mutex::new(Some(Box::new(memory)))))
+    pub fn new<T: Any + Send>(memory: T) -> Landing {
+        Landing(Arc::new(Mutex::new(Some(Box::new(memory)))))
     }
 
     fn slot(&self) -> std::sync::MutexGuard<'_, Option<Box<dyn Any + Send>>> {
@@ -71,7 +71,7 @@ mod tests {
 
     #[test]
     fn memory_is_taken_once_as_its_own_type_and_put_back() {
-        let landing = ResponseLanding::new(vec![1u8, 2, 3]);
+        let landing = Landing::new(vec![1u8, 2, 3]);
         assert!(landing.take::<String>().is_none(), "another type stays");
         let shared = landing.clone();
         let memory = shared.take::<Vec<u8>>().expect("the memory");

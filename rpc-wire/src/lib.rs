@@ -28,6 +28,6 @@ mod status;
 pub use error::{Error, HeaderError};
 pub use frame::{FrameTooLarge, InboundFrame, OutgoingFrame};
 pub use header::{Flags, FrameKind, Header, RemoteBuffer, COMPACT_HEADER_LEN, HEADER_LEN};
-pub use landing::ResponseLanding;
+pub use landing::Landing;
 pub use metadata::{MetadataMap, ResponseMetadata, BINARY_SUFFIX, MAX_METADATA_LEN};
 pub use status::{Code, Status, WireStatus, MAX_STATUS_MESSAGE, STATUS_DETAILS_KEY};

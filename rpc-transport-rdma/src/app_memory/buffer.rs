@@ -13,7 +13,7 @@ use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use rpc_core::{ResponseLanding, Status};
+use rpc_core::{Landing, Status};
 
 use super::reachable::{self, Reachable};
 use crate::budget::Registered;
@@ -63,7 +63,7 @@ struct Region {
 /// it (they would alias the views and `get_mut`).
 #[derive(Debug)]
 struct Registration {
-    /// Shared with a [`Landing`] while a window over it may be bound.
+    /// Shared with a [`Claim`] while a window over it may be bound.
     region: Arc<MemoryRegion<Shared>>,
     _counted: Registered,
 }
@@ -85,9 +85,9 @@ unsafe impl Sync for Span {}
 pub(crate) struct Shared(Span);
 
 // SAFETY: the memory is the region's `AlignedBuffer`, which never moves and outlives every
-// registration (`Region`'s `Drop` drops them first; a `Landing` sharing one holds a handle).
+// registration (`Region`'s `Drop` drops them first; a `Claim` sharing one holds a handle).
 // Through the registration the device reads it for sends, and writes it only through a
-// window bound while a `Landing` holds the buffer's one handle (no other handle, no view,
+// window bound while a `Claim` holds the buffer's one handle (no other handle, no view,
 // so nothing borrows the bytes); the view of what arrived is made only once that window is
 // gone. This module never asks the `MemoryRegion` for a slice of it.
 unsafe impl StableBuffer for Shared {
@@ -266,7 +266,7 @@ impl Reachable for Region {
     /// Registered `LOCAL_WRITE` (a writable pin breaks copy-on-write at registration, where a
     /// read-only pin of pages never written may pin the shared zero page, which the
     /// application's writes then leave behind), and `MW_BIND`: a response lands in it
-    /// through a window ([`Landing`]); the registration itself grants no remote access.
+    /// through a window ([`Claim`]); the registration itself grants no remote access.
     fn register(&self, engine: &Engine) {
         self.register_with(&engine.pd, || engine.is_retired());
     }
@@ -315,24 +315,24 @@ impl Drop for Region {
     }
 }
 
-/// A [`RegisteredBuffer`] taken out of a [`ResponseLanding`] for one response: a window over
+/// A [`RegisteredBuffer`] taken out of a [`Landing`] for one response: a window over
 /// it lets the peer write the response in. It holds the buffer's one handle (no clone, no
 /// view exists), so nothing reads or writes the bytes meanwhile; dropped, it puts the
 /// buffer back.
 #[derive(Debug)]
-pub(crate) struct Landing {
+pub(crate) struct Claim {
     /// The registration with the connection's protection domain; let go before the buffer
     /// goes back, so that whoever takes the buffer next may be its last holder.
     mr: Option<Arc<MemoryRegion<Shared>>>,
     buffer: Option<RegisteredBuffer>,
-    landing: ResponseLanding,
+    landing: Landing,
 }
 
-impl Landing {
+impl Claim {
     /// `landing`'s buffer, if it holds a [`RegisteredBuffer`] that nothing else holds (no
     /// view of an earlier response is alive) and that is registered with `pd`; otherwise
     /// the landing keeps what it holds.
-    pub(crate) fn take(landing: &ResponseLanding, pd: &Arc<ProtectionDomain>) -> Option<Landing> {
+    pub(crate) fn take(landing: &Landing, pd: &Arc<ProtectionDomain>) -> Option<Claim> {
         let buffer = landing.take::<RegisteredBuffer>()?;
         let region = &buffer.region;
         // Acquire: the reads of every view let go happen before the peer writes.
@@ -351,7 +351,7 @@ impl Landing {
             drop(landing.put(buffer));
             return None;
         };
-        Some(Landing {
+        Some(Claim {
             mr: Some(mr),
             buffer: Some(buffer),
             landing: landing.clone(),
@@ -382,7 +382,7 @@ impl Landing {
     }
 }
 
-impl Drop for Landing {
+impl Drop for Claim {
     fn drop(&mut self) {
         drop(self.mr.take());
         if let Some(buffer) = self.buffer.take() {

@@ -26,7 +26,7 @@ mod buffer;
 mod gather;
 mod reachable;
 
-pub(crate) use buffer::Landing;
+pub(crate) use buffer::Claim;
 pub use buffer::RegisteredBuffer;
 pub(crate) use gather::{Gathered, InPlace};
 pub(crate) use reachable::{any_listed, placed_view, register_all, unregister_all};
@@ -44,7 +44,7 @@ pub struct LargeBodyBytes {
     /// Sent from the application's [`RegisteredBuffer`]s where they lie, uncopied.
     pub in_place: u64,
     /// Received straight into the application's buffers offered for them
-    /// ([`rpc_core::ResponseLanding`]), uncopied.
+    /// ([`rpc_core::Landing`]), uncopied.
     pub landed: u64,
 }
 

@@ -1,12 +1,12 @@
 //! What a grant lets the peer write, and what arrived there: a buffer leased from the
 //! connection's pool, or the application's buffer offered for a response
-//! ([`rpc_core::ResponseLanding`]); and how long a peer may hold a grant it asked for.
+//! ([`rpc_core::Landing`]); and how long a peer may hold a grant it asked for.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::app_memory::Landing;
+use crate::app_memory::Claim;
 use crate::large_pool::{ArrivedBody, LargeBuffer};
 use crate::verbs::{AccessFlags, MemoryWindow, QueuePair, SendFlags, VerbsError};
 
@@ -14,7 +14,7 @@ use crate::verbs::{AccessFlags, MemoryWindow, QueuePair, SendFlags, VerbsError};
 #[derive(Debug)]
 pub(super) enum GrantBuffer {
     Pool(LargeBuffer),
-    App(Landing),
+    App(Claim),
 }
 
 /// A body placed by RDMA WRITE, whose window is gone: in a leased buffer, or viewed in the

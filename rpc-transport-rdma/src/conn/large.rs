@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpc_core::frame::{InboundFrame, OutgoingFrame};
-use rpc_core::{Code, Flags, FrameKind, Header, ResponseLanding, Status};
+use rpc_core::{Code, Flags, FrameKind, Header, Landing, Status};
 
 use super::grant::{GrantBuffer, GrantLimit, PlacedBody};
 use super::{Conn, State};
-use crate::app_memory::{Gathered, InPlace, Landing};
+use crate::app_memory::{Claim, Gathered, InPlace};
 use crate::large_pool::{LargeBuffer, PoolError};
 use crate::protocol::{Action, BodyId, LocalBuffer, Received, WorkId};
 use crate::verbs::{MemoryWindow, RemoteAddr, SendFlags, SendOp, SendRequest, Sge, VerbsError};
@@ -210,9 +210,9 @@ impl Conn {
     pub(crate) fn advertise_landing(
         &self,
         frame: &mut OutgoingFrame<'_>,
-        landing: &ResponseLanding,
+        landing: &Landing,
     ) -> bool {
-        match Landing::take(landing, &self.res.attachment.engine.pd) {
+        match Claim::take(landing, &self.res.attachment.engine.pd) {
             Some(landing) => self.advertise(frame, GrantBuffer::App(landing)),
             None => false,
         }
