@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 
 use rdma_rpc::prelude::*;
 use rdma_rpc::{large_body_bytes, Landing, RdmaConfig, RegisteredBuffer, ServerHandle};
+use std::sync::{Arc, Mutex};
+
 use rpc_examples::echo::echo_client::EchoClient;
-use rpc_examples::echo::echo_server::EchoServer;
-use rpc_examples::echo::EchoRequest;
+use rpc_examples::echo::echo_server::{self, EchoServer};
+use rpc_examples::echo::{EchoReply, EchoRequest};
 use rpc_examples::testing::tester_client::TesterClient;
 use rpc_examples::testing::tester_server::TesterServer;
 use rpc_examples::testing::BulkRequest;
@@ -236,16 +238,28 @@ fn addresses(landing: &Landing, len: usize) -> std::ops::Range<usize> {
     start..start + len
 }
 
-/// The buffer `landing` holds, once it is back (within 30 s).
+/// The buffer `landing` holds, once it is back and nothing views it (within 30 s).
 fn back(landing: &Landing) -> RegisteredBuffer {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
-        match landing.take::<RegisteredBuffer>() {
-            Some(buffer) => return buffer,
-            None if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
-            None => panic!("the buffer did not come back to its landing"),
+        if let Some(mut buffer) = landing.take::<RegisteredBuffer>() {
+            if buffer.get_mut().is_some() {
+                return buffer;
+            }
+            landing.put(buffer).expect("the landing was emptied");
         }
+        assert!(
+            Instant::now() < until,
+            "the buffer did not come back to its landing, free"
+        );
+        std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Waits until `landing` holds its buffer and nothing views it.
+fn free(landing: &Landing) {
+    let buffer = back(landing);
+    landing.put(buffer).expect("the landing was emptied");
 }
 
 /// A large response lands where the application offered it ([`Landing`]): the
@@ -347,11 +361,95 @@ fn a_large_response_lands_in_the_applications_buffer() {
     );
 }
 
+/// An echo handler that records where each request's payload lies, and answers small.
+#[derive(Clone, Default)]
+struct Recording(Arc<Mutex<Vec<(usize, usize)>>>);
+
+impl echo_server::Echo for Recording {
+    async fn echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        let EchoRequest { payload, seq } = request.into_inner();
+        assert!(
+            payload == bulk_pattern(payload.len(), seq),
+            "a request of {} bytes arrived corrupted",
+            payload.len()
+        );
+        self.0
+            .lock()
+            .unwrap()
+            .push((payload.as_ptr() as usize, payload.len()));
+        Ok(Response::new(EchoReply {
+            payload: bytes::Bytes::new(),
+            seq,
+        }))
+    }
+}
+
+/// A large request lands where the server offered ([`Server::builder`]'s
+/// `land_requests_in`): in the first landing whose buffer is free and large enough, and
+/// the handler's `bytes` field is a view of it; a body no landing fits goes to the pool.
+#[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+fn a_large_request_lands_in_the_servers_buffer() {
+    let _one = one_at_a_time();
+    if require_device().is_none() {
+        return;
+    }
+    let sizes = [16 * MIB, 64 * MIB];
+    let landings = sizes.map(|len| Landing::new(RegisteredBuffer::new(len).expect("a buffer")));
+    let ranges: Vec<_> = landings
+        .iter()
+        .zip(sizes)
+        .map(|(landing, len)| addresses(landing, len))
+        .collect();
+    let seen = Recording::default();
+    let builder = Server::builder()
+        .max_message_size(256 * MIB)
+        .land_requests_in(landings.clone())
+        .add_service(EchoServer::new(seen.clone()));
+    let server = common::start_rdma(builder, RdmaConfig::default());
+    let echo = EchoClient::new(connect(&server));
+    for (len, into) in [
+        (8 * MIB, Some(0)),
+        (40 * MIB, Some(1)),
+        (8 * MIB + 1, Some(0)),
+        (100 * MIB, None),
+    ] {
+        // The last request's views may be let go just after its answer.
+        landings.iter().for_each(free);
+        let before = large_body_bytes().landed;
+        let payload = bulk_pattern(len, len as u64).into();
+        echo.echo_blocking(EchoRequest {
+            payload,
+            seq: len as u64,
+        })
+        .expect("echo");
+        let (start, got) = seen.0.lock().unwrap().pop().expect("the handler ran");
+        assert_eq!(got, len);
+        let landed_in = ranges
+            .iter()
+            .position(|r| r.contains(&start) && start + got <= r.end);
+        assert_eq!(landed_in, into, "a request of {len} bytes");
+        let landed = large_body_bytes().landed - before;
+        match into {
+            Some(_) => assert!(landed >= len as u64 && landed < len as u64 + 64, "{landed}"),
+            None => assert_eq!(landed, 0),
+        }
+    }
+    // The handler let go of its views: the buffers are back, writable.
+    for landing in &landings {
+        assert!(back(landing).get_mut().is_some());
+    }
+}
+
 /// The same code over `tcp://`: the bytes are copied, and arrive.
 #[test]
 fn registered_memory_works_over_tcp() {
     let _one = one_at_a_time();
-    let server: ServerHandle = builder().start("tcp://127.0.0.1:0").expect("tcp server");
+    let offered = Landing::new(RegisteredBuffer::new(16 * MIB).expect("a buffer"));
+    let server: ServerHandle = builder()
+        .land_requests_in([offered.clone()])
+        .start("tcp://127.0.0.1:0")
+        .expect("tcp server");
     let client = TesterClient::new(connect(&server));
     let buffer = filled(8 * MIB, 3);
     send(&client, buffer.slice(..), 3);
@@ -361,5 +459,9 @@ fn registered_memory_works_over_tcp() {
     let before = large_body_bytes().landed;
     bulk_into(&client, Some(&landing), 4 * MIB, 4);
     assert!(landing.take::<RegisteredBuffer>().is_some());
+    assert!(
+        offered.take::<RegisteredBuffer>().is_some(),
+        "a landing tcp:// left alone"
+    );
     assert_eq!(large_body_bytes().landed, before);
 }

@@ -1,18 +1,19 @@
-//! [`Landing`]: memory a call's large response may be written into where it lies.
+//! [`Landing`]: memory a large message may be written into where it lies.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// Memory the application offers for one call's large response, so that the response's
-/// bytes land in it and the decoded message's `bytes` fields are views of it: over
-/// `rdma://` a registered buffer (`rdma_rpc::RegisteredBuffer`), which the server writes
-/// the response into by RDMA WRITE. Transports that cannot place a response (`tcp://`,
-/// `grpc://`) leave it alone and the call works as without it.
+/// Memory the application offers for large messages, so that their bytes land in it and
+/// the decoded message's `bytes` fields are views of it: over `rdma://` a registered
+/// buffer (`rdma_rpc::RegisteredBuffer`), which the peer writes by RDMA WRITE. A client
+/// offers one for a call's response (`Request::receive_into`), a server some for large
+/// request bodies (`ServerBuilder::land_requests_in`). Transports that cannot place a
+/// message (`tcp://`, `grpc://`) leave it alone and the call works as without it.
 ///
-/// A landing holds its memory until a call takes it: the transport takes it out while the
-/// peer may write it (so that no other call or handle reaches it meanwhile) and puts it
-/// back once the response arrived, or the call ended without using it. A landing shared by
-/// several calls at once serves one of them; the others go as without it. Take the memory
+/// A landing holds its memory until a message takes it: the transport takes it out while
+/// the peer may write it (so that no other message or handle reaches it meanwhile) and
+/// puts it back once the message arrived, or the offer ended without it. A landing several
+/// messages want at once serves one of them; the others go as without it. Take the memory
 /// back with [`Landing::take`] to reuse it.
 #[derive(Clone, Default)]
 pub struct Landing(Arc<Mutex<Option<Box<dyn Any + Send>>>>);

@@ -34,6 +34,11 @@ pub struct ServerConfig {
     /// stalls until its deadline). The default, [`INITIAL_WINDOW`], is what one client may
     /// send on a stream before the server grants more.
     pub early_stream_frames: Window,
+    /// Memory large request bodies land in where the transport can place them (over
+    /// `rdma://`, registered buffers): a body goes into the first landing whose buffer is
+    /// free (nothing views it any more) and large enough, else into the transport's own
+    /// memory. The handler's `bytes` fields are then views of the application's buffer.
+    pub request_landings: Vec<crate::Landing>,
 }
 
 /// Calls one connection may have in progress, unless [`ServerConfig::max_calls_per_connection`]
@@ -53,6 +58,7 @@ impl Default for ServerConfig {
             auth: None,
             stream_window: DEFAULT_STREAM_WINDOW,
             early_stream_frames: INITIAL_WINDOW,
+            request_landings: Vec::new(),
         }
     }
 }

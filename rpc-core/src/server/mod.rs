@@ -156,6 +156,16 @@ impl ServerBuilder {
         self
     }
 
+    /// Offers `landings` for large request bodies ([`ServerConfig::request_landings`]):
+    /// over `rdma://` a body lands in the first free landing large enough for it (a
+    /// registered buffer nothing views any more), and the handler's `bytes` fields are
+    /// views of it; the buffer goes back to its landing once they are dropped. Other
+    /// transports leave the landings alone.
+    pub fn land_requests_in(mut self, landings: impl IntoIterator<Item = crate::Landing>) -> Self {
+        self.config.request_landings.extend(landings);
+        self
+    }
+
     /// Worker threads of the server's own runtime, when none is given or current.
     pub fn worker_threads(mut self, threads: usize) -> Self {
         self.config.worker_threads = threads;

@@ -72,6 +72,10 @@ impl Inbound for Requests {
         self.dispatch.calls_running() == 0
     }
 
+    fn landings(&self) -> &[crate::Landing] {
+        &self.dispatch.config().request_landings
+    }
+
     fn on_closed(&self, status: Status) {
         tracing::debug!(%status, "server connection ended");
         self.dispatch.close();

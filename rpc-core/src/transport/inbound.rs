@@ -42,4 +42,10 @@ pub trait Inbound: Send + Sync + 'static {
 
     /// The connection ended for `status`'s reason; nothing more comes.
     fn on_closed(&self, status: Status);
+
+    /// Memory large bodies of requests may land in ([`crate::ServerBuilder::land_requests_in`]);
+    /// none by default.
+    fn landings(&self) -> &[crate::Landing] {
+        &[]
+    }
 }

@@ -315,8 +315,8 @@ impl Drop for Region {
     }
 }
 
-/// A [`RegisteredBuffer`] taken out of a [`Landing`] for one response: a window over
-/// it lets the peer write the response in. It holds the buffer's one handle (no clone, no
+/// A [`RegisteredBuffer`] taken out of a [`Landing`] for one large body (a client's
+/// response, a server's request): a window over it lets the peer write the body in. It holds the buffer's one handle (no clone, no
 /// view exists), so nothing reads or writes the bytes meanwhile; dropped, it puts the
 /// buffer back.
 #[derive(Debug)]
@@ -329,14 +329,18 @@ pub(crate) struct Claim {
 }
 
 impl Claim {
-    /// `landing`'s buffer, if it holds a [`RegisteredBuffer`] that nothing else holds (no
-    /// view of an earlier response is alive) and that is registered with `pd`; otherwise
-    /// the landing keeps what it holds.
-    pub(crate) fn take(landing: &Landing, pd: &Arc<ProtectionDomain>) -> Option<Claim> {
+    /// `landing`'s buffer, if it holds a [`RegisteredBuffer`] of at least `min_len` bytes
+    /// that nothing else holds (no view of an earlier body is alive) and that is
+    /// registered with `pd`; otherwise the landing keeps what it holds.
+    pub(crate) fn take(
+        landing: &Landing,
+        pd: &Arc<ProtectionDomain>,
+        min_len: usize,
+    ) -> Option<Claim> {
         let buffer = landing.take::<RegisteredBuffer>()?;
         let region = &buffer.region;
         // Acquire: the reads of every view let go happen before the peer writes.
-        let mr = (region.holders.load(Ordering::Acquire) == 1)
+        let mr = (region.holders.load(Ordering::Acquire) == 1 && buffer.len() >= min_len)
             .then(|| {
                 region
                     .registrations

@@ -212,7 +212,7 @@ impl Conn {
         frame: &mut OutgoingFrame<'_>,
         landing: &Landing,
     ) -> bool {
-        match Claim::take(landing, &self.res.attachment.engine.pd) {
+        match Claim::take(landing, &self.res.attachment.engine.pd, 1) {
             Some(landing) => self.advertise(frame, GrantBuffer::App(landing)),
             None => false,
         }
@@ -393,8 +393,26 @@ impl Conn {
         }
     }
 
-    /// Answers the peer's buffer request: lease, window, grant; or refuse.
+    /// A landing the upper side offers for a request's body of `len` bytes (a server's,
+    /// [`rpc_core::ServerBuilder::land_requests_in`]): the first whose buffer is free and
+    /// large enough.
+    fn claim_landing(&self, state: &State, body: BodyId, len: u64) -> Option<Claim> {
+        let len = usize::try_from(len).ok()?;
+        // Stream messages and responses land in the pool.
+        let inbound = state.inbound.clone().filter(|_| body.seq == 0)?;
+        let pd = &self.res.attachment.engine.pd;
+        inbound
+            .landings()
+            .iter()
+            .find_map(|landing| Claim::take(landing, pd, len))
+    }
+
+    /// Answers the peer's buffer request: a landing, or a lease; a window; a grant. Or
+    /// refuses.
     fn lend_buffer(&self, state: &mut State, body: BodyId, len: u64) {
+        if let Some(claim) = self.claim_landing(state, body, len) {
+            return self.grant(state, body, GrantBuffer::App(claim), len as usize);
+        }
         // The refusal names the connection's budget when that is what was short; another
         // cause (the process's limit, the device) has no size to tell the peer.
         let budget = self.res.large.budget();
@@ -419,24 +437,45 @@ impl Conn {
                 let window = self.res.large.window().map_err(|e| (e.to_string(), 0))?;
                 Ok((buffer, window))
             });
-        let (buffer, window) = match leased {
-            Ok(leased) => leased,
+        match leased {
+            Ok((buffer, window)) => {
+                let len = buffer.len();
+                self.grant_with(state, body, GrantBuffer::Pool(buffer), len, window);
+            }
             Err((reason, limit)) => {
                 tracing::warn!(peer = %self.peer, %body, len, %reason, "refusing a large body");
                 state.proto.refuse(body, Code::ResourceExhausted, limit);
-                return;
             }
-        };
+        }
+    }
+
+    /// Grants `len` bytes of `buffer` for `body`, through a window of the pool; refuses if
+    /// no window can be had.
+    fn grant(&self, state: &mut State, body: BodyId, buffer: GrantBuffer, len: usize) {
+        match self.res.large.window() {
+            Ok(window) => self.grant_with(state, body, buffer, len, window),
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, %body, len, %e, "refusing a large body");
+                state.proto.refuse(body, Code::ResourceExhausted, 0);
+            }
+        }
+    }
+
+    fn grant_with(
+        &self,
+        state: &mut State,
+        body: BodyId,
+        buffer: GrantBuffer,
+        len: usize,
+        window: MemoryWindow,
+    ) {
         let rkey = window.next_rkey();
-        match state
-            .proto
-            .grant(body, buffer.addr(), rkey, buffer.len() as u64)
-        {
+        match state.proto.grant(body, buffer.addr(), rkey, len as u64) {
             Some(grant) => {
                 let granted = Granted {
                     window,
-                    len: buffer.len(),
-                    buffer: GrantBuffer::Pool(buffer),
+                    len,
+                    buffer,
                     asked: Some(Instant::now()),
                     still_bound: false,
                 };
