@@ -49,6 +49,21 @@ impl Landing {
         }
     }
 
+    /// Takes the memory out if it is a `T` that `accept` accepts (looked at under the
+    /// landing's lock, so that nobody sees the landing empty meanwhile); `None` otherwise,
+    /// and the landing keeps what it holds.
+    pub fn take_if<T: Any + Send>(&self, accept: impl FnOnce(&T) -> bool) -> Option<T> {
+        let mut slot = self.slot();
+        let accepted = slot
+            .as_ref()
+            .and_then(|memory| memory.downcast_ref::<T>())
+            .is_some_and(accept);
+        if !accepted {
+            return None;
+        }
+        slot.take()?.downcast::<T>().ok().map(|memory| *memory)
+    }
+
     /// Puts memory (back) in, if the landing is empty; `Err` gives it back if the landing
     /// holds something already.
     pub fn put<T: Any + Send>(&self, memory: T) -> Result<(), T> {
@@ -83,6 +98,8 @@ mod tests {
             Err(vec![9]),
             "a full landing keeps what it holds"
         );
+        assert_eq!(shared.take_if::<Vec<u8>>(|v| v.len() > 3), None);
+        assert!(!landing.is_empty(), "a refused look leaves the memory in");
         assert_eq!(shared.take::<Vec<u8>>(), Some(vec![1, 2, 3]));
     }
 }

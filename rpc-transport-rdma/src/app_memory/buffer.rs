@@ -8,7 +8,7 @@
 
 use std::mem::ManuallyDrop;
 use std::ops::{Bound, RangeBounds};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
@@ -19,6 +19,11 @@ use super::reachable::{self, Reachable};
 use crate::budget::Registered;
 use crate::engine::Engine;
 use crate::verbs::{AccessFlags, AlignedBuffer, MemoryRegion, ProtectionDomain, StableBuffer};
+
+/// [`Region::written_by`]: nothing written since the buffer was zeroed.
+const CLEAN: u64 = 0;
+/// [`Region::written_by`]: the application wrote it.
+const APPLICATION: u64 = u64::MAX;
 
 /// A buffer of application memory, registered with the process's RDMA devices, whose
 /// bytes go to the wire from where they lie when they are a large message's `bytes` field.
@@ -51,6 +56,11 @@ struct Region {
     registrations: Mutex<Vec<Registration>>,
     /// Handles, views and sends that may read the bytes (see the module documentation).
     holders: AtomicUsize,
+    /// Whose bytes it holds: [`CLEAN`] (zeroed), [`APPLICATION`] (written through
+    /// `get_mut`), or the serial of the connection whose peer wrote a request body into it.
+    /// A server's landing is cleared before another peer's body may land in it, so that a
+    /// peer that announces a body it did not write reads nobody else's bytes.
+    written_by: AtomicU64,
     /// Where `memory` lies: how everything but a view reaches it, so that the bytes are
     /// never borrowed but by views and by [`RegisteredBuffer::get_mut`].
     at: Span,
@@ -117,6 +127,7 @@ impl RegisteredBuffer {
         let region = Arc::new(Region {
             registrations: Mutex::new(Vec::new()),
             holders: AtomicUsize::new(1),
+            written_by: AtomicU64::new(CLEAN),
             at: Span {
                 ptr: memory.as_ptr(),
                 len,
@@ -149,6 +160,7 @@ impl RegisteredBuffer {
         if self.region.holders.load(Ordering::Acquire) != 1 {
             return None;
         }
+        self.region.written_by.store(APPLICATION, Ordering::Relaxed);
         let Span { ptr, len } = self.region.at;
         // SAFETY: the allocation's own pointer to `len` initialized bytes. This handle is
         // the one holder and is borrowed mutably: no other handle or view exists to borrow
@@ -331,32 +343,44 @@ pub(crate) struct Claim {
 impl Claim {
     /// `landing`'s buffer, if it holds a [`RegisteredBuffer`] of at least `min_len` bytes
     /// that nothing else holds (no view of an earlier body is alive) and that is
-    /// registered with `pd`; otherwise the landing keeps what it holds.
+    /// registered with `pd`; otherwise the landing keeps what it holds, and nobody sees it
+    /// empty meanwhile. For a peer's request body (`peer`: its connection's serial), the
+    /// first `min_len` bytes are cleared unless they are zeroed already or that peer's own.
     pub(crate) fn take(
         landing: &Landing,
         pd: &Arc<ProtectionDomain>,
         min_len: usize,
+        peer: Option<u64>,
     ) -> Option<Claim> {
-        let buffer = landing.take::<RegisteredBuffer>()?;
-        let region = &buffer.region;
-        // Acquire: the reads of every view let go happen before the peer writes.
-        let mr = (region.holders.load(Ordering::Acquire) == 1 && buffer.len() >= min_len)
-            .then(|| {
-                region
-                    .registrations
-                    .lock()
-                    .iter()
-                    .find(|r| Arc::ptr_eq(r.region.pd(), pd))
-                    .map(|r| r.region.clone())
-            })
-            .flatten();
-        let Some(mr) = mr else {
-            // Back where it was (or dropped, if the application put another in meanwhile).
-            drop(landing.put(buffer));
-            return None;
+        let registration = |buffer: &RegisteredBuffer| {
+            buffer
+                .region
+                .registrations
+                .lock()
+                .iter()
+                .find(|r| Arc::ptr_eq(r.region.pd(), pd))
+                .map(|r| r.region.clone())
         };
+        let mut mr = None;
+        let mut buffer = landing.take_if(|buffer: &RegisteredBuffer| {
+            // Acquire: the reads of every view let go happen before the peer writes.
+            let free = buffer.region.holders.load(Ordering::Acquire) == 1;
+            mr = (free && buffer.len() >= min_len)
+                .then(|| registration(buffer))
+                .flatten();
+            mr.is_some()
+        })?;
+        if let Some(peer) = peer {
+            let written_by = buffer.region.written_by.load(Ordering::Relaxed);
+            if written_by != CLEAN && written_by != peer {
+                // The one holder: nothing else reads or writes the bytes.
+                let bytes = buffer.get_mut().expect("the one holder");
+                bytes[..min_len].fill(0);
+            }
+            buffer.region.written_by.store(peer, Ordering::Relaxed);
+        }
         Some(Claim {
-            mr: Some(mr),
+            mr,
             buffer: Some(buffer),
             landing: landing.clone(),
         })
@@ -488,5 +512,46 @@ mod tests {
             1,
             "deregistered by the release thread"
         );
+    }
+
+    /// A server's landing is cleared before a peer's body may land in it, as far as the
+    /// body goes, unless the bytes are that peer's own: a peer that announces a body it
+    /// did not write must not read what the application or another peer left there.
+    #[test]
+    #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+    fn a_landing_is_cleared_before_another_peers_body() {
+        use crate::verbs::test_support::require_device;
+        use crate::verbs::Context;
+        if require_device().is_none() {
+            return;
+        }
+        let context = Context::open_first().expect("the device opens");
+        let pd = ProtectionDomain::new(&context).expect("a protection domain");
+        let mut buffer = RegisteredBuffer::new(8192).expect("a buffer");
+        buffer.region.register_with(&pd, || false);
+        buffer.get_mut().expect("alone").fill(7);
+        let landing = Landing::new(buffer);
+        let claim = Claim::take(&landing, &pd, 4096, Some(5)).expect("claimed");
+        drop(claim);
+        let mut buffer = landing.take::<RegisteredBuffer>().expect("back");
+        let bytes = buffer.get_mut().expect("alone");
+        assert!(
+            bytes[..4096].iter().all(|&b| b == 0),
+            "the application's bytes were left"
+        );
+        assert!(
+            bytes[4096..].iter().all(|&b| b == 7),
+            "cleared past the body"
+        );
+        // A client's response landing is the application's own memory: left as it is.
+        bytes.fill(9);
+        landing.put(buffer).expect("empty");
+        drop(Claim::take(&landing, &pd, 4096, None).expect("claimed"));
+        let mut buffer = landing.take::<RegisteredBuffer>().expect("back");
+        assert!(buffer.get_mut().expect("alone").iter().all(|&b| b == 9));
+        // Too small, or viewed: not claimed, and the landing keeps it.
+        landing.put(buffer).expect("empty");
+        assert!(Claim::take(&landing, &pd, 8193, Some(5)).is_none());
+        assert!(!landing.is_empty());
     }
 }

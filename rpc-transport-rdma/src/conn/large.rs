@@ -86,6 +86,13 @@ impl LargeState {
         self.grants.clear();
     }
 
+    /// Revokes the grants of application memory (their windows deallocated first), which
+    /// go back to their landings: the connection closed.
+    pub(super) fn release_landings(&mut self) {
+        self.grants
+            .retain(|_, g| !matches!(g.buffer, GrantBuffer::App(_)));
+    }
+
     /// The oldest grant the peer asked for and has held longer than `limit` allows: its
     /// length, age and allowance.
     fn overdue(&self, now: Instant, limit: GrantLimit) -> Option<(usize, Duration, Duration)> {
@@ -212,7 +219,7 @@ impl Conn {
         frame: &mut OutgoingFrame<'_>,
         landing: &Landing,
     ) -> bool {
-        match Claim::take(landing, &self.res.attachment.engine.pd, 1) {
+        match Claim::take(landing, &self.res.attachment.engine.pd, 1, None) {
             Some(landing) => self.advertise(frame, GrantBuffer::App(landing)),
             None => false,
         }
@@ -395,16 +402,18 @@ impl Conn {
 
     /// A landing the upper side offers for a request's body of `len` bytes (a server's,
     /// [`rpc_core::ServerBuilder::land_requests_in`]): the first whose buffer is free and
-    /// large enough.
+    /// large enough, cleared first if another peer's bytes are in it.
     fn claim_landing(&self, state: &State, body: BodyId, len: u64) -> Option<Claim> {
         let len = usize::try_from(len).ok()?;
-        // Stream messages and responses land in the pool.
-        let inbound = state.inbound.clone().filter(|_| body.seq == 0)?;
+        // Stream messages land in the pool (a server receives no response body).
+        if body.seq != 0 {
+            return None;
+        }
         let pd = &self.res.attachment.engine.pd;
-        inbound
-            .landings()
+        state
+            .landings
             .iter()
-            .find_map(|landing| Claim::take(landing, pd, len))
+            .find_map(|landing| Claim::take(landing, pd, len, Some(self.serial)))
     }
 
     /// Answers the peer's buffer request: a landing, or a lease; a window; a grant. Or

@@ -57,6 +57,9 @@ struct State {
     shared_bufs: Vec<u32>,
     /// The upper layer's inbound side; the close takes it, and tells it last.
     inbound: Option<Arc<dyn Inbound>>,
+    /// Where large request bodies may land (a server's, [`Inbound::landings`]), copied
+    /// from the inbound side when it is set: nobody is called under the lock to find them.
+    landings: Arc<[rpc_core::Landing]>,
     /// Calls whose queued frames the protocol dropped, to report outside the lock.
     dropped: Vec<(u64, FrameKind)>,
     /// Senders waiting for room, and the control frames queued for it.
@@ -181,6 +184,7 @@ impl Conn {
                 large: LargeState::default(),
                 shared_bufs,
                 inbound: None,
+                landings: Arc::new([]),
                 dropped: Vec::new(),
                 writers: Writers::default(),
                 hand_ups: HandUps::default(),
@@ -213,7 +217,10 @@ impl Conn {
     }
 
     pub(crate) fn set_inbound(&self, inbound: Arc<dyn Inbound>) {
-        self.state.lock().inbound = Some(inbound);
+        let landings = inbound.landings().into();
+        let mut state = self.state.lock();
+        state.landings = landings;
+        state.inbound = Some(inbound);
     }
 
     pub(crate) fn peer(&self) -> &str {
@@ -410,6 +417,9 @@ impl Conn {
             self.closed.store(true, Ordering::Release);
             state.proto.close();
             self.run_actions(&mut state);
+            // Landings are the application's, shared by connections: they go back now,
+            // not when the last reference to this connection goes.
+            state.large.release_landings();
             state.writers.controls.clear();
             (
                 state.inbound.take(),
