@@ -370,14 +370,19 @@ impl Claim {
                 .flatten();
             mr.is_some()
         })?;
-        if let Some(peer) = peer {
-            let written_by = buffer.region.written_by.load(Ordering::Relaxed);
-            if written_by != CLEAN && written_by != peer {
-                // The one holder: nothing else reads or writes the bytes.
-                let bytes = buffer.get_mut().expect("the one holder");
-                bytes[..min_len].fill(0);
+        let written_by = &buffer.region.written_by;
+        match peer {
+            Some(peer) => {
+                let before = written_by.load(Ordering::Relaxed);
+                if before != CLEAN && before != peer {
+                    // The one holder: nothing else reads or writes the bytes.
+                    let bytes = buffer.get_mut().expect("the one holder");
+                    bytes[..min_len].fill(0);
+                }
+                buffer.region.written_by.store(peer, Ordering::Relaxed);
             }
-            buffer.region.written_by.store(peer, Ordering::Relaxed);
+            // A response the application asked for is the application's to keep private.
+            None => written_by.store(APPLICATION, Ordering::Relaxed),
         }
         Some(Claim {
             mr,
@@ -549,6 +554,14 @@ mod tests {
         drop(Claim::take(&landing, &pd, 4096, None).expect("claimed"));
         let mut buffer = landing.take::<RegisteredBuffer>().expect("back");
         assert!(buffer.get_mut().expect("alone").iter().all(|&b| b == 9));
+        // What a response left in fresh memory is the application's: cleared before a
+        // peer's body.
+        let fresh = RegisteredBuffer::new(8192).expect("a buffer");
+        fresh.region.register_with(&pd, || false);
+        let responses = Landing::new(fresh);
+        drop(Claim::take(&responses, &pd, 4096, None).expect("claimed"));
+        let fresh = responses.take::<RegisteredBuffer>().expect("back");
+        assert_eq!(fresh.region.written_by.load(Ordering::Relaxed), APPLICATION);
         // Too small, or viewed: not claimed, and the landing keeps it.
         landing.put(buffer).expect("empty");
         assert!(Claim::take(&landing, &pd, 8193, Some(5)).is_none());
