@@ -73,7 +73,9 @@ async fn a_timeout_layer_ends_slow_handlers(transport: &str) {
 }
 
 /// A concurrency limit behind a load shed: a call beyond the limit is refused
-/// `UNAVAILABLE` at once, and passes once the call holding the permit ended.
+/// `UNAVAILABLE` at once, and passes once the call holding the permit ended (cancelled
+/// here: the holder sleeps far longer than the refused call can take, however slow the
+/// machine).
 async fn a_concurrency_limit_sheds_calls_beyond_it(transport: &str) {
     let tester = Tester::default();
     let server = start(
@@ -88,7 +90,7 @@ async fn a_concurrency_limit_sheds_calls_beyond_it(transport: &str) {
             .add_service(TesterServer::new(tester.clone())),
     );
     let client = TesterClient::new(rdma_rpc::connect(server.local_url()).await.unwrap());
-    let holder = tokio::spawn(client.sleep(sleep(1_000)));
+    let holder = tokio::spawn(client.sleep(sleep(600_000)));
     eventually("the first call runs", || {
         tester.stats.sleeps_started.load(Ordering::SeqCst) == 1
     })
@@ -96,10 +98,11 @@ async fn a_concurrency_limit_sheds_calls_beyond_it(transport: &str) {
     let status = client.echo(EchoRequest::default()).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status}");
     assert!(status.message().contains("load-shed"), "{status}");
-    holder
-        .await
-        .unwrap()
-        .expect("the call within the limit ends");
+    holder.abort();
+    eventually("the holder's handler ended", || {
+        tester.stats.sleeps_dropped.load(Ordering::SeqCst) == 1
+    })
+    .await;
     client
         .echo(EchoRequest::default())
         .await
