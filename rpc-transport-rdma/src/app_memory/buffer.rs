@@ -473,19 +473,22 @@ mod tests {
         );
     }
 
+    /// A protection domain on the test device, if there is one.
+    fn device_pd() -> Option<Arc<ProtectionDomain>> {
+        crate::verbs::test_support::require_device()?;
+        let context = crate::verbs::Context::open_first().expect("the device opens");
+        Some(ProtectionDomain::new(&context).expect("a protection domain"))
+    }
+
     /// Deregistering unpins every page of the buffer, which takes long for a large one: the
     /// last holder's drop leaves it to the release thread instead of doing it where it is
     /// (an async task, a connection's thread under its lock).
     #[test]
     #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
     fn the_last_drop_deregisters_on_the_release_thread() {
-        use crate::verbs::test_support::require_device;
-        use crate::verbs::Context;
-        if require_device().is_none() {
+        let Some(pd) = device_pd() else {
             return;
-        }
-        let context = Context::open_first().expect("the device opens");
-        let pd = ProtectionDomain::new(&context).expect("a protection domain");
+        };
         let buffer = RegisteredBuffer::new(1 << 20).expect("a buffer");
         buffer.region.register_with(&pd, || false);
         assert_eq!(
@@ -525,13 +528,9 @@ mod tests {
     #[test]
     #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
     fn a_landing_is_cleared_before_another_peers_body() {
-        use crate::verbs::test_support::require_device;
-        use crate::verbs::Context;
-        if require_device().is_none() {
+        let Some(pd) = device_pd() else {
             return;
-        }
-        let context = Context::open_first().expect("the device opens");
-        let pd = ProtectionDomain::new(&context).expect("a protection domain");
+        };
         let mut buffer = RegisteredBuffer::new(8192).expect("a buffer");
         buffer.region.register_with(&pd, || false);
         buffer.get_mut().expect("alone").fill(7);
