@@ -222,11 +222,13 @@ impl Connection {
     }
 
     /// Whether the connection is closed.
+    #[inline]
     pub fn is_closed(&self) -> bool {
         self.closed.is_some()
     }
 
     /// Why the connection closed, if it did.
+    #[inline]
     pub fn close_reason(&self) -> Option<&CloseReason> {
         self.closed.as_ref()
     }
@@ -234,6 +236,7 @@ impl Connection {
     /// The next action for the driver, in order. The driver executes each before it takes
     /// the next, and before it posts a probe: the probe's place in the send queue is what
     /// [`Connection::is_drained`] relies on.
+    #[inline]
     pub fn poll_action(&mut self) -> Option<Action> {
         let action = self.actions.pop_front()?;
         if matches!(
@@ -274,6 +277,7 @@ impl Connection {
 
     /// Whether [`Connection::reserve_send`] would find a slot now: a sender that prepares
     /// something before its frame (a response buffer to advertise) asks first.
+    #[inline]
     pub fn can_reserve_send(&self) -> bool {
         self.closed.is_none() && self.send.can_reserve()
     }
@@ -382,6 +386,7 @@ impl Connection {
     /// Send slots to have memory for, when more than the driver backs: twice the ring's (up
     /// to `send_slots`) once a reservation found it full; 0 otherwise. The driver registers
     /// what is missing and calls [`Self::back_send_slots`].
+    #[inline]
     pub fn send_slots_wanted(&self) -> u32 {
         self.send.wanted()
     }
@@ -487,23 +492,8 @@ impl Connection {
     /// Posts every frame that can go now, then returns credits explicitly if they are due and
     /// no frame carried them, then wakes a blocked sender.
     fn flush(&mut self) {
-        self.large.pump_writes(&mut self.actions);
-        while let Some(frame) = self.large.next_frame() {
-            let Some((_, seq)) = self.send.reserve() else {
-                break;
-            };
-            let frame = *frame;
-            self.large.pop_frame();
-            let committed = self.send.commit(
-                seq,
-                Pending {
-                    len: frame.encoded_len() as u32,
-                    kind: frame.kind,
-                    call_id: frame.call_id,
-                    frame: Some(frame),
-                },
-            );
-            debug_assert!(committed);
+        if self.large.has_sends() {
+            self.flush_large();
         }
         let max_inline = self.geometry.max_inline;
         while self.credits.can_send_data() {
@@ -544,6 +534,29 @@ impl Connection {
         if self.want_writable && self.send.can_reserve() {
             self.want_writable = false;
             self.actions.push_back(Action::Writable);
+        }
+    }
+
+    /// Posts the WRITEs the write window allows, and commits the large-body path's
+    /// header-only frames to the ring while it has room.
+    fn flush_large(&mut self) {
+        self.large.pump_writes(&mut self.actions);
+        while let Some(frame) = self.large.next_frame() {
+            let Some((_, seq)) = self.send.reserve() else {
+                break;
+            };
+            let frame = *frame;
+            self.large.pop_frame();
+            let committed = self.send.commit(
+                seq,
+                Pending {
+                    len: frame.encoded_len() as u32,
+                    kind: frame.kind,
+                    call_id: frame.call_id,
+                    frame: Some(frame),
+                },
+            );
+            debug_assert!(committed);
         }
     }
 

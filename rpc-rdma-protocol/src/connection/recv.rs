@@ -160,6 +160,7 @@ impl Connection {
     /// it), to double the window up to the ring. The driver grows it with
     /// [`Self::grow_window`] as far as it can back the slots (a shared receive queue's pool
     /// may grant fewer, or none).
+    #[inline]
     pub fn window_wanted(&self) -> u32 {
         if self.closed.is_some() {
             0
@@ -216,6 +217,7 @@ impl Connection {
     /// Receive slots currently posted (credits with the peer, in flight or returnable). With
     /// a shared receive queue, what the pool gets back ([`crate::SharedPool::give_back`])
     /// once the QP can receive no more (moved to the error state or destroyed).
+    #[inline]
     pub fn recv_posted(&self) -> u32 {
         self.recv.posted()
     }

@@ -262,6 +262,13 @@ impl Large {
             .any(|g| matches!(g.state, GrantState::Arrived(_) | GrantState::Revoking))
     }
 
+    /// Whether WRITEs wait to be posted or header-only frames to be sent (the connection's
+    /// flush looks at nothing else of the large-body path while they do not).
+    #[inline]
+    pub(crate) fn has_sends(&self) -> bool {
+        !self.writing.is_empty() || !self.frames.is_empty()
+    }
+
     /// This side has no body to write and no header-only frame to send.
     pub(crate) fn sending_idle(&self) -> bool {
         self.transfers.is_empty() && self.frames.is_empty()

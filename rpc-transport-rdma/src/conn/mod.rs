@@ -318,6 +318,11 @@ impl Conn {
     /// `Writable` made room for, takes the wakers, says whether there is news to report.
     fn upcalls(&self, state: &mut State) -> Upcalls {
         let mut upcalls = Upcalls::default();
+        if !state.writers.writable && state.dropped.is_empty() && !state.large.has_failures() {
+            // The usual case: only a close may be news.
+            upcalls.report = state.closing == Closing::Open && state.proto.is_closed();
+            return upcalls;
+        }
         // A loop: flushing controls may bring another `Writable`.
         while std::mem::take(&mut state.writers.writable) {
             state.writers.stalled_since = None;

@@ -557,6 +557,9 @@ impl Engine {
     }
 }
 
-fn tag_of(wc: &WorkCompletion) -> u32 {
-    WorkId::from_wr_id(wc.wr_id()).map_or(0, |(tag, _)| tag)
+/// The tag in a completion's `wr_id`, and whether it is a receive's.
+fn tag_of(wc: &WorkCompletion) -> (u32, bool) {
+    WorkId::from_wr_id(wc.wr_id()).map_or((0, false), |(tag, work)| {
+        (tag, matches!(work, WorkId::Recv(_)))
+    })
 }

@@ -144,7 +144,7 @@ impl Registry {
 
     /// Routes a batch of polled completions under one lock: splits it into runs of one
     /// connection each, in CQ order, and says where each run goes. A completion's tag is
-    /// `tag_of(wc)`, but a shared receive queue's receive goes by the connection whose queue
+    /// `tag_of(wc)` (with whether it is a receive), but a shared receive queue's receive goes by the connection whose queue
     /// pair received it (by the queue's own tag if that connection is gone); `shared_recv`
     /// says whether any such queue exists. A connection being set up keeps its runs
     /// ([`Route::Held`]).
@@ -152,15 +152,16 @@ impl Registry {
         &self,
         polled: &[WorkCompletion],
         shared_recv: bool,
-        tag_of: impl Fn(&WorkCompletion) -> u32,
+        tag_of: impl Fn(&WorkCompletion) -> (u32, bool),
     ) -> SmallVec<[(Range<usize>, Route); 2]> {
         let mut inner = self.inner.lock();
         let tag = |inner: &Inner, wc: &WorkCompletion| {
-            let tag = tag_of(wc);
+            let (tag, receive) = tag_of(wc);
+            if !(shared_recv && receive) {
+                return tag;
+            }
             match inner.entries.get(&tag) {
-                Some(Entry::Srq(_)) if shared_recv => {
-                    inner.qps.get(&wc.qp_num()).copied().unwrap_or(tag)
-                }
+                Some(Entry::Srq(_)) => inner.qps.get(&wc.qp_num()).copied().unwrap_or(tag),
                 _ => tag,
             }
         };
