@@ -69,8 +69,13 @@ impl LargeState {
         std::mem::take(&mut self.failed)
     }
 
-    pub(super) fn take_arrived(&mut self) -> Vec<(Header, PlacedBody)> {
-        std::mem::take(&mut self.arrived)
+    pub(super) fn take_arrived(&mut self) -> impl Iterator<Item = (Header, PlacedBody)> + '_ {
+        self.arrived.drain(..)
+    }
+
+    /// Whether bodies wait to be handed up ([`LargeState::take_arrived`]).
+    pub(super) fn has_arrived(&self) -> bool {
+        !self.arrived.is_empty()
     }
 
     /// The invalidation of `grant`'s window failed.

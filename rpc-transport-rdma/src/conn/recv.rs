@@ -160,13 +160,10 @@ impl Conn {
             self.on_completion(&mut state, wc, &mut arrivals);
         }
         self.run_actions(&mut state);
-        arrivals.extend(
-            state
-                .large
-                .take_arrived()
-                .into_iter()
-                .map(|(header, buffer)| Arrival::Placed(header, buffer)),
-        );
+        if state.large.has_arrived() {
+            let placed = state.large.take_arrived();
+            arrivals.extend(placed.map(|(header, buffer)| Arrival::Placed(header, buffer)));
+        }
         let inbound = if arrivals.is_empty() {
             // Kept for the next batch that brings frames.
             state.hand_ups.spare = std::mem::take(&mut arrivals);
