@@ -67,7 +67,7 @@ const STAGES: &[(&str, &str, bool)] = &[
     ("copies (memcpy, memset)", r"memcpy|memset|memmove", false),
     (
         "allocator",
-        r"malloc|free|_int_|realloc|alloc::alloc|__rdl_|__rust_",
+        r"malloc|free|_int_|realloc|alloc::alloc|__rdl_|__rust_(alloc|dealloc|realloc)",
         false,
     ),
     ("benchmark harness", r"rpc_bench|hdrhistogram", false),
