@@ -66,6 +66,26 @@ enum Command {
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<String>,
     },
+    /// Boot two VMs joined by a network link (192.168.78.1 and .2, soft-RoCE device rxe1 on
+    /// it in each) and run a server in the second and a client in the first: RoCE packets
+    /// between two kernels.
+    VmPair {
+        /// Overall limit in seconds, boots included.
+        #[arg(long, default_value_t = 900)]
+        timeout: u64,
+        /// The server is ready once it listens on this TCP port.
+        #[arg(long, conflicts_with = "ready_line")]
+        ready_port: Option<u16>,
+        /// The server is ready once a line of its output contains this text.
+        #[arg(long)]
+        ready_line: Option<String>,
+        /// Shell command of the server (second VM, 192.168.78.2).
+        #[arg(long)]
+        server: String,
+        /// Shell command of the client (first VM, 192.168.78.1).
+        #[arg(long)]
+        client: String,
+    },
     /// Run ib_{send,write}_{lat,bw} in one boot and print their figures.
     PerftestBaseline {
         /// Also write the results as JSON here.
@@ -109,6 +129,23 @@ fn main() -> ExitCode {
             env,
             command,
         } => vm_run(options(timeout, verbose), env, command),
+        Command::VmPair {
+            timeout,
+            ready_port,
+            ready_line,
+            server,
+            client,
+        } => {
+            let ready = match (ready_port, ready_line) {
+                (Some(port), _) => vm::ServerReady::TcpPort(port),
+                (None, Some(line)) => vm::ServerReady::Line(line),
+                (None, None) => {
+                    eprintln!("error: say when the server is ready: --ready-port or --ready-line");
+                    return ExitCode::from(INFRA_FAILURE);
+                }
+            };
+            vm_pair(options(timeout, verbose), &ready, &server, &client)
+        }
         Command::PerftestBaseline { json, timeout } => {
             perftest_baseline(options(timeout, verbose), json)
         }
@@ -164,6 +201,34 @@ fn vm_run(
         report.total_time.as_secs_f64(),
         report.boot_time.as_secs_f64()
     );
+    Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
+fn vm_pair(
+    opts: VmOptions,
+    ready: &vm::ServerReady,
+    server: &str,
+    client: &str,
+) -> Result<ExitCode, VmError> {
+    let dir = vm::pair::meeting_dir(&xtask::workspace::target_dir()?)?;
+    let limit = opts.timeout.saturating_sub(Duration::from_secs(60));
+    let [client_plan, server_plan] =
+        vm::pair::client_server_plans(&current_dir()?, &dir, ready, server, client, limit);
+    let reports = vm::run_pair([&client_plan, &server_plan], &opts);
+    let _ = std::fs::remove_dir_all(&dir);
+    let [client_report, server_report] = reports?;
+    let code = |report: &vm::VmReport| report.steps.first().map_or(1, |s| s.exit_code);
+    let (client_code, server_code) = (code(&client_report), code(&server_report));
+    eprintln!(
+        "[xtask vm-pair] client exited with {client_code}, server with {server_code} (boots {:.1} s and {:.1} s)",
+        client_report.boot_time.as_secs_f64(),
+        server_report.boot_time.as_secs_f64()
+    );
+    let code = if client_code != 0 {
+        client_code
+    } else {
+        server_code
+    };
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
 }
 

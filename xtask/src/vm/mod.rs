@@ -18,6 +18,7 @@ mod error;
 pub mod initramfs;
 pub mod kernel;
 pub mod packages;
+pub mod pair;
 pub mod plan;
 pub mod qemu;
 
@@ -25,7 +26,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 pub use error::VmError;
-pub use plan::{Action, GuestCommand, GuestPlan, Ready, Step, GUEST_ADDR, GUEST_DEVICE};
+pub use pair::{run_pair, ServerReady, LINK_ADDRS};
+pub use plan::{
+    Action, GuestCommand, GuestPlan, Ready, Step, GUEST_ADDR, GUEST_DEVICE, LINK_DEVICE,
+    LINK_NETDEV,
+};
 
 /// How to run the VM.
 #[derive(Debug, Clone)]
@@ -86,6 +91,14 @@ pub struct VmReport {
 
 /// Boots the VM once and runs `plan` in it.
 pub fn run(plan: &GuestPlan, opts: &VmOptions) -> Result<VmReport, VmError> {
+    run_linked(plan, opts, None)
+}
+
+pub(crate) fn run_linked(
+    plan: &GuestPlan,
+    opts: &VmOptions,
+    link: Option<&qemu::Link>,
+) -> Result<VmReport, VmError> {
     packages::ensure(packages::VM_PACKAGES)?;
     if !in_path(qemu::QEMU) {
         return Err(VmError::QemuMissing(qemu::QEMU.into()));
@@ -117,6 +130,7 @@ pub fn run(plan: &GuestPlan, opts: &VmOptions) -> Result<VmReport, VmError> {
         share: &target,
         script: &script,
         nonce: &nonce,
+        link,
     };
     let labels: Vec<String> = plan.steps.iter().map(|s| s.label.clone()).collect();
     let started = Instant::now();

@@ -15,6 +15,11 @@ pub const GUEST_ADDR: &str = "192.168.77.1";
 pub const GUEST_ADDR6: &str = "fd77::1";
 /// The soft-RoCE device on [`GUEST_ADDR`].
 pub const GUEST_DEVICE: &str = "rxe0";
+/// The soft-RoCE device on the link between two VMs ([`GuestPlan::link`]).
+pub const LINK_DEVICE: &str = "rxe1";
+/// The network device of that link, in each VM (renamed to this, so that commands can
+/// take it down and up).
+pub const LINK_NETDEV: &str = "link0";
 
 /// One command line to run in the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,6 +139,9 @@ pub struct GuestPlan {
     pub env: Vec<(String, String)>,
     /// The steps, run in order; a failing step does not stop the next.
     pub steps: Vec<Step>,
+    /// This VM's IPv4 address on a link to another VM (`cargo xtask vm-pair`): the link's
+    /// network device gets it (a /24), and [`LINK_DEVICE`] is created on it.
+    pub link: Option<String>,
 }
 
 impl GuestPlan {
@@ -143,6 +151,7 @@ impl GuestPlan {
             cwd: cwd.into(),
             env: Vec::new(),
             steps: Vec::new(),
+            link: None,
         }
     }
 
@@ -188,7 +197,7 @@ impl GuestPlan {
         let _ = writeln!(s, "die() {{ mark fail \"$*\"; exit 1; }}");
         let _ = writeln!(s, "RUN_DIR={run_dir}");
         s.push_str(LIMIT);
-        s.push_str(&render_setup());
+        s.push_str(&render_setup(self.link.as_deref()));
         let env = self.base_env();
         for (index, step) in self.steps.iter().enumerate() {
             let _ = writeln!(s, "\nmark begin {index}");
@@ -297,8 +306,9 @@ limit() {
 }
 "#;
 
-/// Loads soft-RoCE and creates `rxe0` on veth0 with [`GUEST_ADDR`] and [`GUEST_ADDR6`].
-fn render_setup() -> String {
+/// Loads soft-RoCE and creates `rxe0` on veth0 with [`GUEST_ADDR`] and [`GUEST_ADDR6`],
+/// and with `link`, [`LINK_DEVICE`] on the virtio network device with that address.
+fn render_setup(link: Option<&str>) -> String {
     let mut s = String::from(
         "\nmark setup\n\
          # rxe needs the crc32 hash; the kernel cannot autoload it from inside the chroot.\n\
@@ -327,7 +337,42 @@ fn render_setup() -> String {
         s,
         "rdma link add {GUEST_DEVICE} type rxe netdev veth0 || die 'rdma link add {GUEST_DEVICE}'"
     );
+    if let Some(addr) = link {
+        s.push_str(&render_link(addr));
+    }
     s.push_str("mark ready\n");
+    s
+}
+
+/// The link to the other VM of a pair: its virtio network device (the one that is neither
+/// `lo` nor a veth), renamed [`LINK_NETDEV`], with `addr`, and [`LINK_DEVICE`] on it. The
+/// other VM may still be booting: nothing here waits for it.
+fn render_link(addr: &str) -> String {
+    let mut s = String::from(
+        "modprobe virtio_net || die 'modprobe virtio_net'\n\
+         LINK_IF=\n\
+         for d in /sys/class/net/*; do\n\
+         \x20   n=${d##*/}\n\
+         \x20   case $n in lo|veth*) ;; *) LINK_IF=$n; break ;; esac\n\
+         done\n\
+         [ -n \"$LINK_IF\" ] || die 'no network device for the link'\n",
+    );
+    let _ = writeln!(
+        s,
+        "ip link set \"$LINK_IF\" name {LINK_NETDEV} || die 'naming the link {LINK_NETDEV}'"
+    );
+    let _ = writeln!(
+        s,
+        "ip addr add {addr}/24 dev {LINK_NETDEV} || die 'ip addr add {addr}'"
+    );
+    let _ = writeln!(
+        s,
+        "ip link set {LINK_NETDEV} up || die 'ip link set {LINK_NETDEV} up'"
+    );
+    let _ = writeln!(
+        s,
+        "rdma link add {LINK_DEVICE} type rxe netdev {LINK_NETDEV} || die 'rdma link add {LINK_DEVICE}'"
+    );
     s
 }
 
@@ -393,6 +438,20 @@ mod tests {
         assert_eq!(quote("a b"), "'a b'");
         assert_eq!(quote("it's"), "'it'\\''s'");
         assert_eq!(quote(""), "''");
+    }
+
+    #[test]
+    fn a_linked_plan_sets_up_the_link_and_its_device() {
+        let mut plan = GuestPlan::new("/w");
+        let alone = plan.render("n", Path::new("/r"));
+        assert!(!alone.contains("virtio_net"));
+        plan.link = Some("192.168.78.2".into());
+        let script = plan.render("n", Path::new("/r"));
+        assert!(script.contains("modprobe virtio_net"));
+        assert!(script.contains("ip addr add 192.168.78.2/24 dev link0"));
+        assert!(script.contains("rdma link add rxe1 type rxe netdev link0"));
+        // Before the guest says it is ready.
+        assert!(script.find("rxe netdev link0") < script.find("mark ready"));
     }
 
     #[test]

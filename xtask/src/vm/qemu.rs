@@ -26,6 +26,20 @@ pub struct Boot<'a> {
     /// Guest script path (a host path, visible in the guest).
     pub script: &'a Path,
     pub nonce: &'a str,
+    /// A network link to another VM, if any.
+    pub link: Option<&'a Link>,
+}
+
+/// One end of a link between two VMs: a virtio network device whose Ethernet frames go
+/// to the other end as UDP datagrams on the host's loopback (qemu's `socket` netdev).
+#[derive(Debug, Clone)]
+pub struct Link {
+    /// Host UDP port this end receives on.
+    pub local_port: u16,
+    /// Host UDP port of the other end.
+    pub remote_port: u16,
+    /// This end's MAC address.
+    pub mac: String,
 }
 
 /// What the console told us.
@@ -80,6 +94,15 @@ pub fn command(boot: &Boot<'_>) -> Command {
         "local,path={},mount_tag=results,security_model=none,multidevs=remap",
         boot.share.display()
     ));
+    if let Some(link) = boot.link {
+        qemu.arg("-netdev")
+            .arg(format!(
+                "socket,id=link,udp=127.0.0.1:{},localaddr=127.0.0.1:{}",
+                link.remote_port, link.local_port
+            ))
+            .arg("-device")
+            .arg(format!("virtio-net-pci,netdev=link,mac={}", link.mac));
+    }
     qemu
 }
 

@@ -1,0 +1,151 @@
+//! Two VMs joined by a network link (`cargo xtask vm-pair`): real RoCE packets between two
+//! kernels, each with its own soft-RoCE device on the link ([`super::LINK_DEVICE`]), where one VM
+//! with two devices cannot exchange them (see docs/SOFTROCE.md). The link is a virtio
+//! network device in each VM whose Ethernet frames travel between the two qemu processes as
+//! UDP datagrams on the host's loopback.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::plan::quote;
+use super::{qemu, run_linked, GuestCommand, GuestPlan, Step, VmError, VmOptions, VmReport};
+
+/// The addresses of the two VMs of [`run_pair`] on their link (a /24).
+pub const LINK_ADDRS: [&str; 2] = ["192.168.78.1", "192.168.78.2"];
+
+/// How often a VM of a pair looks for the other's news in the shared directory.
+const POLL: &str = "0.2";
+
+/// Boots two VMs at once, joined by a network link (real RoCE packets between two kernels,
+/// each with its own soft-RoCE device, [`LINK_DEVICE`]), and runs `plans[i]` in VM `i`;
+/// VM `i` has the address [`LINK_ADDRS`]`[i]` on the link. Each VM also has its own
+/// `rxe0`, as [`super::run`] sets up.
+pub fn run_pair(plans: [&GuestPlan; 2], opts: &VmOptions) -> Result<[VmReport; 2], VmError> {
+    // Installed and built once, before the two boots would race to do it.
+    super::packages::ensure(super::packages::VM_PACKAGES)?;
+    let kernel = super::kernel::Kernel::find()?;
+    let cache = crate::workspace::target_dir()?.join("softroce-vm");
+    super::initramfs::ensure(&kernel, &cache)?;
+    let ports = [free_udp_port()?, free_udp_port()?];
+    let links = [0, 1].map(|i| qemu::Link {
+        local_port: ports[i],
+        remote_port: ports[1 - i],
+        mac: format!("52:54:00:77:00:{:02x}", i + 1),
+    });
+    let [first, second] = std::thread::scope(|scope| {
+        let run = |i: usize| {
+            let mut plan = plans[i].clone();
+            plan.link = Some(LINK_ADDRS[i].to_string());
+            let link = &links[i];
+            scope.spawn(move || run_linked(&plan, opts, Some(link)))
+        };
+        let handles = [run(0), run(1)];
+        handles.map(|h| h.join().expect("a VM's thread panicked"))
+    });
+    Ok([first?, second?])
+}
+
+/// A UDP port on the host's loopback that was free a moment ago.
+fn free_udp_port() -> Result<u16, VmError> {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|socket| socket.local_addr())
+        .map(|addr| addr.port())
+        .map_err(|e| VmError::io("finding a free UDP port for the VMs' link", e))
+}
+
+/// When the server of a pair is ready for its client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerReady {
+    /// It listens on this TCP port (perftest's out-of-band exchange).
+    TcpPort(u16),
+    /// Its output has a line containing this text (`rpc-bench server` prints
+    /// `listening on <url>`; an rdma_cm listener has no port `ss` would show).
+    Line(String),
+}
+
+/// The two plans of a client/server run across the link: VM 1 serves (`server`, in the
+/// background, until the client is done), VM 0 runs `client` once the server is `ready`.
+/// They meet through files in `dir`, a directory both see (under the writable share); the
+/// server's output is kept there too and printed when it ends. Each step is limited to
+/// `limit`.
+pub fn client_server_plans(
+    cwd: &Path,
+    dir: &Path,
+    ready: &ServerReady,
+    server: &str,
+    client: &str,
+    limit: Duration,
+) -> [GuestPlan; 2] {
+    let file = |name: &str| quote(&dir.join(name).to_string_lossy());
+    let (log, is_ready, done) = (
+        file("server.log"),
+        file("server-ready"),
+        file("client-done"),
+    );
+    let listening = match ready {
+        ServerReady::TcpPort(port) => format!("ss -Hltn 'sport = :{port}' | grep -q ."),
+        ServerReady::Line(text) => format!("grep -qF {} {log}", quote(text)),
+    };
+    let server_script = format!(
+        "({server}) >{log} 2>&1 & s=$!; \
+         until {listening}; do kill -0 $s 2>/dev/null || break; sleep {POLL}; done; \
+         touch {is_ready}; \
+         until [ -e {done} ]; do kill -0 $s 2>/dev/null || break; sleep {POLL}; done; \
+         kill $s 2>/dev/null; wait $s; rc=$?; cat {log}; \
+         [ -e {done} ] && exit 0; exit $rc"
+    );
+    let client_script = format!(
+        "until [ -e {is_ready} ]; do sleep {POLL}; done; ({client}); rc=$?; touch {done}; exit $rc"
+    );
+    let plan = |label: &str, script: String| {
+        let mut plan = GuestPlan::new(cwd);
+        plan.steps.push(
+            Step::run(label, GuestCommand::new(["sh", "-c", script.as_str()])).with_timeout(limit),
+        );
+        plan
+    };
+    [plan("client", client_script), plan("server", server_script)]
+}
+
+/// A fresh directory for two VMs to meet in, under the writable share `share`.
+pub fn meeting_dir(share: &Path) -> Result<PathBuf, VmError> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let dir = share
+        .join("softroce-vm")
+        .join(format!("pair-{:x}-{nanos:x}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| VmError::io(format!("creating {}", dir.display()), e))?;
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_client_waits_for_the_server_and_the_server_for_the_client() {
+        let dir = Path::new("/t/pair");
+        let [client, server] = client_server_plans(
+            Path::new("/w"),
+            dir,
+            &ServerReady::Line("listening on".into()),
+            "serve",
+            "call",
+            Duration::from_secs(60),
+        );
+        let script = |plan: &GuestPlan| match &plan.steps[0].action {
+            super::super::Action::Run(command) => command.argv[2].clone(),
+            other => panic!("not a command: {other:?}"),
+        };
+        let (client, server) = (script(&client), script(&server));
+        assert!(client.starts_with("until [ -e /t/pair/server-ready ]"));
+        assert!(client.contains("(call); rc=$?; touch /t/pair/client-done; exit $rc"));
+        assert!(server.starts_with("(serve) >/t/pair/server.log 2>&1 &"));
+        assert!(server.contains("until grep -qF 'listening on' /t/pair/server.log"));
+        assert!(server.contains("touch /t/pair/server-ready"));
+        assert!(server.contains("until [ -e /t/pair/client-done ]"));
+    }
+}
