@@ -138,7 +138,7 @@ fn main() -> ExitCode {
         } => {
             let ready = match (ready_port, ready_line) {
                 (Some(port), _) => vm::ServerReady::TcpPort(port),
-                (None, Some(line)) => vm::ServerReady::Line(line),
+                (None, Some(line)) => vm::ServerReady::Lines(vec![line]),
                 (None, None) => {
                     eprintln!("error: say when the server is ready: --ready-port or --ready-line");
                     return ExitCode::from(INFRA_FAILURE);
@@ -291,12 +291,39 @@ fn test_rdma(
     }
     let plan = test_rdma::plan(&binaries, &test_args, &cwd);
     let report = vm::run(&plan, &opts)?;
+    let mut steps = report.steps;
+    let paired = binaries
+        .iter()
+        .filter(|b| test_rdma::PAIR_ONLY.contains(&b.target.as_str()));
+    for binary in paired {
+        let dir = vm::pair::meeting_dir(&xtask::workspace::target_dir()?)?;
+        let [client, server] = test_rdma::pair_plans(binary, &dir, &cwd);
+        let reports = vm::run_pair([&client, &server], &opts);
+        let _ = std::fs::remove_dir_all(&dir);
+        let [client, server] = reports?;
+        let mut step = client.steps.into_iter().next().ok_or_else(|| {
+            VmError::Parse(format!(
+                "{}: the pair's client reported nothing",
+                binary.target
+            ))
+        })?;
+        step.label = format!("{} ({}, two VMs)", binary.target, binary.package);
+        if let Some(served) = server.steps.first().filter(|s| !s.success()) {
+            eprintln!(
+                "[xtask] the pair's server exited with {}:",
+                served.exit_code
+            );
+            served.output.iter().for_each(|line| eprintln!("  {line}"));
+            step.exit_code = step.exit_code.max(1);
+        }
+        steps.push(step);
+    }
     eprintln!(
         "\n[xtask] test binaries in the soft-RoCE VM (boot {:.1} s):",
         report.boot_time.as_secs_f64()
     );
     let mut failed = 0;
-    for step in &report.steps {
+    for step in &steps {
         let verdict = match step.exit_code {
             0 => "ok",
             124 => {
@@ -318,10 +345,7 @@ fn test_rdma(
     if failed == 0 {
         Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!(
-            "[xtask] {failed} of {} test binaries failed",
-            report.steps.len()
-        );
+        eprintln!("[xtask] {failed} of {} test binaries failed", steps.len());
         Ok(ExitCode::FAILURE)
     }
 }

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::vm::{GuestCommand, GuestPlan, Step, VmError};
+use crate::vm::pair::{client_server_plans, ServerReady};
+use crate::vm::plan::quote;
+use crate::vm::{GuestCommand, GuestPlan, Step, VmError, LINK_NETDEV};
 
 /// Crates whose tests need a real RDMA device. Add a crate here when it gains RDMA tests.
 pub const RDMA_TEST_PACKAGES: &[&str] = &["rpc-transport-rdma", "rpc-examples", "rpc-bench"];
@@ -112,6 +114,14 @@ fn package_name(id: &str) -> String {
 /// connection manager does not take new connections for minutes after.
 pub const RUNS_LAST: &[&str] = &["chaos_link"];
 
+/// Test binaries that need two hosts: each runs in the first VM of a pair (`vm-pair`),
+/// against the echo server over rdma:// and tcp:// in the second, which takes its link down
+/// and up when asked (see [`pair_plans`]).
+pub const PAIR_ONLY: &[&str] = &["chaos_pair"];
+
+/// Where the second VM of a pair serves the echo service (the ports `chaos_pair` calls).
+const PAIR_SERVICES: [&str; 2] = ["rdma://{peer}:7471", "tcp://{peer}:7472"];
+
 /// Test binaries with no RDMA in them (gRPC over HTTP/2, against Python's grpcio and
 /// tonic): the host's `cargo test` runs them, the VM does not run them again.
 pub const HOST_ONLY: &[&str] = &[
@@ -133,7 +143,7 @@ pub fn plan(binaries: &[TestBinary], test_args: &[String], cwd: &Path) -> GuestP
     let mut plan = GuestPlan::new(cwd);
     let mut ordered: Vec<&TestBinary> = binaries
         .iter()
-        .filter(|b| !HOST_ONLY.contains(&b.target.as_str()))
+        .filter(|b| ![HOST_ONLY, PAIR_ONLY].concat().contains(&b.target.as_str()))
         .collect();
     ordered.sort_by_key(|b| RUNS_LAST.contains(&b.target.as_str()));
     for binary in ordered {
@@ -155,6 +165,53 @@ pub fn plan(binaries: &[TestBinary], test_args: &[String], cwd: &Path) -> GuestP
             .push(Step::run(label, command).with_timeout(PER_BINARY_TIMEOUT));
     }
     plan
+}
+
+/// The two plans that run `binary` (one of [`PAIR_ONLY`]) across a pair of VMs meeting in
+/// `dir`: the first VM runs the tests (told the server's address in `PAIR_PEER` and the
+/// meeting directory in `PAIR_DIR`); the second serves the echo service over rdma:// and
+/// tcp:// with the package's `echo-server`, and takes its link down when the file
+/// `link-down` appears in `dir` and up when `link-up` does, saying so with `link-is-down`
+/// and `link-is-up`.
+pub fn pair_plans(binary: &TestBinary, dir: &Path, cwd: &Path) -> [GuestPlan; 2] {
+    let peer = crate::vm::LINK_ADDRS[1];
+    let q = |path: &Path| quote(&path.to_string_lossy());
+    let echo = binary
+        .executable
+        .parent()
+        .and_then(Path::parent)
+        .map(|profile_dir| profile_dir.join("echo-server"))
+        .unwrap_or_default();
+    let mut server: Vec<String> = PAIR_SERVICES
+        .iter()
+        .map(|url| format!("{} {} &", q(&echo), url.replace("{peer}", peer)))
+        .collect();
+    let file = |name: &str| q(&dir.join(name));
+    for state in ["down", "up"] {
+        server.push(format!(
+            "[ -e {ask} ] && [ ! -e {done} ] && ip link set {LINK_NETDEV} {state} && touch {done};",
+            ask = file(&format!("link-{state}")),
+            done = file(&format!("link-is-{state}")),
+        ));
+    }
+    let server = format!(
+        "{} {} while :; do {} {} sleep 0.2; done",
+        server[0], server[1], server[2], server[3]
+    );
+    let client = format!(
+        "cd {} && env PAIR_PEER={peer} PAIR_DIR={} CARGO_MANIFEST_DIR={} {} --include-ignored",
+        q(&binary.package_dir),
+        q(dir),
+        q(&binary.package_dir),
+        q(&binary.executable),
+    );
+    let ready = ServerReady::Lines(
+        PAIR_SERVICES
+            .iter()
+            .map(|url| format!("listening on {}", url.replace("{peer}", peer)))
+            .collect(),
+    );
+    client_server_plans(cwd, dir, &ready, &server, &client, PER_BINARY_TIMEOUT)
 }
 
 #[cfg(test)]

@@ -58,9 +58,9 @@ fn free_udp_port() -> Result<u16, VmError> {
 pub enum ServerReady {
     /// It listens on this TCP port (perftest's out-of-band exchange).
     TcpPort(u16),
-    /// Its output has a line containing this text (`rpc-bench server` prints
+    /// Its output has lines containing each of these texts (`rpc-bench server` prints
     /// `listening on <url>`; an rdma_cm listener has no port `ss` would show).
-    Line(String),
+    Lines(Vec<String>),
 }
 
 /// The two plans of a client/server run across the link: VM 1 serves (`server`, in the
@@ -84,7 +84,11 @@ pub fn client_server_plans(
     );
     let listening = match ready {
         ServerReady::TcpPort(port) => format!("ss -Hltn 'sport = :{port}' | grep -q ."),
-        ServerReady::Line(text) => format!("grep -qF {} {log}", quote(text)),
+        ServerReady::Lines(texts) => texts
+            .iter()
+            .map(|text| format!("grep -qF {} {log}", quote(text)))
+            .collect::<Vec<_>>()
+            .join(" && "),
     };
     let server_script = format!(
         "({server}) >{log} 2>&1 & s=$!; \
@@ -131,7 +135,7 @@ mod tests {
         let [client, server] = client_server_plans(
             Path::new("/w"),
             dir,
-            &ServerReady::Line("listening on".into()),
+            &ServerReady::Lines(vec!["listening on".into(), "tcp://".into()]),
             "serve",
             "call",
             Duration::from_secs(60),
@@ -144,7 +148,9 @@ mod tests {
         assert!(client.starts_with("until [ -e /t/pair/server-ready ]"));
         assert!(client.contains("(call); rc=$?; touch /t/pair/client-done; exit $rc"));
         assert!(server.starts_with("(serve) >/t/pair/server.log 2>&1 &"));
-        assert!(server.contains("until grep -qF 'listening on' /t/pair/server.log"));
+        assert!(server.contains(
+            "until grep -qF 'listening on' /t/pair/server.log && grep -qF tcp:// /t/pair/server.log;"
+        ));
         assert!(server.contains("touch /t/pair/server-ready"));
         assert!(server.contains("until [ -e /t/pair/client-done ]"));
     }

@@ -1,0 +1,176 @@
+//! Chaos between two hosts: `cargo xtask test` runs this binary in the first VM of a pair
+//! (`cargo xtask vm-pair`; a plain `cargo test` ignores it), with `echo-server` serving
+//! over rdma:// and tcp:// in the second. The server's link goes down from its own side, so
+//! frames are lost on the wire with no error, reset or event reaching this host: the peer
+//! just goes silent, as a host that dies or a cable that is pulled does. This side asks
+//! for the link to go down and up through files in the pair's meeting directory
+//! (`PAIR_DIR`); the server's address is `PAIR_PEER`.
+//!
+//! Checked: every call of 64 RDMA connections ends with a clear status within its deadline
+//! or the keepalive time; a call with no deadline, over rdma:// and over tcp://, fails with
+//! `UNAVAILABLE` within the keepalive's detection time; the device's resources and this
+//! process's pinned memory come back to their baseline; over tcp:// new connections work
+//! again once the link is back. Whether soft-RoCE's connection manager takes new
+//! connections again after the flap is printed.
+
+// The chaos tests' shared helpers; this binary uses some of them.
+#[allow(dead_code)]
+mod chaos_support;
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use chaos_support::*;
+use rdma_rpc::prelude::*;
+use rdma_rpc::ConnectionLimits;
+use rpc_examples::echo::echo_client::EchoClient;
+use rpc_examples::echo::EchoRequest;
+use rpc_transport_rdma::verbs::test_support::require_device;
+
+/// Where the server's `echo-server`s listen (see `xtask`'s `chaos_pair` plan).
+const RDMA_PORT: u16 = 7471;
+const TCP_PORT: u16 = 7472;
+
+/// Longest a no-deadline call may take to fail once the peer went silent: the keepalive's
+/// detection (every [`KEEPALIVE`], dead after [`KEEPALIVE_TIMEOUT`]; over RDMA the probe's
+/// own retries, up to the QP's transport retry budget) plus slack for the emulation.
+const DETECTION_BOUND: Duration = Duration::from_secs(8);
+
+/// How long new connections are tried after the link comes back.
+const RECOVERY: Duration = Duration::from_secs(10);
+
+/// The other VM of the pair, and the directory the two VMs meet in.
+struct Peer {
+    addr: String,
+    dir: PathBuf,
+}
+
+impl Peer {
+    fn from_env() -> Peer {
+        let var = |name: &str| {
+            std::env::var(name).unwrap_or_else(|_| panic!("{name}: run by `cargo xtask test`"))
+        };
+        Peer {
+            addr: var("PAIR_PEER"),
+            dir: PathBuf::from(var("PAIR_DIR")),
+        }
+    }
+
+    fn url(&self, scheme: &str, port: u16) -> String {
+        format!("{scheme}://{}:{port}", self.addr)
+    }
+
+    /// Asks the server's VM to take its link `down` or up, and waits until it did.
+    fn link(&self, state: &str) {
+        std::fs::write(self.dir.join(format!("link-{state}")), b"").expect("asking the peer");
+        let done = self.dir.join(format!("link-is-{state}"));
+        let until = Instant::now() + Duration::from_secs(30);
+        while !done.exists() {
+            assert!(
+                Instant::now() < until,
+                "the peer did not take its link {state}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A channel to `url` whose calls have no deadline: only the keepalive can end them.
+fn no_deadline_channel(url: &str) -> EchoClient<Channel> {
+    let tcp = ConnectionLimits {
+        keepalive: Some(KEEPALIVE),
+        keepalive_timeout: KEEPALIVE_TIMEOUT,
+        ..ConnectionLimits::default()
+    };
+    let channel = rdma_rpc::client()
+        .rdma_config(rdma())
+        .tcp_limits(tcp)
+        .connect_timeout(Duration::from_secs(30))
+        .connect_blocking(url)
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
+    let client = EchoClient::new(channel);
+    client
+        .echo_blocking(EchoRequest::default())
+        .unwrap_or_else(|e| panic!("a first call to {url}: {e}"));
+    client
+}
+
+/// Calls once on `client` (whose peer is silent) on a thread of its own; returns how long
+/// the call took to fail, having checked its status.
+fn silent_call(client: EchoClient<Channel>, what: &'static str) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let result = client.echo_blocking(EchoRequest::default());
+        let took = started.elapsed();
+        let status = result.expect_err("a call to a silent peer cannot succeed");
+        say(format!(
+            "{what}: a call with no deadline failed after {took:?}: {status}"
+        ));
+        assert_eq!(status.code(), Code::Unavailable, "{what}: {status}");
+        assert!(took <= DETECTION_BOUND, "{what}: took {took:?}");
+    })
+}
+
+/// Whether a new connection to `url` answers a call within [`RECOVERY`]; how long it took.
+fn new_connections_work(url: &str) -> Result<Duration, String> {
+    let since = Instant::now();
+    loop {
+        let attempt = rdma_rpc::client()
+            .rdma_config(rdma())
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(2))
+            .connect_blocking(url)
+            .map_err(|e| e.to_string())
+            .and_then(|channel| {
+                EchoClient::new(channel)
+                    .echo_blocking(EchoRequest::default())
+                    .map_err(|e| e.to_string())
+            });
+        match attempt {
+            Ok(_) => return Ok(since.elapsed()),
+            Err(e) if since.elapsed() > RECOVERY => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs two hosts: `cargo xtask test` runs it in a pair of soft-RoCE VMs"]
+fn the_servers_link_goes_down() {
+    require_device().expect("an RDMA device");
+    let peer = Peer::from_env();
+    let (rdma_url, tcp_url) = (peer.url("rdma", RDMA_PORT), peer.url("tcp", TCP_PORT));
+    // The baseline has librdmacm's context of the device that reaches the peer.
+    warm_up(&rdma_url);
+    let baseline = settled();
+    let calling = Calling::start(&rdma_url, "server's link down");
+    let silent = [
+        (no_deadline_channel(&rdma_url), "rdma://"),
+        (no_deadline_channel(&tcp_url), "tcp://"),
+    ];
+    let down = Instant::now();
+    peer.link("down");
+    let silent: Vec<_> = silent
+        .into_iter()
+        .map(|(client, what)| silent_call(client, what))
+        .collect();
+    let outcomes = calling.finish(CONNECTIONS as u64);
+    say(format!(
+        "server's link down: the 64 connections' calls ended {:?} after it went down",
+        down.elapsed()
+    ));
+    outcomes.report("server's link down");
+    for call in silent {
+        call.join().expect("the silent call's checks");
+    }
+    peer.link("up");
+    let tcp = new_connections_work(&tcp_url);
+    say(format!("link back up: new tcp:// connections: {tcp:?}"));
+    assert!(tcp.is_ok(), "tcp:// does not recover: {tcp:?}");
+    let rdma = new_connections_work(&rdma_url);
+    say(format!(
+        "link back up: new rdma:// connections (soft-RoCE's connection manager): {rdma:?}"
+    ));
+    back_to(&baseline, "server's link down");
+}
