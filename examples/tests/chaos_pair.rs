@@ -18,74 +18,40 @@
 mod chaos_support;
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use chaos_support::pair::{new_connections_work, Peer, RDMA_PORT, TCP_PORT};
 use chaos_support::*;
 use rdma_rpc::prelude::*;
-use rdma_rpc::ConnectionLimits;
+use rdma_rpc::{ConnectionLimits, ReconnectConfig};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::EchoRequest;
 use rpc_transport_rdma::verbs::test_support::require_device;
 
-/// Where the server's `echo-server`s listen (see `xtask`'s `chaos_pair` plan).
-const RDMA_PORT: u16 = 7471;
-const TCP_PORT: u16 = 7472;
-
 /// Longest a no-deadline call may take to fail once the peer went silent: the keepalive's
-/// detection (every [`KEEPALIVE`], dead after [`KEEPALIVE_TIMEOUT`]; over RDMA the probe's
-/// own retries, up to the QP's transport retry budget) plus slack for the emulation.
+/// detection (every [`KEEPALIVE`], dead after [`KEEPALIVE_TIMEOUT`]), then at most
+/// [`RECONNECT_WAIT`] for a new connection, plus slack for the emulation.
 const DETECTION_BOUND: Duration = Duration::from_secs(8);
 
-/// How long new connections are tried after the link comes back.
-const RECOVERY: Duration = Duration::from_secs(10);
+/// How long a call waits for a new connection once the keepalive closed the old one.
+const RECONNECT_WAIT: Duration = Duration::from_secs(2);
 
-/// The other VM of the pair, and the directory the two VMs meet in.
-struct Peer {
-    addr: String,
-    dir: PathBuf,
-}
-
-impl Peer {
-    fn from_env() -> Peer {
-        let var = |name: &str| {
-            std::env::var(name).unwrap_or_else(|_| panic!("{name}: run by `cargo xtask test`"))
-        };
-        Peer {
-            addr: var("PAIR_PEER"),
-            dir: PathBuf::from(var("PAIR_DIR")),
-        }
-    }
-
-    fn url(&self, scheme: &str, port: u16) -> String {
-        format!("{scheme}://{}:{port}", self.addr)
-    }
-
-    /// Asks the server's VM to take its link `down` or up, and waits until it did.
-    fn link(&self, state: &str) {
-        std::fs::write(self.dir.join(format!("link-{state}")), b"").expect("asking the peer");
-        let done = self.dir.join(format!("link-is-{state}"));
-        let until = Instant::now() + Duration::from_secs(30);
-        while !done.exists() {
-            assert!(
-                Instant::now() < until,
-                "the peer did not take its link {state}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-/// A channel to `url` whose calls have no deadline: only the keepalive can end them.
+/// A channel to `url` whose calls have no deadline: only the keepalive can end them. Once
+/// it has closed the connection, a call waits [`RECONNECT_WAIT`] at most for a new one.
 fn no_deadline_channel(url: &str) -> EchoClient<Channel> {
     let tcp = ConnectionLimits {
         keepalive: Some(KEEPALIVE),
         keepalive_timeout: KEEPALIVE_TIMEOUT,
         ..ConnectionLimits::default()
     };
+    let reconnect = ReconnectConfig {
+        connect_wait: RECONNECT_WAIT,
+        ..ReconnectConfig::default()
+    };
     let channel = rdma_rpc::client()
         .rdma_config(rdma())
         .tcp_limits(tcp)
+        .reconnect(reconnect)
         .connect_timeout(Duration::from_secs(30))
         .connect_blocking(url)
         .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
@@ -96,43 +62,25 @@ fn no_deadline_channel(url: &str) -> EchoClient<Channel> {
     client
 }
 
-/// Calls once on `client` (whose peer is silent) on a thread of its own; returns how long
-/// the call took to fail, having checked its status.
-fn silent_call(client: EchoClient<Channel>, what: &'static str) -> std::thread::JoinHandle<()> {
+/// Calls once on `client` (whose peer went silent at `down`) on a thread of its own, and
+/// checks that the call fails `UNAVAILABLE` within [`DETECTION_BOUND`] of `down`: in flight
+/// when the keepalive finds the peer dead, or, if the keepalive found it first, waiting for
+/// a new connection.
+fn silent_call(
+    client: EchoClient<Channel>,
+    what: &'static str,
+    down: Instant,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        let started = Instant::now();
         let result = client.echo_blocking(EchoRequest::default());
-        let took = started.elapsed();
+        let took = down.elapsed();
         let status = result.expect_err("a call to a silent peer cannot succeed");
         say(format!(
-            "{what}: a call with no deadline failed after {took:?}: {status}"
+            "{what}: a call with no deadline failed {took:?} after the link went down: {status}"
         ));
         assert_eq!(status.code(), Code::Unavailable, "{what}: {status}");
         assert!(took <= DETECTION_BOUND, "{what}: took {took:?}");
     })
-}
-
-/// Whether a new connection to `url` answers a call within [`RECOVERY`]; how long it took.
-fn new_connections_work(url: &str) -> Result<Duration, String> {
-    let since = Instant::now();
-    loop {
-        let attempt = rdma_rpc::client()
-            .rdma_config(rdma())
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(2))
-            .connect_blocking(url)
-            .map_err(|e| e.to_string())
-            .and_then(|channel| {
-                EchoClient::new(channel)
-                    .echo_blocking(EchoRequest::default())
-                    .map_err(|e| e.to_string())
-            });
-        match attempt {
-            Ok(_) => return Ok(since.elapsed()),
-            Err(e) if since.elapsed() > RECOVERY => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(200)),
-        }
-    }
 }
 
 #[test]
@@ -153,7 +101,7 @@ fn the_servers_link_goes_down() {
     peer.link("down");
     let silent: Vec<_> = silent
         .into_iter()
-        .map(|(client, what)| silent_call(client, what))
+        .map(|(client, what)| silent_call(client, what, down))
         .collect();
     let outcomes = calling.finish(CONNECTIONS as u64);
     say(format!(

@@ -117,7 +117,7 @@ pub const RUNS_LAST: &[&str] = &["chaos_link"];
 /// Test binaries that need two hosts: each runs in the first VM of a pair (`vm-pair`),
 /// against the echo server over rdma:// and tcp:// in the second, which takes its link down
 /// and up when asked (see [`pair_plans`]).
-pub const PAIR_ONLY: &[&str] = &["chaos_pair"];
+pub const PAIR_ONLY: &[&str] = &["chaos_pair", "chaos_pair_heal"];
 
 /// Where the second VM of a pair serves the echo service (the ports `chaos_pair` calls).
 const PAIR_SERVICES: [&str; 2] = ["rdma://{peer}:7471", "tcp://{peer}:7472"];
@@ -167,13 +167,19 @@ pub fn plan(binaries: &[TestBinary], test_args: &[String], cwd: &Path) -> GuestP
     plan
 }
 
-/// The two plans that run `binary` (one of [`PAIR_ONLY`]) across a pair of VMs meeting in
-/// `dir`: the first VM runs the tests (told the server's address in `PAIR_PEER` and the
+/// The two plans that run `binary` (one of [`PAIR_ONLY`], with `test_args`) across a pair
+/// of VMs meeting in `dir`: the first VM runs the tests (told the server's address in `PAIR_PEER` and the
 /// meeting directory in `PAIR_DIR`); the second serves the echo service over rdma:// and
 /// tcp:// with the package's `echo-server`, and takes its link down when the file
 /// `link-down` appears in `dir` and up when `link-up` does, saying so with `link-is-down`
-/// and `link-is-up`.
-pub fn pair_plans(binary: &TestBinary, dir: &Path, cwd: &Path) -> [GuestPlan; 2] {
+/// and `link-is-up`; `link-blip` takes it down for the seconds the file says, then up
+/// (`link-is-blipped`).
+pub fn pair_plans(
+    binary: &TestBinary,
+    test_args: &[String],
+    dir: &Path,
+    cwd: &Path,
+) -> [GuestPlan; 2] {
     let peer = crate::vm::LINK_ADDRS[1];
     let q = |path: &Path| quote(&path.to_string_lossy());
     let echo = binary
@@ -182,28 +188,44 @@ pub fn pair_plans(binary: &TestBinary, dir: &Path, cwd: &Path) -> [GuestPlan; 2]
         .and_then(Path::parent)
         .map(|profile_dir| profile_dir.join("echo-server"))
         .unwrap_or_default();
-    let mut server: Vec<String> = PAIR_SERVICES
+    // Each server's pid in `$e0`, `$e1`: the watch below ends when either exits, and the
+    // pair's script then sees the server side gone.
+    let server: Vec<String> = PAIR_SERVICES
         .iter()
-        .map(|url| format!("{} {} &", q(&echo), url.replace("{peer}", peer)))
+        .enumerate()
+        .map(|(i, url)| format!("{} {} & e{i}=$!;", q(&echo), url.replace("{peer}", peer)))
         .collect();
     let file = |name: &str| q(&dir.join(name));
-    for state in ["down", "up"] {
-        server.push(format!(
-            "[ -e {ask} ] && [ ! -e {done} ] && ip link set {LINK_NETDEV} {state} && touch {done};",
-            ask = file(&format!("link-{state}")),
-            done = file(&format!("link-is-{state}")),
-        ));
-    }
+    let mut watch: Vec<String> = ["down", "up"]
+        .iter()
+        .map(|state| {
+            format!(
+                "[ -e {ask} ] && [ ! -e {done} ] && ip link set {LINK_NETDEV} {state} && touch {done};",
+                ask = file(&format!("link-{state}")),
+                done = file(&format!("link-is-{state}")),
+            )
+        })
+        .collect();
+    // Down for as long as the file says, and up again.
+    let (blip, blipped) = (file("link-blip"), file("link-is-blipped"));
+    watch.push(format!(
+        "[ -e {blip} ] && [ ! -e {blipped} ] && ip link set {LINK_NETDEV} down \
+         && sleep \"$(cat {blip})\" && ip link set {LINK_NETDEV} up && touch {blipped};"
+    ));
     let server = format!(
-        "{} {} while :; do {} {} sleep 0.2; done",
-        server[0], server[1], server[2], server[3]
+        "{} while kill -0 $e0 2>/dev/null && kill -0 $e1 2>/dev/null; do {} sleep 0.05; done; \
+         echo 'an echo-server exited'; exit 1",
+        server.join(" "),
+        watch.join(" ")
     );
+    let args: Vec<String> = test_args.iter().map(|arg| quote(arg)).collect();
     let client = format!(
-        "cd {} && env PAIR_PEER={peer} PAIR_DIR={} CARGO_MANIFEST_DIR={} {} --include-ignored",
+        "cd {} && env PAIR_PEER={peer} PAIR_DIR={} CARGO_MANIFEST_DIR={} {} --include-ignored {}",
         q(&binary.package_dir),
         q(dir),
         q(&binary.package_dir),
         q(&binary.executable),
+        args.join(" "),
     );
     let ready = ServerReady::Lines(
         PAIR_SERVICES

@@ -17,6 +17,10 @@ use rpc_examples::EchoService;
 
 use super::common;
 
+// The pair tests' own part; the one-VM chaos binaries use none of it.
+#[allow(dead_code)]
+pub mod pair;
+
 /// Prints a figure of the chaos where the test's output is shown even when it passes
 /// (written to stderr directly: the test harness captures `eprintln!`).
 pub fn say(line: String) {

@@ -144,10 +144,10 @@ impl Registry {
 
     /// Routes a batch of polled completions under one lock: splits it into runs of one
     /// connection each, in CQ order, and says where each run goes. A completion's tag is
-    /// `tag_of(wc)` (with whether it is a receive), but a shared receive queue's receive goes by the connection whose queue
-    /// pair received it (by the queue's own tag if that connection is gone); `shared_recv`
-    /// says whether any such queue exists. A connection being set up keeps its runs
-    /// ([`Route::Held`]).
+    /// `tag_of(wc)` (which also says whether it is a receive's), but a shared receive
+    /// queue's receive goes by the connection whose queue pair received it (by the queue's
+    /// own tag if that connection is gone); `shared_recv` says whether any such queue
+    /// exists. A connection being set up keeps its runs ([`Route::Held`]).
     pub(crate) fn route_batch(
         &self,
         polled: &[WorkCompletion],

@@ -26,7 +26,7 @@ pub fn run_pair(plans: [&GuestPlan; 2], opts: &VmOptions) -> Result<[VmReport; 2
     let kernel = super::kernel::Kernel::find()?;
     let cache = crate::workspace::target_dir()?.join("softroce-vm");
     super::initramfs::ensure(&kernel, &cache)?;
-    let ports = [free_udp_port()?, free_udp_port()?];
+    let ports = free_udp_ports()?;
     let links = [0, 1].map(|i| qemu::Link {
         local_port: ports[i],
         remote_port: ports[1 - i],
@@ -45,13 +45,24 @@ pub fn run_pair(plans: [&GuestPlan; 2], opts: &VmOptions) -> Result<[VmReport; 2
     Ok([first?, second?])
 }
 
-/// A UDP port on the host's loopback that was free a moment ago.
-fn free_udp_port() -> Result<u16, VmError> {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .and_then(|socket| socket.local_addr())
-        .map(|addr| addr.port())
-        .map_err(|e| VmError::io("finding a free UDP port for the VMs' link", e))
+/// Two distinct UDP ports on the host's loopback that were free a moment ago (both bound
+/// at once, so they differ).
+fn free_udp_ports() -> Result<[u16; 2], VmError> {
+    let bind = || std::net::UdpSocket::bind("127.0.0.1:0");
+    let sockets = [bind(), bind()];
+    let mut ports = [0; 2];
+    for (port, socket) in ports.iter_mut().zip(sockets) {
+        *port = socket
+            .and_then(|socket| socket.local_addr())
+            .map(|addr| addr.port())
+            .map_err(|e| VmError::io("finding free UDP ports for the VMs' link", e))?;
+    }
+    Ok(ports)
 }
+
+/// How long the client of a pair waits for its server to be ready (both VMs boot at once;
+/// under emulation a boot takes 15–30 s).
+const READY_WAIT_SECS: u32 = 300;
 
 /// When the server of a pair is ready for its client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,15 +102,18 @@ pub fn client_server_plans(
             .join(" && "),
     };
     let server_script = format!(
-        "({server}) >{log} 2>&1 & s=$!; \
+        "({server}\n) >{log} 2>&1 & s=$!; \
          until {listening}; do kill -0 $s 2>/dev/null || break; sleep {POLL}; done; \
          touch {is_ready}; \
          until [ -e {done} ]; do kill -0 $s 2>/dev/null || break; sleep {POLL}; done; \
          kill $s 2>/dev/null; wait $s; rc=$?; cat {log}; \
          [ -e {done} ] && exit 0; exit $rc"
     );
+    let tries = READY_WAIT_SECS * 5;
     let client_script = format!(
-        "until [ -e {is_ready} ]; do sleep {POLL}; done; ({client}); rc=$?; touch {done}; exit $rc"
+        "i=0; until [ -e {is_ready} ]; do i=$((i+1)); \
+         [ $i -gt {tries} ] && {{ echo 'the server was not ready within {READY_WAIT_SECS} s'; exit 1; }}; \
+         sleep {POLL}; done; ({client}\n); rc=$?; touch {done}; exit $rc"
     );
     let plan = |label: &str, script: String| {
         let mut plan = GuestPlan::new(cwd);
@@ -109,6 +123,17 @@ pub fn client_server_plans(
         plan
     };
     [plan("client", client_script), plan("server", server_script)]
+}
+
+/// The last lines of the server's output in the meeting directory `dir` (its script prints
+/// it when it ends, but not when its time limit kills it).
+pub fn server_log_tail(dir: &Path, lines: usize) -> Vec<String> {
+    let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..]
+        .iter()
+        .map(|line| line.to_string())
+        .collect()
 }
 
 /// A fresh directory for two VMs to meet in, under the writable share `share`.
@@ -145,9 +170,9 @@ mod tests {
             other => panic!("not a command: {other:?}"),
         };
         let (client, server) = (script(&client), script(&server));
-        assert!(client.starts_with("until [ -e /t/pair/server-ready ]"));
-        assert!(client.contains("(call); rc=$?; touch /t/pair/client-done; exit $rc"));
-        assert!(server.starts_with("(serve) >/t/pair/server.log 2>&1 &"));
+        assert!(client.contains("until [ -e /t/pair/server-ready ]"));
+        assert!(client.contains("(call\n); rc=$?; touch /t/pair/client-done; exit $rc"));
+        assert!(server.starts_with("(serve\n) >/t/pair/server.log 2>&1 &"));
         assert!(server.contains(
             "until grep -qF 'listening on' /t/pair/server.log && grep -qF tcp:// /t/pair/server.log;"
         ));

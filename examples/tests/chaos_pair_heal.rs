@@ -1,0 +1,145 @@
+//! A partition that heals, between two hosts (run as `chaos_pair` is, which see): the
+//! server's link goes down for [`OUTAGE`] and comes back while calls with no deadline go
+//! on over rdma:// and tcp://. Over tcp:// the connection outlives the partition (TCP
+//! retransmits for minutes): every call succeeds. Over rdma:// the queue pair retransmits
+//! within its transport retry budget (`Liveness::retry_count`, `ack_timeout`); soft-RoCE
+//! sometimes spends it on a partition this short: the calls either all succeed or the
+//! connection ends with `UNAVAILABLE` naming the exhausted retries, and nothing hangs.
+//! Which it was, and whether new rdma:// connections work after the partition, is printed.
+
+// The chaos tests' shared helpers; this binary uses some of them.
+#[allow(dead_code)]
+mod chaos_support;
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use chaos_support::pair::{new_connections_work, Peer, RDMA_PORT, TCP_PORT};
+use chaos_support::{lock, say};
+use rdma_rpc::prelude::*;
+use rpc_examples::echo::echo_client::EchoClient;
+use rpc_examples::echo::EchoRequest;
+use rpc_transport_rdma::verbs::test_support::require_device;
+
+/// How long the link is down.
+const OUTAGE: Duration = Duration::from_millis(300);
+
+/// Calls each connection must complete after the link is back, and how long they may take.
+const AFTER: u64 = 50;
+const AFTER_BOUND: Duration = Duration::from_secs(30);
+
+/// One connection calling with no deadline, one call after another, until stopped.
+struct Caller {
+    what: &'static str,
+    calls: Arc<AtomicU64>,
+    longest: Arc<Mutex<Duration>>,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Result<(), Status>>,
+}
+
+impl Caller {
+    fn start(url: &str, what: &'static str) -> Caller {
+        let client = EchoClient::new(
+            rdma_rpc::client()
+                .connect_timeout(Duration::from_secs(30))
+                .connect_blocking(url)
+                .unwrap_or_else(|e| panic!("connecting to {url}: {e}")),
+        );
+        let (calls, longest, stop) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(Mutex::new(Duration::ZERO)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let thread = std::thread::spawn({
+            let (calls, longest, stop) = (calls.clone(), longest.clone(), stop.clone());
+            move || {
+                while !stop.load(Ordering::Acquire) {
+                    let started = Instant::now();
+                    client.echo_blocking(EchoRequest::default())?;
+                    let took = started.elapsed();
+                    let mut longest = lock(&longest);
+                    *longest = (*longest).max(took);
+                    calls.fetch_add(1, Ordering::Release);
+                }
+                Ok(())
+            }
+        });
+        Caller {
+            what,
+            calls,
+            longest,
+            stop,
+            thread,
+        }
+    }
+
+    /// Waits until `n` calls more than `since` were answered (or the thread ended).
+    fn wait_for(&self, since: u64, n: u64, bound: Duration) {
+        let until = Instant::now() + bound;
+        while self.calls.load(Ordering::Acquire) < since + n && !self.thread.is_finished() {
+            assert!(
+                Instant::now() < until,
+                "{}: {} calls in {bound:?}",
+                self.what,
+                self.calls.load(Ordering::Acquire) - since
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Stops calling; how the calls ended (the first failure ends them).
+    fn finish(self) -> Result<(), Status> {
+        self.stop.store(true, Ordering::Release);
+        let result = self.thread.join().expect("the caller's thread");
+        say(format!(
+            "{}: {} calls, the longest {:?}: {result:?}",
+            self.what,
+            self.calls.load(Ordering::Acquire),
+            *lock(&self.longest)
+        ));
+        result
+    }
+}
+
+#[test]
+#[ignore = "needs two hosts: `cargo xtask test` runs it in a pair of soft-RoCE VMs"]
+fn a_partition_that_heals() {
+    require_device().expect("an RDMA device");
+    let peer = Peer::from_env();
+    let (rdma_url, tcp_url) = (peer.url("rdma", RDMA_PORT), peer.url("tcp", TCP_PORT));
+    let callers = [
+        Caller::start(&rdma_url, "rdma://"),
+        Caller::start(&tcp_url, "tcp://"),
+    ];
+    for caller in &callers {
+        caller.wait_for(0, 20, AFTER_BOUND);
+    }
+    peer.blip(OUTAGE);
+    let healed = Instant::now();
+    for caller in &callers {
+        let so_far = caller.calls.load(Ordering::Acquire);
+        caller.wait_for(so_far, AFTER, AFTER_BOUND);
+    }
+    say(format!(
+        "partition of {OUTAGE:?}: {AFTER} more calls on each connection within {:?} of the link's return",
+        healed.elapsed()
+    ));
+    let [rdma, tcp] = callers.map(Caller::finish);
+    tcp.expect("tcp:// outlives a short partition");
+    if let Err(status) = rdma {
+        assert_eq!(status.code(), Code::Unavailable, "{status}");
+        assert!(status.message().contains("retry"), "{status}");
+    }
+    let tcp = new_connections_work(&tcp_url);
+    say(format!(
+        "after the partition: new tcp:// connections: {tcp:?}"
+    ));
+    assert!(tcp.is_ok(), "tcp:// does not recover: {tcp:?}");
+    let rdma = new_connections_work(&rdma_url);
+    say(format!(
+        "after the partition: new rdma:// connections (soft-RoCE's connection manager): {rdma:?}"
+    ));
+}

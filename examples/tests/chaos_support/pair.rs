@@ -1,0 +1,91 @@
+//! The two hosts of the pair tests (`chaos_pair`, `chaos_pair_heal`): the other VM, which
+//! serves the echo service and takes its link down and up when asked.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use rpc_examples::echo::echo_client::EchoClient;
+use rpc_examples::echo::EchoRequest;
+
+use super::rdma;
+
+/// Where the other VM's `echo-server`s listen (see `xtask`'s `pair_plans`).
+pub const RDMA_PORT: u16 = 7471;
+pub const TCP_PORT: u16 = 7472;
+
+/// How long new connections are tried after the link comes back.
+const RECOVERY: Duration = Duration::from_secs(10);
+
+/// The other VM of the pair, and the directory the two VMs meet in.
+pub struct Peer {
+    addr: String,
+    dir: PathBuf,
+}
+
+impl Peer {
+    pub fn from_env() -> Peer {
+        let var = |name: &str| {
+            std::env::var(name).unwrap_or_else(|_| panic!("{name}: run by `cargo xtask test`"))
+        };
+        Peer {
+            addr: var("PAIR_PEER"),
+            dir: PathBuf::from(var("PAIR_DIR")),
+        }
+    }
+
+    pub fn url(&self, scheme: &str, port: u16) -> String {
+        format!("{scheme}://{}:{port}", self.addr)
+    }
+
+    /// Asks the server's VM to take its link `down` or `up`, and waits until it did.
+    pub fn link(&self, state: &str) {
+        std::fs::write(self.dir.join(format!("link-{state}")), b"").expect("asking the peer");
+        let done = self.dir.join(format!("link-is-{state}"));
+        let until = Instant::now() + Duration::from_secs(30);
+        while !done.exists() {
+            assert!(
+                Instant::now() < until,
+                "the peer did not take its link {state}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Peer {
+    /// Asks the server's VM to take its link down for `outage` and up again, and waits
+    /// until it did.
+    pub fn blip(&self, outage: Duration) {
+        let ask = self.dir.join("link-blip");
+        std::fs::write(&ask, format!("{:.3}", outage.as_secs_f64())).expect("asking the peer");
+        let done = self.dir.join("link-is-blipped");
+        let until = Instant::now() + Duration::from_secs(30) + outage;
+        while !done.exists() {
+            assert!(Instant::now() < until, "the peer did not blip its link");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Whether a new connection to `url` answers a call within 10 s; how long it took.
+pub fn new_connections_work(url: &str) -> Result<Duration, String> {
+    let since = Instant::now();
+    loop {
+        let attempt = rdma_rpc::client()
+            .rdma_config(rdma())
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(2))
+            .connect_blocking(url)
+            .map_err(|e| e.to_string())
+            .and_then(|channel| {
+                EchoClient::new(channel)
+                    .echo_blocking(EchoRequest::default())
+                    .map_err(|e| e.to_string())
+            });
+        match attempt {
+            Ok(_) => return Ok(since.elapsed()),
+            Err(e) if since.elapsed() > RECOVERY => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
