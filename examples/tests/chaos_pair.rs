@@ -20,13 +20,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use chaos_support::pair::{new_connections_work, Peer, RDMA_PORT, TCP_PORT};
+use chaos_support::pair::{new_connections_work, Peer};
 use chaos_support::*;
 use rdma_rpc::prelude::*;
 use rdma_rpc::{ConnectionLimits, ReconnectConfig};
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::EchoRequest;
-use rpc_transport_rdma::verbs::test_support::require_device;
 
 /// Longest a no-deadline call may take to fail once the peer went silent: the keepalive's
 /// detection (every [`KEEPALIVE`], dead after [`KEEPALIVE_TIMEOUT`]), then at most
@@ -86,9 +85,8 @@ fn silent_call(
 #[test]
 #[ignore = "needs two hosts: `cargo xtask test` runs it in a pair of soft-RoCE VMs"]
 fn the_servers_link_goes_down() {
-    require_device().expect("an RDMA device");
     let peer = Peer::from_env();
-    let (rdma_url, tcp_url) = (peer.url("rdma", RDMA_PORT), peer.url("tcp", TCP_PORT));
+    let (rdma_url, tcp_url) = peer.urls();
     // The baseline has librdmacm's context of the device that reaches the peer.
     warm_up(&rdma_url);
     let baseline = settled();

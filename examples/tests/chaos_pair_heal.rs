@@ -17,12 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use chaos_support::pair::{new_connections_work, Peer, RDMA_PORT, TCP_PORT};
+use chaos_support::pair::{new_connections_work, Peer};
 use chaos_support::{lock, say};
 use rdma_rpc::prelude::*;
 use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::EchoRequest;
-use rpc_transport_rdma::verbs::test_support::require_device;
 
 /// How long the link is down.
 const OUTAGE: Duration = Duration::from_millis(300);
@@ -107,9 +106,8 @@ impl Caller {
 #[test]
 #[ignore = "needs two hosts: `cargo xtask test` runs it in a pair of soft-RoCE VMs"]
 fn a_partition_that_heals() {
-    require_device().expect("an RDMA device");
     let peer = Peer::from_env();
-    let (rdma_url, tcp_url) = (peer.url("rdma", RDMA_PORT), peer.url("tcp", TCP_PORT));
+    let (rdma_url, tcp_url) = peer.urls();
     let callers = [
         Caller::start(&rdma_url, "rdma://"),
         Caller::start(&tcp_url, "tcp://"),

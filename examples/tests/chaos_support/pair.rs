@@ -10,8 +10,8 @@ use rpc_examples::echo::EchoRequest;
 use super::rdma;
 
 /// Where the other VM's `echo-server`s listen (see `xtask`'s `pair_plans`).
-pub const RDMA_PORT: u16 = 7471;
-pub const TCP_PORT: u16 = 7472;
+const RDMA_PORT: u16 = 7471;
+const TCP_PORT: u16 = 7472;
 
 /// How long new connections are tried after the link comes back.
 const RECOVERY: Duration = Duration::from_secs(10);
@@ -23,7 +23,9 @@ pub struct Peer {
 }
 
 impl Peer {
+    /// The peer of this run, once the device this side needs is there.
     pub fn from_env() -> Peer {
+        rpc_transport_rdma::verbs::test_support::require_device().expect("an RDMA device");
         let var = |name: &str| {
             std::env::var(name).unwrap_or_else(|_| panic!("{name}: run by `cargo xtask test`"))
         };
@@ -33,8 +35,12 @@ impl Peer {
         }
     }
 
-    pub fn url(&self, scheme: &str, port: u16) -> String {
-        format!("{scheme}://{}:{port}", self.addr)
+    /// The URLs of its echo service: over rdma://, and over tcp://.
+    pub fn urls(&self) -> (String, String) {
+        (
+            format!("rdma://{}:{RDMA_PORT}", self.addr),
+            format!("tcp://{}:{TCP_PORT}", self.addr),
+        )
     }
 
     /// Asks the server's VM to take its link `down` or `up`, and waits until it did.
