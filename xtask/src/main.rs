@@ -210,30 +210,17 @@ fn vm_pair(
     server: &str,
     client: &str,
 ) -> Result<ExitCode, VmError> {
-    let dir = vm::pair::meeting_dir(&xtask::workspace::target_dir()?)?;
+    let cwd = current_dir()?;
     let limit = opts.timeout.saturating_sub(Duration::from_secs(60));
-    let [client_plan, server_plan] =
-        vm::pair::client_server_plans(&current_dir()?, &dir, ready, server, client, limit);
-    let reports = vm::run_pair([&client_plan, &server_plan], &opts);
-    let log = vm::pair::server_log_tail(&dir, 40);
-    let _ = std::fs::remove_dir_all(&dir);
-    let [client_report, server_report] = reports?;
-    let code = |report: &vm::VmReport| report.steps.first().map_or(1, |s| s.exit_code);
-    let (client_code, server_code) = (code(&client_report), code(&server_report));
-    if client_code != 0 || server_code != 0 {
-        eprintln!("[xtask vm-pair] the server's last output:");
-        log.iter().for_each(|line| eprintln!("  {line}"));
-    }
+    let outcome = vm::pair::run_client_server(&opts, |dir| {
+        vm::pair::client_server_plans(&cwd, dir, ready, server, client, limit)
+    })?;
+    let code = outcome.step.exit_code;
     eprintln!(
-        "[xtask vm-pair] client exited with {client_code}, server with {server_code} (boots {:.1} s and {:.1} s)",
-        client_report.boot_time.as_secs_f64(),
-        server_report.boot_time.as_secs_f64()
+        "[xtask vm-pair] exited with {code} (boots {:.1} s and {:.1} s)",
+        outcome.boot_times[0].as_secs_f64(),
+        outcome.boot_times[1].as_secs_f64()
     );
-    let code = if client_code != 0 {
-        client_code
-    } else {
-        server_code
-    };
     Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
 }
 
@@ -302,7 +289,7 @@ fn test_rdma(
         .filter(|b| test_rdma::PAIR_ONLY.contains(&b.target.as_str()));
     for binary in paired {
         let label = format!("{} ({}, two VMs)", binary.target, binary.package);
-        steps.push(pair_step(binary, &test_args, label, &cwd, &opts)?);
+        steps.push(pair_step(binary, &test_args, label, &cwd, &opts));
     }
     eprintln!(
         "\n[xtask] test binaries in the soft-RoCE VM (boot {:.1} s):",
@@ -337,53 +324,33 @@ fn test_rdma(
 }
 
 /// Runs `binary` across a pair of VMs (see `test_rdma::pair_plans`) as one step of the
-/// suite's report: a pair that fails to boot, or whose server fails, fails the step, with
-/// what went wrong printed.
+/// suite's report: a pair that fails to boot, or whose server fails, fails the step.
 fn pair_step(
     binary: &test_rdma::TestBinary,
     test_args: &[String],
     label: String,
     cwd: &std::path::Path,
     opts: &VmOptions,
-) -> Result<vm::StepOutcome, VmError> {
-    let dir = vm::pair::meeting_dir(&xtask::workspace::target_dir()?)?;
-    let [client, server] = test_rdma::pair_plans(binary, test_args, &dir, cwd);
-    let reports = vm::run_pair([&client, &server], opts);
-    let failed = |why: String| {
-        eprintln!("[xtask] {label}: {why}");
-        vm::StepOutcome {
-            label: label.clone(),
-            exit_code: 125,
-            elapsed: Duration::ZERO,
-            output: Vec::new(),
-            server_output: None,
-        }
-    };
-    let step = match reports {
-        Err(e) => failed(format!("the pair of VMs failed: {e}")),
-        Ok([client, server]) => match client.steps.into_iter().next() {
-            None => failed("the pair's client reported nothing".into()),
-            Some(mut step) => {
-                step.label = label.clone();
-                if let Some(served) = server.steps.first().filter(|s| !s.success()) {
-                    eprintln!(
-                        "[xtask] {label}: the server exited with {}",
-                        served.exit_code
-                    );
-                    step.exit_code = step.exit_code.max(1);
-                }
-                step
-            }
+) -> vm::StepOutcome {
+    let outcome = vm::pair::run_client_server(opts, |dir| {
+        test_rdma::pair_plans(binary, test_args, dir, cwd)
+    });
+    match outcome {
+        Ok(outcome) => vm::StepOutcome {
+            label,
+            ..outcome.step
         },
-    };
-    if !step.success() {
-        eprintln!("[xtask] {label}: the server's last output:");
-        for line in vm::pair::server_log_tail(&dir, 40) {
-            eprintln!("  {line}");
+        Err(e) => {
+            eprintln!("[xtask] {label}: the pair of VMs failed: {e}");
+            vm::StepOutcome {
+                label,
+                exit_code: 125,
+                elapsed: Duration::ZERO,
+                output: Vec::new(),
+                server_output: None,
+            }
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(step)
 }
 
 /// The README's main job.

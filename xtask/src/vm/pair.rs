@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::plan::quote;
-use super::{qemu, run_linked, GuestCommand, GuestPlan, Step, VmError, VmOptions, VmReport};
+use super::{
+    qemu, run_linked, GuestCommand, GuestPlan, Step, StepOutcome, VmError, VmOptions, VmReport,
+};
 
 /// The addresses of the two VMs of [`run_pair`] on their link (a /24).
 pub const LINK_ADDRS: [&str; 2] = ["192.168.78.1", "192.168.78.2"];
@@ -125,19 +127,54 @@ pub fn client_server_plans(
     [plan("client", client_script), plan("server", server_script)]
 }
 
-/// The last lines of the server's output in the meeting directory `dir` (its script prints
-/// it when it ends, but not when its time limit kills it).
-pub fn server_log_tail(dir: &Path, lines: usize) -> Vec<String> {
-    let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
-    let all: Vec<&str> = log.lines().collect();
-    all[all.len().saturating_sub(lines)..]
-        .iter()
-        .map(|line| line.to_string())
-        .collect()
+/// How a client/server run across a pair of VMs ended.
+#[derive(Debug)]
+pub struct PairOutcome {
+    /// The client's step, its exit code the pair's: the client's, or, if the client passed
+    /// and the server did not, the server's.
+    pub step: StepOutcome,
+    /// How long each VM took to boot (client, server).
+    pub boot_times: [Duration; 2],
+}
+
+/// Runs the plans `make` builds for a meeting directory (client first, server second, as
+/// [`client_server_plans`] makes them) across a pair of VMs, in a fresh directory under the
+/// writable share that is removed after. When either side fails, the server's last output
+/// is printed (its script prints it when it ends, but not when its time limit kills it).
+pub fn run_client_server(
+    opts: &VmOptions,
+    make: impl FnOnce(&Path) -> [GuestPlan; 2],
+) -> Result<PairOutcome, VmError> {
+    let dir = meeting_dir(&crate::workspace::target_dir()?)?;
+    let [client, server] = make(&dir);
+    let reports = run_pair([&client, &server], opts);
+    let outcome = reports.and_then(|[client, server]| {
+        let boot_times = [client.boot_time, server.boot_time];
+        let mut step = client
+            .steps
+            .into_iter()
+            .next()
+            .ok_or_else(|| VmError::Parse("the pair's client reported nothing".into()))?;
+        let server_code = server.steps.first().map_or(1, |s| s.exit_code);
+        if step.success() && server_code != 0 {
+            step.exit_code = server_code;
+        }
+        if !step.success() {
+            eprintln!("[xtask] the pair's server exited with {server_code}; its last output:");
+            let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            for line in &lines[lines.len().saturating_sub(40)..] {
+                eprintln!("  {line}");
+            }
+        }
+        Ok(PairOutcome { step, boot_times })
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    outcome
 }
 
 /// A fresh directory for two VMs to meet in, under the writable share `share`.
-pub fn meeting_dir(share: &Path) -> Result<PathBuf, VmError> {
+fn meeting_dir(share: &Path) -> Result<PathBuf, VmError> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
