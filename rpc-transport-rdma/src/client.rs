@@ -69,6 +69,15 @@ fn check_server_proof(
         .map_err(|status| Status::unauthenticated(format!("{what}: {}", status.message())))
 }
 
+/// "through DEVICE port N (ADDRESS)": where `id`, resolved, leaves.
+fn through(id: &CmId) -> String {
+    let device = id.context().map_or_else(|_| "?".to_owned(), |c| c.name());
+    let from = id
+        .local_addr()
+        .map_or_else(|| "?".to_owned(), |a| a.ip().to_string());
+    format!("through {device} port {} ({from})", id.port_num())
+}
+
 impl RdmaClient {
     /// Connects to `addr` (`host:port` of an RDMA device's IP address) and completes `calls`.
     pub fn connect(
@@ -110,6 +119,14 @@ impl RdmaClient {
             .map_err(|e| verbs_status(&what, e))?;
         expect_event(&channel, CmEventKind::RouteResolved, deadline, &what)?;
         config.nic.check(&id).map_err(nic_status)?;
+        // A named NIC is named in every failure from here on: a route the kernel took
+        // through it (it assumes the peer is on the link when the source binds it there)
+        // may still lead nowhere, and the handshake only times out.
+        let what = if config.nic.named() {
+            format!("{what} {}", through(&id))
+        } else {
+            what
+        };
 
         let res = Resources::create(&id, config, Role::Client, slot)?;
         let slot_body = u64::from(res.protocol.recv_slot_size).saturating_sub(HEADER_LEN as u64);

@@ -7,7 +7,10 @@
 //! and rdma_cm binds to the device that owns it; it then picks the GID entry and RoCE
 //! version for that address itself. On InfiniBand GIDs are not IP addresses: name the
 //! IPoIB address as the source instead. After the route is resolved, the device and port
-//! it leaves through are checked against the ones named.
+//! it leaves through are checked against the ones named, and a connection's failures from
+//! then on name them and the source address: the kernel routes a bound source through its
+//! own device even to a peer that is not on that link (it assumes the peer is), and the
+//! handshake then only times out.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
@@ -142,6 +145,11 @@ impl Nic {
                 })?,
         };
         Ok(Some(address))
+    }
+
+    /// Whether a source address or a device is named.
+    pub(crate) fn named(&self) -> bool {
+        self.source.is_some() || self.device.is_some()
     }
 
     /// Checks that `id`, resolved or bound, uses the device and port named (if any).

@@ -66,9 +66,9 @@ enum Command {
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<String>,
     },
-    /// Boot two VMs joined by a network link (192.168.78.1 and .2, soft-RoCE device rxe1 on
-    /// it in each) and run a server in the second and a client in the first: RoCE packets
-    /// between two kernels.
+    /// Boot two VMs joined by two network links (192.168.78.1 and .2 with soft-RoCE device
+    /// rxe1 in each, 192.168.79.1 and .2 with rxe2) and run a server in the second and a
+    /// client in the first: RoCE packets between two kernels.
     VmPair {
         /// Overall limit in seconds, boots included.
         #[arg(long, default_value_t = 900)]
@@ -79,10 +79,10 @@ enum Command {
         /// The server is ready once a line of its output contains this text.
         #[arg(long)]
         ready_line: Option<String>,
-        /// Shell command of the server (second VM, 192.168.78.2).
+        /// Shell command of the server (second VM, 192.168.78.2 and 192.168.79.2).
         #[arg(long)]
         server: String,
-        /// Shell command of the client (first VM, 192.168.78.1).
+        /// Shell command of the client (first VM, 192.168.78.1 and 192.168.79.1).
         #[arg(long)]
         client: String,
     },

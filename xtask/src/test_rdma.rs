@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::vm::pair::{client_server_plans, ServerReady};
 use crate::vm::plan::quote;
-use crate::vm::{GuestCommand, GuestPlan, Step, VmError, LINK_NETDEV};
+use crate::vm::{GuestCommand, GuestPlan, Step, VmError, PAIR_LINKS};
 
 /// Crates whose tests need a real RDMA device. Add a crate here when it gains RDMA tests.
 pub const RDMA_TEST_PACKAGES: &[&str] = &["rpc-transport-rdma", "rpc-examples", "rpc-bench"];
@@ -115,12 +115,13 @@ fn package_name(id: &str) -> String {
 pub const RUNS_LAST: &[&str] = &["chaos_link"];
 
 /// Test binaries that need two hosts: each runs in the first VM of a pair (`vm-pair`),
-/// against the echo server over rdma:// and tcp:// in the second, which takes its link down
-/// and up when asked (see [`pair_plans`]).
-pub const PAIR_ONLY: &[&str] = &["chaos_pair", "chaos_pair_heal"];
+/// against the echo server over rdma:// and tcp:// in the second, which takes its first
+/// link down and up when asked (see [`pair_plans`]).
+pub const PAIR_ONLY: &[&str] = &["chaos_pair", "chaos_pair_heal", "nic_pair"];
 
-/// Where the second VM of a pair serves the echo service (the ports `chaos_pair` calls).
-const PAIR_SERVICES: [&str; 2] = ["rdma://{peer}:7471", "tcp://{peer}:7472"];
+/// Where the second VM of a pair serves the echo service (the ports `chaos_pair` calls):
+/// over rdma:// on every device (so through either link), over tcp:// on the first link.
+const PAIR_SERVICES: [&str; 2] = ["rdma://0.0.0.0:7471", "tcp://{peer}:7472"];
 
 /// Test binaries with no RDMA in them (gRPC over HTTP/2, against Python's grpcio and
 /// tonic): the host's `cargo test` runs them, the VM does not run them again.
@@ -168,19 +169,25 @@ pub fn plan(binaries: &[TestBinary], test_args: &[String], cwd: &Path) -> GuestP
 }
 
 /// The two plans that run `binary` (one of [`PAIR_ONLY`], with `test_args`) across a pair
-/// of VMs meeting in `dir`: the first VM runs the tests (told the server's address in `PAIR_PEER` and the
-/// meeting directory in `PAIR_DIR`); the second serves the echo service over rdma:// and
-/// tcp:// with the package's `echo-server`, and takes its link down when the file
-/// `link-down` appears in `dir` and up when `link-up` does, saying so with `link-is-down`
-/// and `link-is-up`; `link-blip` takes it down for the seconds the file says, then up
-/// (`link-is-blipped`).
+/// of VMs meeting in `dir`: the first VM runs the tests, told the server's address on the
+/// first link in `PAIR_PEER`, each link as `device/local address/server's address` in
+/// `PAIR_LINKS` (comma-separated), and the meeting directory in `PAIR_DIR`; the second
+/// serves the echo service over rdma:// and tcp:// with the package's `echo-server`, and
+/// takes its first link down when the file `link-down` appears in `dir` and up when
+/// `link-up` does, saying so with `link-is-down` and `link-is-up`; `link-blip` takes it
+/// down for the seconds the file says, then up (`link-is-blipped`).
 pub fn pair_plans(
     binary: &TestBinary,
     test_args: &[String],
     dir: &Path,
     cwd: &Path,
 ) -> [GuestPlan; 2] {
-    let peer = crate::vm::LINK_ADDRS[1];
+    let peer = &PAIR_LINKS[0].addr(1);
+    let netdev = PAIR_LINKS[0].netdev;
+    let links: Vec<String> = PAIR_LINKS
+        .iter()
+        .map(|link| format!("{}/{}/{}", link.device, link.addr(0), link.addr(1)))
+        .collect();
     let q = |path: &Path| quote(&path.to_string_lossy());
     let echo = binary
         .executable
@@ -200,7 +207,7 @@ pub fn pair_plans(
         .iter()
         .map(|state| {
             format!(
-                "[ -e {ask} ] && [ ! -e {done} ] && ip link set {LINK_NETDEV} {state} && touch {done};",
+                "[ -e {ask} ] && [ ! -e {done} ] && ip link set {netdev} {state} && touch {done};",
                 ask = file(&format!("link-{state}")),
                 done = file(&format!("link-is-{state}")),
             )
@@ -209,8 +216,8 @@ pub fn pair_plans(
     // Down for as long as the file says, and up again.
     let (blip, blipped) = (file("link-blip"), file("link-is-blipped"));
     watch.push(format!(
-        "[ -e {blip} ] && [ ! -e {blipped} ] && ip link set {LINK_NETDEV} down \
-         && sleep \"$(cat {blip})\" && ip link set {LINK_NETDEV} up && touch {blipped};"
+        "[ -e {blip} ] && [ ! -e {blipped} ] && ip link set {netdev} down \
+         && sleep \"$(cat {blip})\" && ip link set {netdev} up && touch {blipped};"
     ));
     let server = format!(
         "{} while kill -0 $e0 2>/dev/null && kill -0 $e1 2>/dev/null; do {} sleep 0.05; done; \
@@ -220,8 +227,10 @@ pub fn pair_plans(
     );
     let args: Vec<String> = test_args.iter().map(|arg| quote(arg)).collect();
     let client = format!(
-        "cd {} && env PAIR_PEER={peer} PAIR_DIR={} CARGO_MANIFEST_DIR={} {} --include-ignored {}",
+        "cd {} && env PAIR_PEER={peer} PAIR_LINKS={} PAIR_DIR={} CARGO_MANIFEST_DIR={} {} \
+         --include-ignored {}",
         q(&binary.package_dir),
+        links.join(","),
         q(dir),
         q(&binary.package_dir),
         q(&binary.executable),

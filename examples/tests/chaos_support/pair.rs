@@ -1,6 +1,7 @@
-//! The two hosts of the pair tests (`chaos_pair`, `chaos_pair_heal`): the other VM, which
-//! serves the echo service and takes its link down and up when asked.
+//! The two hosts of the pair tests (`chaos_pair`, `chaos_pair_heal`, `nic_pair`): the other
+//! VM, which serves the echo service and takes its first link down and up when asked.
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,29 @@ impl Peer {
             addr: var("PAIR_PEER"),
             dir: PathBuf::from(var("PAIR_DIR")),
         }
+    }
+
+    /// The links to it: this host's RDMA device on each, this host's address on it, and
+    /// the peer's.
+    pub fn links() -> Vec<PairLink> {
+        let var = std::env::var("PAIR_LINKS").expect("PAIR_LINKS: run by `cargo xtask test`");
+        var.split(',')
+            .map(|link| {
+                let parts: Vec<&str> = link.split('/').collect();
+                let [device, local, peer] = parts[..] else {
+                    panic!("PAIR_LINKS: {link:?} is not device/local address/peer address");
+                };
+                let addr = |text: &str| {
+                    text.parse()
+                        .unwrap_or_else(|e| panic!("PAIR_LINKS: {text:?}: {e}"))
+                };
+                PairLink {
+                    device: device.to_owned(),
+                    local: addr(local),
+                    peer: addr(peer),
+                }
+            })
+            .collect()
     }
 
     /// The URLs of its echo service: over rdma://, and over tcp://.
@@ -70,6 +94,24 @@ impl Peer {
             assert!(Instant::now() < until, "the peer did not blip its link");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+/// One link between the two hosts, as this one sees it.
+#[derive(Debug, Clone)]
+pub struct PairLink {
+    /// This host's RDMA device on it.
+    pub device: String,
+    /// This host's address on it.
+    pub local: IpAddr,
+    /// The peer's address on it.
+    pub peer: IpAddr,
+}
+
+impl PairLink {
+    /// The peer's echo service over rdma://, across this link.
+    pub fn url(&self) -> String {
+        format!("rdma://{}:{RDMA_PORT}", self.peer)
     }
 }
 

@@ -26,10 +26,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 pub use error::VmError;
-pub use pair::{run_pair, ServerReady, LINK_ADDRS};
+pub use pair::{run_pair, ServerReady};
 pub use plan::{
-    Action, GuestCommand, GuestPlan, Ready, Step, GUEST_ADDR, GUEST_DEVICE, LINK_DEVICE,
-    LINK_NETDEV,
+    Action, GuestCommand, GuestPlan, PairLink, Ready, Step, GUEST_ADDR, GUEST_DEVICE, PAIR_LINKS,
 };
 
 /// How to run the VM.
@@ -91,13 +90,13 @@ pub struct VmReport {
 
 /// Boots the VM once and runs `plan` in it.
 pub fn run(plan: &GuestPlan, opts: &VmOptions) -> Result<VmReport, VmError> {
-    run_linked(plan, opts, None)
+    run_linked(plan, opts, &[])
 }
 
 pub(crate) fn run_linked(
     plan: &GuestPlan,
     opts: &VmOptions,
-    link: Option<&qemu::Link>,
+    links: &[qemu::Link],
 ) -> Result<VmReport, VmError> {
     packages::ensure(packages::VM_PACKAGES)?;
     if !in_path(qemu::QEMU) {
@@ -130,7 +129,7 @@ pub(crate) fn run_linked(
         share: &target,
         script: &script,
         nonce: &nonce,
-        link,
+        links,
     };
     let labels: Vec<String> = plan.steps.iter().map(|s| s.label.clone()).collect();
     let started = Instant::now();

@@ -1,45 +1,49 @@
-//! Two VMs joined by a network link (`cargo xtask vm-pair`): real RoCE packets between two
-//! kernels, each with its own soft-RoCE device on the link ([`super::LINK_DEVICE`]), where one VM
-//! with two devices cannot exchange them (see docs/SOFTROCE.md). The link is a virtio
+//! Two VMs joined by two network links (`cargo xtask vm-pair`): real RoCE packets between
+//! two kernels, each with its own soft-RoCE device on each link ([`PAIR_LINKS`]), where one
+//! VM with two devices cannot exchange them (see docs/SOFTROCE.md). A link is a virtio
 //! network device in each VM whose Ethernet frames travel between the two qemu processes as
 //! UDP datagrams on the host's loopback.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::plan::quote;
+use super::plan::{quote, PAIR_LINKS};
 use super::{
     qemu, run_linked, GuestCommand, GuestPlan, Step, StepOutcome, VmError, VmOptions, VmReport,
 };
 
-/// The addresses of the two VMs of [`run_pair`] on their link (a /24).
-pub const LINK_ADDRS: [&str; 2] = ["192.168.78.1", "192.168.78.2"];
-
 /// How often a VM of a pair looks for the other's news in the shared directory.
 const POLL: &str = "0.2";
 
-/// Boots two VMs at once, joined by a network link (real RoCE packets between two kernels,
-/// each with its own soft-RoCE device, [`LINK_DEVICE`]), and runs `plans[i]` in VM `i`;
-/// VM `i` has the address [`LINK_ADDRS`]`[i]` on the link. Each VM also has its own
-/// `rxe0`, as [`super::run`] sets up.
+/// Boots two VMs at once, joined by the network links [`PAIR_LINKS`] (real RoCE packets
+/// between two kernels, each with its own soft-RoCE device on each link), and runs
+/// `plans[i]` in VM `i`, which has [`super::PairLink::addr`]`(i)` on each link. Each VM
+/// also has its own `rxe0`, as [`super::run`] sets up.
 pub fn run_pair(plans: [&GuestPlan; 2], opts: &VmOptions) -> Result<[VmReport; 2], VmError> {
     // Installed and built once, before the two boots would race to do it.
     super::packages::ensure(super::packages::VM_PACKAGES)?;
     let kernel = super::kernel::Kernel::find()?;
     let cache = crate::workspace::target_dir()?.join("softroce-vm");
     super::initramfs::ensure(&kernel, &cache)?;
-    let ports = free_udp_ports()?;
-    let links = [0, 1].map(|i| qemu::Link {
-        local_port: ports[i],
-        remote_port: ports[1 - i],
-        mac: format!("52:54:00:77:00:{:02x}", i + 1),
+    // Link `l`'s end in VM `i` receives on port `2l + i` and sends to the other's.
+    let ports = free_udp_ports(2 * PAIR_LINKS.len())?;
+    let links = [0, 1].map(|i| {
+        PAIR_LINKS
+            .iter()
+            .enumerate()
+            .map(|(l, link)| qemu::Link {
+                local_port: ports[2 * l + i],
+                remote_port: ports[2 * l + 1 - i],
+                mac: link.mac(i),
+            })
+            .collect::<Vec<_>>()
     });
     let [first, second] = std::thread::scope(|scope| {
         let run = |i: usize| {
             let mut plan = plans[i].clone();
-            plan.link = Some(LINK_ADDRS[i].to_string());
-            let link = &links[i];
-            scope.spawn(move || run_linked(&plan, opts, Some(link)))
+            plan.pair_side = Some(i);
+            let links = &links[i];
+            scope.spawn(move || run_linked(&plan, opts, links))
         };
         let handles = [run(0), run(1)];
         handles.map(|h| h.join().expect("a VM's thread panicked"))
@@ -47,19 +51,20 @@ pub fn run_pair(plans: [&GuestPlan; 2], opts: &VmOptions) -> Result<[VmReport; 2
     Ok([first?, second?])
 }
 
-/// Two distinct UDP ports on the host's loopback that were free a moment ago (both bound
-/// at once, so they differ).
-fn free_udp_ports() -> Result<[u16; 2], VmError> {
-    let bind = || std::net::UdpSocket::bind("127.0.0.1:0");
-    let sockets = [bind(), bind()];
-    let mut ports = [0; 2];
-    for (port, socket) in ports.iter_mut().zip(sockets) {
-        *port = socket
-            .and_then(|socket| socket.local_addr())
-            .map(|addr| addr.port())
-            .map_err(|e| VmError::io("finding free UDP ports for the VMs' link", e))?;
-    }
-    Ok(ports)
+/// `n` distinct UDP ports on the host's loopback that were free a moment ago (all bound at
+/// once, so they differ).
+fn free_udp_ports(n: usize) -> Result<Vec<u16>, VmError> {
+    let sockets = (0..n)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>();
+    sockets
+        .and_then(|sockets| {
+            sockets
+                .iter()
+                .map(|s| s.local_addr().map(|a| a.port()))
+                .collect()
+        })
+        .map_err(|e| VmError::io("finding free UDP ports for the VMs' links", e))
 }
 
 /// How long the client of a pair waits for its server to be ready (both VMs boot at once;

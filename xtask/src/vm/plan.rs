@@ -15,11 +15,49 @@ pub const GUEST_ADDR: &str = "192.168.77.1";
 pub const GUEST_ADDR6: &str = "fd77::1";
 /// The soft-RoCE device on [`GUEST_ADDR`].
 pub const GUEST_DEVICE: &str = "rxe0";
-/// The soft-RoCE device on the link between two VMs ([`GuestPlan::link`]).
-pub const LINK_DEVICE: &str = "rxe1";
-/// The network device of that link, in each VM (renamed to this, so that commands can
-/// take it down and up).
-pub const LINK_NETDEV: &str = "link0";
+
+/// One link between the two VMs of a pair (`cargo xtask vm-pair`), as each VM sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PairLink {
+    /// Its network device in each VM (a virtio one, found by its MAC address and renamed
+    /// to this, so that commands can take it down and up).
+    pub netdev: &'static str,
+    /// The soft-RoCE device on it in each VM.
+    pub device: &'static str,
+    /// Its /24, without the last byte.
+    subnet: &'static str,
+    /// Its place in [`PAIR_LINKS`].
+    index: u8,
+}
+
+impl PairLink {
+    /// The address of VM `side` (0 or 1) on this link.
+    pub fn addr(&self, side: usize) -> String {
+        format!("{}.{}", self.subnet, side + 1)
+    }
+
+    /// The MAC address of VM `side`'s end of this link.
+    pub fn mac(&self, side: usize) -> String {
+        format!("52:54:00:77:{:02x}:{:02x}", self.index, side + 1)
+    }
+}
+
+/// The links between the two VMs of a pair: two, so that a host has two RDMA devices that
+/// reach its peer, each through its own network.
+pub const PAIR_LINKS: [PairLink; 2] = [
+    PairLink {
+        netdev: "link0",
+        device: "rxe1",
+        subnet: "192.168.78",
+        index: 0,
+    },
+    PairLink {
+        netdev: "link1",
+        device: "rxe2",
+        subnet: "192.168.79",
+        index: 1,
+    },
+];
 
 /// One command line to run in the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,9 +177,9 @@ pub struct GuestPlan {
     pub env: Vec<(String, String)>,
     /// The steps, run in order; a failing step does not stop the next.
     pub steps: Vec<Step>,
-    /// This VM's IPv4 address on a link to another VM (`cargo xtask vm-pair`): the link's
-    /// network device gets it (a /24), and [`LINK_DEVICE`] is created on it.
-    pub link: Option<String>,
+    /// This VM's side (0 or 1) of a pair of VMs (`cargo xtask vm-pair`): each of
+    /// [`PAIR_LINKS`] gets that side's address and its soft-RoCE device.
+    pub pair_side: Option<usize>,
 }
 
 impl GuestPlan {
@@ -151,7 +189,7 @@ impl GuestPlan {
             cwd: cwd.into(),
             env: Vec::new(),
             steps: Vec::new(),
-            link: None,
+            pair_side: None,
         }
     }
 
@@ -197,7 +235,7 @@ impl GuestPlan {
         let _ = writeln!(s, "die() {{ mark fail \"$*\"; exit 1; }}");
         let _ = writeln!(s, "RUN_DIR={run_dir}");
         s.push_str(LIMIT);
-        s.push_str(&render_setup(self.link.as_deref()));
+        s.push_str(&render_setup(self.pair_side));
         let env = self.base_env();
         for (index, step) in self.steps.iter().enumerate() {
             let _ = writeln!(s, "\nmark begin {index}");
@@ -307,8 +345,8 @@ limit() {
 "#;
 
 /// Loads soft-RoCE and creates `rxe0` on veth0 with [`GUEST_ADDR`] and [`GUEST_ADDR6`],
-/// and with `link`, [`LINK_DEVICE`] on the virtio network device with that address.
-fn render_setup(link: Option<&str>) -> String {
+/// and, on one side of a pair of VMs, the [`PAIR_LINKS`].
+fn render_setup(pair_side: Option<usize>) -> String {
     let mut s = String::from(
         "\nmark setup\n\
          # rxe needs the crc32 hash; the kernel cannot autoload it from inside the chroot.\n\
@@ -337,41 +375,44 @@ fn render_setup(link: Option<&str>) -> String {
         s,
         "rdma link add {GUEST_DEVICE} type rxe netdev veth0 || die 'rdma link add {GUEST_DEVICE}'"
     );
-    if let Some(addr) = link {
-        s.push_str(&render_link(addr));
+    if let Some(side) = pair_side {
+        s.push_str("modprobe virtio_net || die 'modprobe virtio_net'\n");
+        for link in &PAIR_LINKS {
+            s.push_str(&render_link(link, side));
+        }
     }
     s.push_str("mark ready\n");
     s
 }
 
-/// The link to the other VM of a pair: its virtio network device (the one that is neither
-/// `lo` nor a veth), renamed [`LINK_NETDEV`], with `addr`, and [`LINK_DEVICE`] on it. The
-/// other VM may still be booting: nothing here waits for it.
-fn render_link(addr: &str) -> String {
-    let mut s = String::from(
-        "modprobe virtio_net || die 'modprobe virtio_net'\n\
-         LINK_IF=\n\
+/// `link` to the other VM of a pair, on `side`: its virtio network device (the one with
+/// that side's MAC address), renamed, with that side's address, and its soft-RoCE device.
+/// The other VM may still be booting: nothing here waits for it.
+fn render_link(link: &PairLink, side: usize) -> String {
+    let PairLink { netdev, device, .. } = link;
+    let (mac, addr) = (link.mac(side), link.addr(side));
+    let mut s = format!(
+        "IF=\n\
          for d in /sys/class/net/*; do\n\
-         \x20   n=${d##*/}\n\
-         \x20   case $n in lo|veth*) ;; *) LINK_IF=$n; break ;; esac\n\
+         \x20   [ \"$(cat \"$d/address\")\" = {mac} ] && IF=${{d##*/}}\n\
          done\n\
-         [ -n \"$LINK_IF\" ] || die 'no network device for the link'\n",
+         [ -n \"$IF\" ] || die 'no network device with MAC {mac} for {netdev}'\n"
     );
     let _ = writeln!(
         s,
-        "ip link set \"$LINK_IF\" name {LINK_NETDEV} || die 'naming the link {LINK_NETDEV}'"
+        "ip link set \"$IF\" name {netdev} || die 'naming the link {netdev}'"
     );
     let _ = writeln!(
         s,
-        "ip addr add {addr}/24 dev {LINK_NETDEV} || die 'ip addr add {addr}'"
+        "ip addr add {addr}/24 dev {netdev} || die 'ip addr add {addr}'"
     );
     let _ = writeln!(
         s,
-        "ip link set {LINK_NETDEV} up || die 'ip link set {LINK_NETDEV} up'"
+        "ip link set {netdev} up || die 'ip link set {netdev} up'"
     );
     let _ = writeln!(
         s,
-        "rdma link add {LINK_DEVICE} type rxe netdev {LINK_NETDEV} || die 'rdma link add {LINK_DEVICE}'"
+        "rdma link add {device} type rxe netdev {netdev} || die 'rdma link add {device}'"
     );
     s
 }
@@ -441,17 +482,21 @@ mod tests {
     }
 
     #[test]
-    fn a_linked_plan_sets_up_the_link_and_its_device() {
+    fn a_side_of_a_pair_sets_up_both_links_and_their_devices() {
         let mut plan = GuestPlan::new("/w");
         let alone = plan.render("n", Path::new("/r"));
         assert!(!alone.contains("virtio_net"));
-        plan.link = Some("192.168.78.2".into());
+        plan.pair_side = Some(1);
         let script = plan.render("n", Path::new("/r"));
         assert!(script.contains("modprobe virtio_net"));
+        assert!(script.contains("= 52:54:00:77:00:02 ]"));
         assert!(script.contains("ip addr add 192.168.78.2/24 dev link0"));
         assert!(script.contains("rdma link add rxe1 type rxe netdev link0"));
+        assert!(script.contains("= 52:54:00:77:01:02 ]"));
+        assert!(script.contains("ip addr add 192.168.79.2/24 dev link1"));
+        assert!(script.contains("rdma link add rxe2 type rxe netdev link1"));
         // Before the guest says it is ready.
-        assert!(script.find("rxe netdev link0") < script.find("mark ready"));
+        assert!(script.find("rxe netdev link1") < script.find("mark ready"));
     }
 
     #[test]

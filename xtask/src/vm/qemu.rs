@@ -26,8 +26,8 @@ pub struct Boot<'a> {
     /// Guest script path (a host path, visible in the guest).
     pub script: &'a Path,
     pub nonce: &'a str,
-    /// A network link to another VM, if any.
-    pub link: Option<&'a Link>,
+    /// Network links to another VM, if any.
+    pub links: &'a [Link],
 }
 
 /// One end of a link between two VMs: a virtio network device whose Ethernet frames go
@@ -94,14 +94,14 @@ pub fn command(boot: &Boot<'_>) -> Command {
         "local,path={},mount_tag=results,security_model=none,multidevs=remap",
         boot.share.display()
     ));
-    if let Some(link) = boot.link {
+    for (i, link) in boot.links.iter().enumerate() {
         qemu.arg("-netdev")
             .arg(format!(
-                "socket,id=link,udp=127.0.0.1:{},localaddr=127.0.0.1:{}",
+                "socket,id=link{i},udp=127.0.0.1:{},localaddr=127.0.0.1:{}",
                 link.remote_port, link.local_port
             ))
             .arg("-device")
-            .arg(format!("virtio-net-pci,netdev=link,mac={}", link.mac));
+            .arg(format!("virtio-net-pci,netdev=link{i},mac={}", link.mac));
     }
     qemu
 }

@@ -1,0 +1,122 @@
+//! Choosing the NIC between two hosts (run as `chaos_pair` is, which see), each with two
+//! soft-RoCE devices, one on each of two links to the other, and the server listening on
+//! every device: a client that names a device (`Nic::device`) or its address
+//! (`Nic::source`) reaches the server through that device, its calls' packets leaving
+//! through it and not through the other. A client that names the device of the other link
+//! fails naming it: the kernel sends through the named device's link (binding the source
+//! there, it assumes the peer is on that link, and the peer answers ARP for its address on
+//! either), and the peer's device there drops RoCE packets to an address it does not hold,
+//! so the handshake times out.
+
+// The chaos tests' shared helpers; this binary uses the pair's.
+#[allow(dead_code)]
+mod chaos_support;
+mod common;
+
+use chaos_support::pair::{PairLink, Peer};
+use chaos_support::say;
+use rdma_rpc::prelude::*;
+use rdma_rpc::{Nic, RdmaConfig};
+use rpc_examples::echo::echo_client::EchoClient;
+use rpc_examples::echo::EchoRequest;
+
+/// Calls made through each device; far more packets than the other device may send
+/// meanwhile (it carries nothing of this test's).
+const CALLS: u64 = 50;
+
+/// Packets `device` (port 1) has sent, as soft-RoCE counts them.
+fn sent_packets(device: &str) -> u64 {
+    let path = format!("/sys/class/infiniband/{device}/ports/1/hw_counters/sent_pkts");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{path}: {text:?}: {e}"))
+}
+
+fn connect(url: &str, nic: Nic) -> Result<EchoClient<Channel>, Status> {
+    let channel = rdma_rpc::client()
+        .rdma_config(RdmaConfig::default().nic(nic))
+        .connect_blocking(url)
+        .map_err(|e| Status::unavailable(e.to_string()))?;
+    Ok(EchoClient::new(channel))
+}
+
+/// Makes [`CALLS`] calls to `url` through `nic`, each echo checked; the packets each of
+/// `links`' devices sent meanwhile.
+fn packets_of_calls(url: &str, nic: Nic, links: &[PairLink]) -> Vec<u64> {
+    let before: Vec<u64> = links.iter().map(|l| sent_packets(&l.device)).collect();
+    let client = connect(url, nic.clone()).unwrap_or_else(|e| panic!("{url} with {nic:?}: {e}"));
+    for seq in 0..CALLS {
+        let payload = format!("call {seq} through {nic:?}");
+        let reply = client
+            .echo_blocking(EchoRequest {
+                payload: payload.clone().into_bytes().into(),
+                seq,
+            })
+            .unwrap_or_else(|e| panic!("call {seq} to {url}: {e}"))
+            .into_inner();
+        assert_eq!((reply.seq, &reply.payload[..]), (seq, payload.as_bytes()));
+    }
+    drop(client);
+    links
+        .iter()
+        .zip(before)
+        .map(|(l, before)| sent_packets(&l.device) - before)
+        .collect()
+}
+
+#[test]
+#[ignore = "needs two hosts: `cargo xtask test` runs it in a pair of soft-RoCE VMs"]
+fn each_device_reaches_the_server_through_itself() {
+    let _peer = Peer::from_env();
+    let links = Peer::links();
+    assert!(links.len() >= 2, "two links to the peer: {links:?}");
+    for link in &links {
+        let choices = [
+            ("device", Nic::default().device(link.device.clone())),
+            ("source address", Nic::default().source(link.local)),
+        ];
+        for (how, nic) in choices {
+            let sent = packets_of_calls(&link.url(), nic, &links);
+            say(format!(
+                "{how} of {} ({}): {CALLS} calls to {}; packets sent by {:?}: {sent:?}",
+                link.device,
+                link.local,
+                link.url(),
+                links.iter().map(|l| &l.device).collect::<Vec<_>>()
+            ));
+            for (other, sent) in links.iter().zip(sent) {
+                if other.device == link.device {
+                    assert!(sent >= CALLS, "{how} {}: only {sent} packets", link.device);
+                } else {
+                    assert!(
+                        sent < CALLS,
+                        "{how} {}: {sent} packets left through {}",
+                        link.device,
+                        other.device
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs two hosts: `cargo xtask test` runs it in a pair of soft-RoCE VMs"]
+fn the_device_of_the_other_link_fails_naming_it() {
+    let _peer = Peer::from_env();
+    let links = Peer::links();
+    let (there, named) = (&links[0], &links[1]);
+    let started = std::time::Instant::now();
+    let result = connect(&there.url(), Nic::default().device(named.device.clone()))
+        .and_then(|client| client.echo_blocking(EchoRequest::default()));
+    say(format!(
+        "{} named for {}, reached through {}: after {:?}: {result:?}",
+        named.device,
+        there.url(),
+        there.device,
+        started.elapsed()
+    ));
+    let status = result.expect_err("a call through a device the route does not take");
+    assert!(status.message().contains(&named.device), "{status}");
+}
