@@ -1,10 +1,10 @@
 //! Chaos between two hosts: `cargo xtask test` runs this binary in the first VM of a pair
 //! (`cargo xtask vm-pair`; a plain `cargo test` ignores it), with `echo-server` serving
-//! over rdma:// and tcp:// in the second. The server's link goes down from its own side, so
-//! frames are lost on the wire with no error, reset or event reaching this host: the peer
-//! just goes silent, as a host that dies or a cable that is pulled does. This side asks
-//! for the link to go down and up through files in the pair's meeting directory
-//! (`PAIR_DIR`); the server's address is `PAIR_PEER`.
+//! over rdma:// and tcp:// in the second. The server's link `link0`, the one its address
+//! `PAIR_PEER` is on, goes down from its own side, so frames are lost on the wire with no
+//! error, reset or event reaching this host: at that address the peer just goes silent,
+//! as a host that dies or a cable that is pulled does. This side asks for the link to go
+//! down and up through files in the pair's meeting directory (`PAIR_DIR`).
 //!
 //! Checked: every call of 64 RDMA connections ends with a clear status within its deadline
 //! or the keepalive time; a call with no deadline, over rdma:// and over tcp://, fails with
@@ -96,7 +96,7 @@ fn the_servers_link_goes_down() {
         (no_deadline_channel(&tcp_url), "tcp://"),
     ];
     let down = Instant::now();
-    peer.link("down");
+    peer.set_link0("down");
     let silent: Vec<_> = silent
         .into_iter()
         .map(|(client, what)| silent_call(client, what, down))
@@ -110,7 +110,7 @@ fn the_servers_link_goes_down() {
     for call in silent {
         call.join().expect("the silent call's checks");
     }
-    peer.link("up");
+    peer.set_link0("up");
     let tcp = new_connections_work(&tcp_url);
     say(format!("link back up: new tcp:// connections: {tcp:?}"));
     assert!(tcp.is_ok(), "tcp:// does not recover: {tcp:?}");

@@ -3,18 +3,21 @@
 //! every device: a client that names a device (`Nic::device`) or its address
 //! (`Nic::source`) reaches the server through that device, its calls' packets leaving
 //! through it and not through the other. A client that names the device of the other link
-//! fails naming it: the kernel sends through the named device's link (binding the source
-//! there, it assumes the peer is on that link, and the peer answers ARP for its address on
-//! either), and the peer's device there drops RoCE packets to an address it does not hold,
-//! so the handshake times out.
+//! fails naming it and its address: rdma_cm looks the route up on the named device's link
+//! only, where (no route there covering the peer's address) the kernel takes the peer to
+//! be on the link; the peer answers ARP there for its address on the other link, and its
+//! device on this one drops RoCE packets to an address it does not hold, so the handshake
+//! times out.
 
 // The chaos tests' shared helpers; this binary uses the pair's.
 #[allow(dead_code)]
 mod chaos_support;
 mod common;
 
-use chaos_support::pair::{PairLink, Peer};
-use chaos_support::say;
+use std::sync::Mutex;
+
+use chaos_support::pair::{Peer, Route};
+use chaos_support::{lock, say};
 use rdma_rpc::prelude::*;
 use rdma_rpc::{Nic, RdmaConfig};
 use rpc_examples::echo::echo_client::EchoClient;
@@ -23,6 +26,9 @@ use rpc_examples::echo::EchoRequest;
 /// Calls made through each device; far more packets than the other device may send
 /// meanwhile (it carries nothing of this test's).
 const CALLS: u64 = 50;
+
+/// One test at a time: one counts the packets each device sends, the other sends some.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Packets `device` (port 1) has sent, as soft-RoCE counts them.
 fn sent_packets(device: &str) -> u64 {
@@ -42,9 +48,9 @@ fn connect(url: &str, nic: Nic) -> Result<EchoClient<Channel>, Status> {
 }
 
 /// Makes [`CALLS`] calls to `url` through `nic`, each echo checked; the packets each of
-/// `links`' devices sent meanwhile.
-fn packets_of_calls(url: &str, nic: Nic, links: &[PairLink]) -> Vec<u64> {
-    let before: Vec<u64> = links.iter().map(|l| sent_packets(&l.device)).collect();
+/// `routes`' devices sent meanwhile.
+fn packets_of_calls(url: &str, nic: Nic, routes: &[Route]) -> Vec<u64> {
+    let before: Vec<u64> = routes.iter().map(|r| sent_packets(&r.device)).collect();
     let client = connect(url, nic.clone()).unwrap_or_else(|e| panic!("{url} with {nic:?}: {e}"));
     for seq in 0..CALLS {
         let payload = format!("call {seq} through {nic:?}");
@@ -58,10 +64,10 @@ fn packets_of_calls(url: &str, nic: Nic, links: &[PairLink]) -> Vec<u64> {
         assert_eq!((reply.seq, &reply.payload[..]), (seq, payload.as_bytes()));
     }
     drop(client);
-    links
+    routes
         .iter()
         .zip(before)
-        .map(|(l, before)| sent_packets(&l.device) - before)
+        .map(|(r, before)| sent_packets(&r.device) - before)
         .collect()
 }
 
@@ -69,23 +75,24 @@ fn packets_of_calls(url: &str, nic: Nic, links: &[PairLink]) -> Vec<u64> {
 #[ignore = "needs two hosts: `cargo xtask test` runs it in a pair of soft-RoCE VMs"]
 fn each_device_reaches_the_server_through_itself() {
     let _peer = Peer::from_env();
-    let links = Peer::links();
-    assert!(links.len() >= 2, "two links to the peer: {links:?}");
-    for link in &links {
+    let _serial = lock(&SERIAL);
+    let routes = Peer::routes();
+    assert!(routes.len() >= 2, "two links to the peer: {routes:?}");
+    for link in &routes {
         let choices = [
             ("device", Nic::default().device(link.device.clone())),
             ("source address", Nic::default().source(link.local)),
         ];
         for (how, nic) in choices {
-            let sent = packets_of_calls(&link.url(), nic, &links);
+            let sent = packets_of_calls(&link.url(), nic, &routes);
             say(format!(
                 "{how} of {} ({}): {CALLS} calls to {}; packets sent by {:?}: {sent:?}",
                 link.device,
                 link.local,
                 link.url(),
-                links.iter().map(|l| &l.device).collect::<Vec<_>>()
+                routes.iter().map(|r| &r.device).collect::<Vec<_>>()
             ));
-            for (other, sent) in links.iter().zip(sent) {
+            for (other, sent) in routes.iter().zip(sent) {
                 if other.device == link.device {
                     assert!(sent >= CALLS, "{how} {}: only {sent} packets", link.device);
                 } else {
@@ -105,8 +112,10 @@ fn each_device_reaches_the_server_through_itself() {
 #[ignore = "needs two hosts: `cargo xtask test` runs it in a pair of soft-RoCE VMs"]
 fn the_device_of_the_other_link_fails_naming_it() {
     let _peer = Peer::from_env();
-    let links = Peer::links();
-    let (there, named) = (&links[0], &links[1]);
+    let _serial = lock(&SERIAL);
+    let routes = Peer::routes();
+    assert!(routes.len() >= 2, "two links to the peer: {routes:?}");
+    let (there, named) = (&routes[0], &routes[1]);
     let started = std::time::Instant::now();
     let result = connect(&there.url(), Nic::default().device(named.device.clone()))
         .and_then(|client| client.echo_blocking(EchoRequest::default()));
@@ -118,5 +127,6 @@ fn the_device_of_the_other_link_fails_naming_it() {
         started.elapsed()
     ));
     let status = result.expect_err("a call through a device the route does not take");
-    assert!(status.message().contains(&named.device), "{status}");
+    let through = format!("through {} port 1 ({})", named.device, named.local);
+    assert!(status.message().contains(&through), "{status}");
 }

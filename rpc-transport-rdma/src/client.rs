@@ -119,9 +119,10 @@ impl RdmaClient {
             .map_err(|e| verbs_status(&what, e))?;
         expect_event(&channel, CmEventKind::RouteResolved, deadline, &what)?;
         config.nic.check(&id).map_err(nic_status)?;
-        // A named NIC is named in every failure from here on: a route the kernel took
-        // through it (it assumes the peer is on the link when the source binds it there)
-        // may still lead nowhere, and the handshake only times out.
+        // With a NIC named, the handshake's failures name it and the source address: the
+        // route was looked up on the named device's link only, and with no route there
+        // covering the peer the kernel takes it to be on that link, which it may not be:
+        // the handshake then only times out.
         let what = if config.nic.named() {
             format!("{what} {}", through(&id))
         } else {

@@ -7,10 +7,10 @@
 //! and rdma_cm binds to the device that owns it; it then picks the GID entry and RoCE
 //! version for that address itself. On InfiniBand GIDs are not IP addresses: name the
 //! IPoIB address as the source instead. After the route is resolved, the device and port
-//! it leaves through are checked against the ones named, and a connection's failures from
-//! then on name them and the source address: the kernel routes a bound source through its
-//! own device even to a peer that is not on that link (it assumes the peer is), and the
-//! handshake then only times out.
+//! it leaves through are checked against the ones named, and a failed handshake names them
+//! and the source address: rdma_cm looks the route up on the named device's link only,
+//! where the kernel takes a peer no route there covers to be on the link, so a peer that
+//! is not makes the handshake time out.
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 

@@ -170,8 +170,8 @@ pub fn plan(binaries: &[TestBinary], test_args: &[String], cwd: &Path) -> GuestP
 
 /// The two plans that run `binary` (one of [`PAIR_ONLY`], with `test_args`) across a pair
 /// of VMs meeting in `dir`: the first VM runs the tests, told the server's address on the
-/// first link in `PAIR_PEER`, each link as `device/local address/server's address` in
-/// `PAIR_LINKS` (comma-separated), and the meeting directory in `PAIR_DIR`; the second
+/// first link in `PAIR_PEER`, the route over each link as `device/local address/server's
+/// address` in `PAIR_ROUTES` (comma-separated), and the meeting directory in `PAIR_DIR`; the second
 /// serves the echo service over rdma:// and tcp:// with the package's `echo-server`, and
 /// takes its first link down when the file `link-down` appears in `dir` and up when
 /// `link-up` does, saying so with `link-is-down` and `link-is-up`; `link-blip` takes it
@@ -184,7 +184,7 @@ pub fn pair_plans(
 ) -> [GuestPlan; 2] {
     let peer = &PAIR_LINKS[0].addr(1);
     let netdev = PAIR_LINKS[0].netdev;
-    let links: Vec<String> = PAIR_LINKS
+    let routes: Vec<String> = PAIR_LINKS
         .iter()
         .map(|link| format!("{}/{}/{}", link.device, link.addr(0), link.addr(1)))
         .collect();
@@ -227,10 +227,10 @@ pub fn pair_plans(
     );
     let args: Vec<String> = test_args.iter().map(|arg| quote(arg)).collect();
     let client = format!(
-        "cd {} && env PAIR_PEER={peer} PAIR_LINKS={} PAIR_DIR={} CARGO_MANIFEST_DIR={} {} \
+        "cd {} && env PAIR_PEER={peer} PAIR_ROUTES={} PAIR_DIR={} CARGO_MANIFEST_DIR={} {} \
          --include-ignored {}",
         q(&binary.package_dir),
-        links.join(","),
+        routes.join(","),
         q(dir),
         q(&binary.package_dir),
         q(&binary.executable),

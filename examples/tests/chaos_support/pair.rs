@@ -1,5 +1,6 @@
 //! The two hosts of the pair tests (`chaos_pair`, `chaos_pair_heal`, `nic_pair`): the other
-//! VM, which serves the echo service and takes its first link down and up when asked.
+//! VM, which serves the echo service and takes its first link (`link0`) down and up when
+//! asked.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -36,21 +37,21 @@ impl Peer {
         }
     }
 
-    /// The links to it: this host's RDMA device on each, this host's address on it, and
-    /// the peer's.
-    pub fn links() -> Vec<PairLink> {
-        let var = std::env::var("PAIR_LINKS").expect("PAIR_LINKS: run by `cargo xtask test`");
+    /// The routes to it, one per link: this host's RDMA device on the link, this host's
+    /// address on it, and the peer's.
+    pub fn routes() -> Vec<Route> {
+        let var = std::env::var("PAIR_ROUTES").expect("PAIR_ROUTES: run by `cargo xtask test`");
         var.split(',')
             .map(|link| {
                 let parts: Vec<&str> = link.split('/').collect();
                 let [device, local, peer] = parts[..] else {
-                    panic!("PAIR_LINKS: {link:?} is not device/local address/peer address");
+                    panic!("PAIR_ROUTES: {link:?} is not device/local address/peer address");
                 };
                 let addr = |text: &str| {
                     text.parse()
-                        .unwrap_or_else(|e| panic!("PAIR_LINKS: {text:?}: {e}"))
+                        .unwrap_or_else(|e| panic!("PAIR_ROUTES: {text:?}: {e}"))
                 };
-                PairLink {
+                Route {
                     device: device.to_owned(),
                     local: addr(local),
                     peer: addr(peer),
@@ -67,15 +68,16 @@ impl Peer {
         )
     }
 
-    /// Asks the server's VM to take its link `down` or `up`, and waits until it did.
-    pub fn link(&self, state: &str) {
+    /// Asks the server's VM to take its first link (`link0`, the one [`Peer::urls`] reach it
+    /// across) `down` or `up`, and waits until it did.
+    pub fn set_link0(&self, state: &str) {
         std::fs::write(self.dir.join(format!("link-{state}")), b"").expect("asking the peer");
         let done = self.dir.join(format!("link-is-{state}"));
         let until = Instant::now() + Duration::from_secs(30);
         while !done.exists() {
             assert!(
                 Instant::now() < until,
-                "the peer did not take its link {state}"
+                "the peer did not take link0 {state}"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -83,23 +85,23 @@ impl Peer {
 }
 
 impl Peer {
-    /// Asks the server's VM to take its link down for `outage` and up again, and waits
-    /// until it did.
+    /// Asks the server's VM to take its first link (`link0`) down for `outage` and up
+    /// again, and waits until it did.
     pub fn blip(&self, outage: Duration) {
         let ask = self.dir.join("link-blip");
         std::fs::write(&ask, format!("{:.3}", outage.as_secs_f64())).expect("asking the peer");
         let done = self.dir.join("link-is-blipped");
         let until = Instant::now() + Duration::from_secs(30) + outage;
         while !done.exists() {
-            assert!(Instant::now() < until, "the peer did not blip its link");
+            assert!(Instant::now() < until, "the peer did not blip link0");
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 }
 
-/// One link between the two hosts, as this one sees it.
+/// The way to the peer over one link, as this host sees it.
 #[derive(Debug, Clone)]
-pub struct PairLink {
+pub struct Route {
     /// This host's RDMA device on it.
     pub device: String,
     /// This host's address on it.
@@ -108,7 +110,7 @@ pub struct PairLink {
     pub peer: IpAddr,
 }
 
-impl PairLink {
+impl Route {
     /// The peer's echo service over rdma://, across this link.
     pub fn url(&self) -> String {
         format!("rdma://{}:{RDMA_PORT}", self.peer)

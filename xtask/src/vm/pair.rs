@@ -25,19 +25,8 @@ pub fn run_pair(plans: [&GuestPlan; 2], opts: &VmOptions) -> Result<[VmReport; 2
     let kernel = super::kernel::Kernel::find()?;
     let cache = crate::workspace::target_dir()?.join("softroce-vm");
     super::initramfs::ensure(&kernel, &cache)?;
-    // Link `l`'s end in VM `i` receives on port `2l + i` and sends to the other's.
     let ports = free_udp_ports(2 * PAIR_LINKS.len())?;
-    let links = [0, 1].map(|i| {
-        PAIR_LINKS
-            .iter()
-            .enumerate()
-            .map(|(l, link)| qemu::Link {
-                local_port: ports[2 * l + i],
-                remote_port: ports[2 * l + 1 - i],
-                mac: link.mac(i),
-            })
-            .collect::<Vec<_>>()
-    });
+    let links = [0, 1].map(|side| link_ends(&ports, side));
     let [first, second] = std::thread::scope(|scope| {
         let run = |i: usize| {
             let mut plan = plans[i].clone();
@@ -49,6 +38,21 @@ pub fn run_pair(plans: [&GuestPlan; 2], opts: &VmOptions) -> Result<[VmReport; 2
         handles.map(|h| h.join().expect("a VM's thread panicked"))
     });
     Ok([first?, second?])
+}
+
+/// VM `side`'s ends of the [`PAIR_LINKS`], given two host UDP ports per link (`ports[2l]`
+/// and `ports[2l + 1]` for link `l`): each end receives on its side's port and sends to the
+/// other side's.
+fn link_ends(ports: &[u16], side: usize) -> Vec<qemu::Link> {
+    PAIR_LINKS
+        .iter()
+        .enumerate()
+        .map(|(l, link)| qemu::Link {
+            local_port: ports[2 * l + side],
+            remote_port: ports[2 * l + 1 - side],
+            mac: link.mac(side),
+        })
+        .collect()
 }
 
 /// `n` distinct UDP ports on the host's loopback that were free a moment ago (all bound at
@@ -81,7 +85,7 @@ pub enum ServerReady {
     Lines(Vec<String>),
 }
 
-/// The two plans of a client/server run across the link: VM 1 serves (`server`, in the
+/// The two plans of a client/server run across the links: VM 1 serves (`server`, in the
 /// background, until the client is done), VM 0 runs `client` once the server is `ready`.
 /// They meet through files in `dir`, a directory both see (under the writable share); the
 /// server's output is kept there too and printed when it ends. Each step is limited to
@@ -195,6 +199,33 @@ fn meeting_dir(share: &Path) -> Result<PathBuf, VmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_link_end_sends_to_the_port_the_other_receives_on() {
+        let ports = [1001, 1002, 1003, 1004];
+        let [first, second] = [0, 1].map(|side| link_ends(&ports, side));
+        assert_eq!(first.len(), PAIR_LINKS.len());
+        for (a, b) in first.iter().zip(&second) {
+            assert_eq!((a.remote_port, b.remote_port), (b.local_port, a.local_port));
+            assert_ne!(a.mac, b.mac);
+        }
+        let mut locals: Vec<u16> = first.iter().chain(&second).map(|e| e.local_port).collect();
+        locals.sort_unstable();
+        locals.dedup();
+        assert_eq!(
+            locals.len(),
+            ports.len(),
+            "every end receives on a port of its own"
+        );
+        let mut macs: Vec<&str> = first
+            .iter()
+            .chain(&second)
+            .map(|e| e.mac.as_str())
+            .collect();
+        macs.sort_unstable();
+        macs.dedup();
+        assert_eq!(macs.len(), 4, "four distinct MAC addresses");
+    }
 
     #[test]
     fn the_client_waits_for_the_server_and_the_server_for_the_client() {

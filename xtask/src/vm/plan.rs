@@ -26,7 +26,7 @@ pub struct PairLink {
     pub device: &'static str,
     /// Its /24, without the last byte.
     subnet: &'static str,
-    /// Its place in [`PAIR_LINKS`].
+    /// Its place in [`PAIR_LINKS`] (checked by a test), which tells its MAC addresses apart.
     index: u8,
 }
 
@@ -479,6 +479,13 @@ mod tests {
         assert_eq!(quote("a b"), "'a b'");
         assert_eq!(quote("it's"), "'it'\\''s'");
         assert_eq!(quote(""), "''");
+    }
+
+    #[test]
+    fn pair_links_are_numbered_by_their_place() {
+        for (i, link) in PAIR_LINKS.iter().enumerate() {
+            assert_eq!(usize::from(link.index), i, "{link:?}");
+        }
     }
 
     #[test]
