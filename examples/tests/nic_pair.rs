@@ -14,7 +14,7 @@
 mod chaos_support;
 mod common;
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use chaos_support::pair::{Peer, Route};
 use chaos_support::{lock, say};
@@ -71,13 +71,19 @@ fn packets_of_calls(url: &str, nic: Nic, routes: &[Route]) -> Vec<u64> {
         .collect()
 }
 
+/// The routes to the peer (two at least), and this test's turn.
+fn routes_one_test_at_a_time() -> (MutexGuard<'static, ()>, Vec<Route>) {
+    let _peer = Peer::from_env();
+    let serial = lock(&SERIAL);
+    let routes = Peer::routes();
+    assert!(routes.len() >= 2, "two links to the peer: {routes:?}");
+    (serial, routes)
+}
+
 #[test]
 #[ignore = "needs two hosts: `cargo xtask test` runs it in a pair of soft-RoCE VMs"]
 fn each_device_reaches_the_server_through_itself() {
-    let _peer = Peer::from_env();
-    let _serial = lock(&SERIAL);
-    let routes = Peer::routes();
-    assert!(routes.len() >= 2, "two links to the peer: {routes:?}");
+    let (_serial, routes) = routes_one_test_at_a_time();
     for link in &routes {
         let choices = [
             ("device", Nic::default().device(link.device.clone())),
@@ -111,10 +117,7 @@ fn each_device_reaches_the_server_through_itself() {
 #[test]
 #[ignore = "needs two hosts: `cargo xtask test` runs it in a pair of soft-RoCE VMs"]
 fn the_device_of_the_other_link_fails_naming_it() {
-    let _peer = Peer::from_env();
-    let _serial = lock(&SERIAL);
-    let routes = Peer::routes();
-    assert!(routes.len() >= 2, "two links to the peer: {routes:?}");
+    let (_serial, routes) = routes_one_test_at_a_time();
     let (there, named) = (&routes[0], &routes[1]);
     let started = std::time::Instant::now();
     let result = connect(&there.url(), Nic::default().device(named.device.clone()))
