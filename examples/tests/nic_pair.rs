@@ -5,9 +5,9 @@
 //! through it and not through the other. A client that names the device of the other link
 //! fails naming it and its address: rdma_cm looks the route up on the named device's link
 //! only, where (no route there covering the peer's address) the kernel takes the peer to
-//! be on the link; the peer answers ARP there for its address on the other link, and its
-//! device on this one drops RoCE packets to an address it does not hold, so the handshake
-//! times out.
+//! be on the link; the peer answers ARP there for its address on the other link (or
+//! sometimes not, and resolving the address times out), and its device on this one drops
+//! RoCE packets to an address it does not hold, so the handshake times out.
 
 // The chaos tests' shared helpers; this binary uses the pair's.
 #[allow(dead_code)]
@@ -130,6 +130,11 @@ fn the_device_of_the_other_link_fails_naming_it() {
         started.elapsed()
     ));
     let status = result.expect_err("a call through a device the route does not take");
-    let through = format!("through {} port 1 ({})", named.device, named.local);
-    assert!(status.message().contains(&through), "{status}");
+    // It times out resolving the address (no answer to ARP on the link) or in the
+    // handshake (below); either way it names the device and its address.
+    let message = status.message();
+    assert!(
+        message.contains(&named.device) && message.contains(&named.local.to_string()),
+        "{status}"
+    );
 }

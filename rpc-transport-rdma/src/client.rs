@@ -98,15 +98,15 @@ impl RdmaClient {
         let nic_status =
             |status: Status| Status::new(status.code(), format!("{what}: {}", status.message()));
         let src = config.nic.local_address(&dst).map_err(nic_status)?;
-        let from = |status: Status| match src {
-            Some(src) => Status::new(
-                status.code(),
-                format!(
-                    "{} (from {src}: is it an address of an RDMA device?)",
-                    status.message()
-                ),
-            ),
-            None => status,
+        let from = |status: Status| {
+            let hint = match (src, &config.nic.device) {
+                (Some(src), Some(device)) => {
+                    format!("from {src}, the address of device {device}: is {dst} reachable through it?")
+                }
+                (Some(src), None) => format!("from {src}: is it an address of an RDMA device?"),
+                (None, _) => return status,
+            };
+            Status::new(status.code(), format!("{} ({hint})", status.message()))
         };
         id.resolve_addr(
             src.map(|ip| SocketAddr::new(ip, 0)),
