@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::plan::{quote, PAIR_LINKS};
+use super::plan::{pair_mac, quote, PAIR_LINKS};
 use super::{
     qemu, run_linked, GuestCommand, GuestPlan, Step, StepOutcome, VmError, VmOptions, VmReport,
 };
@@ -44,13 +44,11 @@ pub fn run_pair(plans: [&GuestPlan; 2], opts: &VmOptions) -> Result<[VmReport; 2
 /// and `ports[2l + 1]` for link `l`): each end receives on its side's port and sends to the
 /// other side's.
 fn link_ends(ports: &[u16], side: usize) -> Vec<qemu::Link> {
-    PAIR_LINKS
-        .iter()
-        .enumerate()
-        .map(|(l, link)| qemu::Link {
+    (0..PAIR_LINKS.len())
+        .map(|l| qemu::Link {
             local_port: ports[2 * l + side],
             remote_port: ports[2 * l + 1 - side],
-            mac: link.mac(side),
+            mac: pair_mac(l, side),
         })
         .collect()
 }

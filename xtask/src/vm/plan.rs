@@ -26,8 +26,6 @@ pub struct PairLink {
     pub device: &'static str,
     /// Its /24, without the last byte.
     subnet: &'static str,
-    /// Its place in [`PAIR_LINKS`] (checked by a test), which tells its MAC addresses apart.
-    index: u8,
 }
 
 impl PairLink {
@@ -35,11 +33,11 @@ impl PairLink {
     pub fn addr(&self, side: usize) -> String {
         format!("{}.{}", self.subnet, side + 1)
     }
+}
 
-    /// The MAC address of VM `side`'s end of this link.
-    pub fn mac(&self, side: usize) -> String {
-        format!("52:54:00:77:{:02x}:{:02x}", self.index, side + 1)
-    }
+/// The MAC address of VM `side`'s end of link `link` (its place in [`PAIR_LINKS`]).
+pub fn pair_mac(link: usize, side: usize) -> String {
+    format!("52:54:00:77:{link:02x}:{:02x}", side + 1)
 }
 
 /// The links between the two VMs of a pair: two, so that a host has two RDMA devices that
@@ -49,13 +47,11 @@ pub const PAIR_LINKS: [PairLink; 2] = [
         netdev: "link0",
         device: "rxe1",
         subnet: "192.168.78",
-        index: 0,
     },
     PairLink {
         netdev: "link1",
         device: "rxe2",
         subnet: "192.168.79",
-        index: 1,
     },
 ];
 
@@ -377,8 +373,8 @@ fn render_setup(pair_side: Option<usize>) -> String {
     );
     if let Some(side) = pair_side {
         s.push_str("modprobe virtio_net || die 'modprobe virtio_net'\n");
-        for link in &PAIR_LINKS {
-            s.push_str(&render_link(link, side));
+        for (l, link) in PAIR_LINKS.iter().enumerate() {
+            s.push_str(&render_link(link, &pair_mac(l, side), side));
         }
     }
     s.push_str("mark ready\n");
@@ -386,11 +382,11 @@ fn render_setup(pair_side: Option<usize>) -> String {
 }
 
 /// `link` to the other VM of a pair, on `side`: its virtio network device (the one with
-/// that side's MAC address), renamed, with that side's address, and its soft-RoCE device.
-/// The other VM may still be booting: nothing here waits for it.
-fn render_link(link: &PairLink, side: usize) -> String {
+/// MAC address `mac`), renamed, with that side's address, and its soft-RoCE device. The
+/// other VM may still be booting: nothing here waits for it.
+fn render_link(link: &PairLink, mac: &str, side: usize) -> String {
     let PairLink { netdev, device, .. } = link;
-    let (mac, addr) = (link.mac(side), link.addr(side));
+    let addr = link.addr(side);
     let mut s = format!(
         "IF=\n\
          for d in /sys/class/net/*; do\n\
@@ -479,13 +475,6 @@ mod tests {
         assert_eq!(quote("a b"), "'a b'");
         assert_eq!(quote("it's"), "'it'\\''s'");
         assert_eq!(quote(""), "''");
-    }
-
-    #[test]
-    fn pair_links_are_numbered_by_their_place() {
-        for (i, link) in PAIR_LINKS.iter().enumerate() {
-            assert_eq!(usize::from(link.index), i, "{link:?}");
-        }
     }
 
     #[test]
