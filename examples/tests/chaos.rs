@@ -8,32 +8,11 @@
 mod chaos_support;
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use chaos_support::*;
-use rpc_transport_rdma::verbs::test_support::{require_device, test_addr};
-
-/// The echo server in a process of its own, and the URL it serves.
-fn server_process() -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_echo-server"))
-        .arg(format!("rdma://{}:0", test_addr()))
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("echo-server starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .expect("echo-server prints its URL")
-        .to_owned();
-    (child, url)
-}
+use rpc_transport_rdma::verbs::test_support::require_device;
 
 /// `kill -9`: the process gets no chance to say goodbye.
 fn kill_9(child: &mut Child) {
@@ -47,7 +26,7 @@ fn a_server_killed_under_64_connections() {
     require_device().expect("an RDMA device");
     let _serial = lock(&SERIAL);
     let baseline = baseline();
-    let (mut server, url) = server_process();
+    let (mut server, url) = server_process(Stdio::inherit());
     let calling = Calling::start(&url, "server killed");
     let killed = Instant::now();
     kill_9(&mut server);

@@ -2,7 +2,8 @@
 //! resources against their baseline.
 
 use std::collections::BTreeMap;
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use rpc_examples::echo::echo_client::EchoClient;
 use rpc_examples::echo::echo_server::EchoServer;
 use rpc_examples::echo::EchoRequest;
 use rpc_examples::EchoService;
+use rpc_transport_rdma::verbs::test_support::test_addr;
 
 use super::common;
 
@@ -136,6 +138,28 @@ pub fn echo_server() -> ServerHandle {
         Server::builder().add_service(EchoServer::new(EchoService)),
         rdma(),
     )
+}
+
+/// The echo server over RDMA in a process of its own, with its standard error going to
+/// `stderr`, and the URL it serves.
+pub fn server_process(stderr: Stdio) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_echo-server"))
+        .arg(format!("rdma://{}:0", test_addr()))
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("echo-server starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .expect("echo-server prints its URL")
+        .to_owned();
+    (child, url)
 }
 
 /// [`CONNECTIONS`] connections calling a server on a runtime of their own (see `callers`).
