@@ -7,6 +7,7 @@
 //!   [`Streamer`] produces, consumes and echoes streams.
 //! * [`kv`]: generated from `proto/kv.proto`; [`KvStore`] implements it, the backend of the
 //!   example microservice (`kv-server`, behind the HTTP gateway `kv-gateway`).
+//! * [`blob`]: a large buffer to a server and back, uncopied (`blob-transfer`).
 //! * [`init_tracing`], [`shutdown_signal`] and [`prometheus`]: what the example binaries
 //!   share.
 
@@ -39,6 +40,7 @@ pub use rpc::{streaming, testing};
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/examples_descriptors.bin"));
 
+pub mod blob;
 mod kv_store;
 mod services;
 mod streamer;

@@ -48,6 +48,18 @@ pub struct LargeBodyBytes {
     pub landed: u64,
 }
 
+impl LargeBodyBytes {
+    /// What was counted between `earlier` and these counts.
+    #[must_use]
+    pub fn since(&self, earlier: &LargeBodyBytes) -> LargeBodyBytes {
+        LargeBodyBytes {
+            copied: self.copied.saturating_sub(earlier.copied),
+            in_place: self.in_place.saturating_sub(earlier.in_place),
+            landed: self.landed.saturating_sub(earlier.landed),
+        }
+    }
+}
+
 /// How the large bodies sent so far went: copied, or from application memory in place;
 /// and how many bytes landed in application memory. Also counted, with metrics on, as
 /// `rdma_rpc_large_body_bytes_total` by `path` (`copied`, `in_place`, `landed`).
