@@ -18,7 +18,8 @@ use crate::echo::echo_server::EchoServer;
 use crate::echo::EchoRequest;
 use crate::EchoService;
 
-/// How much larger than its body a message may be (its other fields and their framing).
+/// How much larger than its body a message may be (its other fields and their framing): a
+/// landing holds the whole encoded message, so each is this much larger than the buffer.
 const FRAMING: usize = 64;
 
 /// How the transfers went.
@@ -58,17 +59,17 @@ pub fn transfer(
 ) -> Result<Transferred, Box<dyn std::error::Error>> {
     let len = source.len();
     let pinned_before = pinned_bytes();
-    let server_landing = Landing::new(RegisteredBuffer::new(len)?);
+    let server_landing = Landing::new(RegisteredBuffer::new(len + FRAMING)?);
     let server = Server::builder()
         .max_message_size(len + FRAMING)
-        .land_requests_in([server_landing])
+        .land_requests_in([server_landing.clone()])
         .add_service(EchoServer::new(EchoService))
         .start(url)?;
     let channel = rdma_rpc::client()
         .max_message_size(len + FRAMING)
         .connect_blocking(server.local_url())?;
     let client = EchoClient::new(channel);
-    let landing = Landing::new(RegisteredBuffer::new(len)?);
+    let landing = Landing::new(RegisteredBuffer::new(len + FRAMING)?);
     let range = landing_range(&landing)?;
 
     let mut done = Transferred {
@@ -76,7 +77,7 @@ pub fn transfer(
         rounds,
         best: Duration::MAX,
         landed_in_place: true,
-        buffers: 3 * len as u64,
+        buffers: registered_for(len),
         ..Transferred::default()
     };
     let before = large_body_bytes();
@@ -95,12 +96,21 @@ pub fn transfer(
         let start = reply.payload.as_ptr() as usize;
         done.landed_in_place &= range.contains(&start) && start + len <= range.end;
         drop(reply);
+        // Both landings are free again once their memory windows are invalidated, which
+        // may complete just after the call returned.
         wait_free(&landing)?;
+        wait_free(&server_landing)?;
     }
     done.bodies = large_body_bytes().since(&before);
     done.pinned = pinned_before.zip(pinned_bytes());
     server.shutdown_blocking(Duration::from_secs(1));
     Ok(done)
+}
+
+/// Bytes of the buffers [`transfer`] registers for a buffer of `len` bytes, with it: the
+/// source and the two landings.
+pub fn registered_for(len: usize) -> u64 {
+    3 * len as u64 + 2 * FRAMING as u64
 }
 
 /// A registered buffer of `len` bytes read from `file`, or of a pattern without one.

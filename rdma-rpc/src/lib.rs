@@ -39,7 +39,8 @@ pub mod grpc {
 }
 pub use rpc_transport_rdma::verbs::{fork_init, fork_status, ForkStatus};
 pub use rpc_transport_rdma::{
-    large_body_bytes, LargeBodies, LargeBodyBytes, Liveness, Nic, PollMode, Polling, RdmaConfig,
+    large_body_bytes, process_limits, process_usage, set_process_limits, LargeBodies,
+    LargeBodyBytes, Liveness, Nic, PollMode, Polling, ProcessLimits, ProcessUsage, RdmaConfig,
     Receives, RegisteredBuffer, Rings, SharedRecvConfig, DEFAULT_KEEPALIVE, DEFAULT_SHARED_WINDOW,
 };
 pub use rpc_transport_tcp::{ConnectionLimits, TcpServerConfig};

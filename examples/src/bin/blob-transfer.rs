@@ -30,6 +30,9 @@ struct Args {
     rounds: u32,
 }
 
+/// Registered memory left for the transport's pools beyond the buffers.
+const POOLS: u64 = 512 << 20;
+
 fn parse_size(text: &str) -> Result<usize, String> {
     let (digits, unit) = text
         .find(|c: char| !c.is_ascii_digit())
@@ -57,6 +60,16 @@ fn main() -> ExitCode {
         },
         None => args.size,
     };
+    // The three buffers are registered memory, which the process's limit (by default half
+    // the machine's) must hold on top of what the transport's pools take.
+    let limits = rdma_rpc::process_limits();
+    let wanted = blob::registered_for(len) + POOLS;
+    if wanted > limits.registered_bytes {
+        rdma_rpc::set_process_limits(rdma_rpc::ProcessLimits {
+            registered_bytes: wanted,
+            ..limits
+        });
+    }
     let result = blob::source(len, args.file.as_deref())
         .and_then(|source| blob::transfer(&args.url, &source, args.rounds));
     match result {

@@ -4,8 +4,10 @@
 //! Client and server connections never share an engine: a blocking client call drives its
 //! CQ on its own thread, and must not find itself running server handlers inline there.
 //!
-//! * One protection domain. Memory windows are type 2 and bind to one queue pair, so a
-//!   grant still reaches only the peer it was made for.
+//! * One protection domain, which every engine on the device shares (so the application's
+//!   buffers are registered once per device, not once per engine). Memory windows are
+//!   type 2 and bind to one queue pair, so a grant still reaches only the peer it was made
+//!   for.
 //! * One completion channel and a few completion queues, each shared by many queue pairs
 //!   and each on the next of the device's completion vectors.
 //!   A connection reserves CQ entries for its whole send and receive queues on a CQ with
@@ -193,7 +195,16 @@ impl Engine {
             let engine = match found {
                 Some(engine) => engine.clone(),
                 None => {
-                    let engine = Engine::new(context, config, role)?;
+                    // One protection domain per device context, whatever the engine: the
+                    // application's buffers are registered (and pinned) once for all of
+                    // them, and a body that arrived on one role's connection goes on from
+                    // where it lies over the other's. Remote access is only ever through
+                    // a window bound to one queue pair, so sharing it opens nothing.
+                    let pd = engines
+                        .iter()
+                        .find(|e| e.context.is_same(context))
+                        .map(|e| e.pd.clone());
+                    let engine = Engine::new(context, pd, config, role)?;
                     poller::spawn(engine.clone()).map_err(|e| {
                         Status::internal(format!("cannot start the RDMA poller thread: {e}"))
                     })?;
@@ -229,8 +240,17 @@ impl Engine {
         Ok(attachment)
     }
 
-    fn new(context: &Arc<Context>, config: &RdmaConfig, role: Role) -> Result<Arc<Engine>, Status> {
-        let pd = ProtectionDomain::new(context).map_err(|e| verbs_status("ibv_alloc_pd", e))?;
+    /// An engine on `context`, in the protection domain `pd` (a new one if `None`).
+    fn new(
+        context: &Arc<Context>,
+        pd: Option<Arc<ProtectionDomain>>,
+        config: &RdmaConfig,
+        role: Role,
+    ) -> Result<Arc<Engine>, Status> {
+        let pd = match pd {
+            Some(pd) => pd,
+            None => ProtectionDomain::new(context).map_err(|e| verbs_status("ibv_alloc_pd", e))?,
+        };
         let channel = CompletionChannel::new(context)
             .map_err(|e| verbs_status("ibv_create_comp_channel", e))?;
         channel
@@ -534,7 +554,7 @@ impl Engine {
         progressed
     }
 
-    /// Whether it left the process's engines (its protection domain goes with it).
+    /// Whether it left the process's engines.
     pub(crate) fn is_retired(&self) -> bool {
         self.retired.load(Ordering::Acquire)
     }
@@ -550,9 +570,14 @@ impl Engine {
         }
         self.retired.store(true, Ordering::Release);
         engines.retain(|e| !std::ptr::eq(Arc::as_ptr(e), self));
+        let pd_in_use = engines.iter().any(|e| Arc::ptr_eq(&e.pd, &self.pd));
         drop(engines);
-        // Its protection domain goes with it: the application's buffers let go of theirs.
-        crate::app_memory::unregister_all(&self.pd);
+        // The last engine of a protection domain takes it along: the application's buffers
+        // let go of their registrations with it. (An engine made later on the device gets
+        // a new one, and registers them again.)
+        if !pd_in_use {
+            crate::app_memory::unregister_all(&self.pd);
+        }
         true
     }
 }
