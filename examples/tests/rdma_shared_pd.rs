@@ -97,7 +97,10 @@ fn a_proxy_sends_a_large_body_on_from_where_it_arrived() {
         .expect("the call through the proxy")
         .into_inner();
     let moved = large_body_bytes().since(&moved);
-    assert!(reply.payload == buffer.slice(..), "the body came back intact");
+    assert!(
+        reply.payload == buffer.slice(..),
+        "the body came back intact"
+    );
     eprintln!("{len} B through a proxy and back: {moved:?}");
     assert_eq!(moved.in_place, 4 * len as u64, "four hops, each in place");
     assert!(moved.copied < 4 * 64, "only framing copied: {moved:?}");
