@@ -226,6 +226,13 @@ pub struct RdmaArgs {
     /// to run under valgrind).
     #[arg(long, value_name = "MS")]
     pub connect_timeout_ms: Option<u64>,
+    /// Bytes per RDMA WRITE of a large body (default: the library's, `LargeBodies::chunk`).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(4096..))]
+    pub write_chunk: Option<u32>,
+    /// RDMA WRITEs of large bodies outstanding per connection (default: the library's,
+    /// `LargeBodies::write_window`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub write_window: Option<u32>,
 }
 
 /// Where RDMA receives land (`--recv`).
@@ -266,6 +273,12 @@ impl RdmaArgs {
         }
         if let Some(ms) = self.connect_timeout_ms {
             config.liveness.connect_timeout = Duration::from_millis(ms);
+        }
+        if let Some(chunk) = self.write_chunk {
+            config.large.chunk = chunk;
+        }
+        if let Some(window) = self.write_window {
+            config.large.write_window = window;
         }
         match self.recv {
             Some(RecvArg::Ring) => config.rings.recv = Receives::Ring,

@@ -36,7 +36,8 @@ pub struct Transferred {
     /// Whether every response was a view of the buffer the client offered for it.
     pub landed_in_place: bool,
     /// This process's pinned memory before the buffers were made and after the transfers,
-    /// in bytes (`VmPin`; `None` where the system does not report it).
+    /// in bytes (`VmPin`; `None` where the system does not report it). Memory other work of
+    /// the process lets go of meanwhile counts against the growth.
     pub pinned: Option<(u64, u64)>,
     /// Bytes the three buffers (the source, the server's landing, the client's landing)
     /// hold.
@@ -50,26 +51,31 @@ impl Transferred {
     }
 }
 
-/// Sends `source` to an echo server started on `url` (port 0 picks one) and back, `rounds`
-/// times, into a buffer offered for the response, and checks every answer is `source`.
+/// Sends a registered buffer of `len` bytes (`file`'s, or a pattern without one) to an
+/// echo server started on `url` (port 0 picks one) and back, `rounds` times, into a buffer
+/// offered for the response, and checks every answer is what was sent.
 pub fn transfer(
     url: &str,
-    source: &RegisteredBuffer,
+    len: usize,
+    file: Option<&std::path::Path>,
     rounds: u32,
 ) -> Result<Transferred, Box<dyn std::error::Error>> {
-    let len = source.len();
+    let framed = len
+        .checked_add(FRAMING)
+        .ok_or("a buffer larger than the address space")?;
     let pinned_before = pinned_bytes();
-    let server_landing = Landing::new(RegisteredBuffer::new(len + FRAMING)?);
+    let source = source(len, file)?;
+    let server_landing = Landing::new(RegisteredBuffer::new(framed)?);
     let server = Server::builder()
-        .max_message_size(len + FRAMING)
+        .max_message_size(framed)
         .land_requests_in([server_landing.clone()])
         .add_service(EchoServer::new(EchoService))
         .start(url)?;
     let channel = rdma_rpc::client()
-        .max_message_size(len + FRAMING)
+        .max_message_size(framed)
         .connect_blocking(server.local_url())?;
     let client = EchoClient::new(channel);
-    let landing = Landing::new(RegisteredBuffer::new(len + FRAMING)?);
+    let landing = Landing::new(RegisteredBuffer::new(framed)?);
     let range = landing_range(&landing)?;
 
     let mut done = Transferred {
@@ -110,11 +116,13 @@ pub fn transfer(
 /// Bytes of the buffers [`transfer`] registers for a buffer of `len` bytes, with it: the
 /// source and the two landings.
 pub fn registered_for(len: usize) -> u64 {
-    3 * len as u64 + 2 * FRAMING as u64
+    (len as u64)
+        .saturating_mul(3)
+        .saturating_add(2 * FRAMING as u64)
 }
 
 /// A registered buffer of `len` bytes read from `file`, or of a pattern without one.
-pub fn source(
+fn source(
     len: usize,
     file: Option<&std::path::Path>,
 ) -> Result<RegisteredBuffer, Box<dyn std::error::Error>> {

@@ -26,7 +26,7 @@ fn a_server_killed_under_64_connections() {
     require_device().expect("an RDMA device");
     let _serial = lock(&SERIAL);
     let baseline = baseline();
-    let (mut server, url) = server_process(Stdio::inherit());
+    let (mut server, url) = server_process(Stdio::inherit()).expect("echo-server");
     let calling = Calling::start(&url, "server killed");
     let killed = Instant::now();
     kill_9(&mut server);

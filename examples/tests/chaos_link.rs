@@ -53,7 +53,7 @@ fn print_stacks(pid: u32, why: &str) {
 /// How long one new connection and call after the link came back may take before the
 /// process making it counts as stuck (the client's connect timeout is 5 s).
 const ATTEMPT_BOUND: Duration = Duration::from_secs(20);
-/// How long new connections are tried after the link came back.
+/// How long new connections are tried, from the first attempt.
 const PROBE_FOR: Duration = Duration::from_secs(5);
 
 /// Sets veth0's link down for as long as it lives.
@@ -91,7 +91,7 @@ impl Drop for LinkDown {
 enum Attempt {
     Answered,
     Failed(String),
-    /// Still running past [`ATTEMPT_BOUND`].
+    /// Still running past [`ATTEMPT_BOUND`] (blocked in the kernel, or its call waiting).
     Stuck(Child),
 }
 
@@ -127,20 +127,24 @@ fn attempt(url: &str) -> Attempt {
 /// threads wait, killed, and left behind (the VM powers off after this binary), instead of
 /// keeping this process from ending.
 fn probe_new_connections(link_up: Instant) {
-    let (mut server, url) = server_process(Stdio::null());
+    let (mut server, url) = match server_process(Stdio::null()) {
+        Ok(started) => started,
+        Err(e) => return say(format!("link down: no server after the flap: {e}")),
+    };
     let since = Instant::now();
     let outcome = loop {
         match attempt(&url) {
             Attempt::Answered => {
                 break format!(
-                    "new connections work {:?} after the link came up",
+                    "a new connection worked, tried {:?} after the link came up",
                     link_up.elapsed()
                 )
             }
             Attempt::Stuck(mut client) => {
-                print_stacks(client.id(), "link down: a new connection's client is stuck");
+                let why = format!("a new connection's client did not end within {ATTEMPT_BOUND:?}");
+                print_stacks(client.id(), &format!("link down: {why}"));
                 let _ = client.kill();
-                break format!("a new connection's client is stuck after {ATTEMPT_BOUND:?}");
+                break why;
             }
             Attempt::Failed(why) if since.elapsed() > PROBE_FOR => {
                 break format!("no new connection within {PROBE_FOR:?} of probing: {why}")

@@ -32,6 +32,8 @@ struct Args {
 
 /// Registered memory left for the transport's pools beyond the buffers.
 const POOLS: u64 = 512 << 20;
+/// Largest buffer this program moves (its three buffers are registered memory).
+const MAX_SIZE: usize = 1 << 40;
 
 fn parse_size(text: &str) -> Result<usize, String> {
     let (digits, unit) = text
@@ -44,18 +46,24 @@ fn parse_size(text: &str) -> Result<usize, String> {
         "GiB" => 30,
         other => return Err(format!("unknown unit {other:?}: use KiB, MiB or GiB")),
     };
-    let n: usize = digits.parse().map_err(|e| format!("{text:?}: {e}"))?;
-    n.checked_shl(shift)
-        .filter(|bytes| bytes >> shift == n && *bytes > 0)
-        .ok_or_else(|| format!("{text:?}: not a size this machine can hold"))
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a number of bytes, e.g. 64MiB"))?;
+    match n.checked_shl(shift).filter(|bytes| bytes >> shift == n) {
+        Some(0) => Err("a size of 0 bytes".to_owned()),
+        Some(bytes) if bytes <= MAX_SIZE => Ok(bytes),
+        _ => Err(format!("{text:?}: more than this program moves (1 TiB)")),
+    }
 }
 
 fn main() -> ExitCode {
     rpc_examples::init_tracing();
     let args = Args::parse();
     let len = match &args.file {
-        Some(path) => match std::fs::metadata(path) {
-            Ok(meta) => meta.len() as usize,
+        Some(path) => match std::fs::metadata(path).map(|meta| meta.len()) {
+            Ok(0) => return fail(&format!("{}: empty", path.display())),
+            Ok(len) if len <= MAX_SIZE as u64 => len as usize,
+            Ok(_) => return fail(&format!("{}: more than 1 TiB", path.display())),
             Err(e) => return fail(&format!("{}: {e}", path.display())),
         },
         None => args.size,
@@ -70,8 +78,7 @@ fn main() -> ExitCode {
             ..limits
         });
     }
-    let result = blob::source(len, args.file.as_deref())
-        .and_then(|source| blob::transfer(&args.url, &source, args.rounds));
+    let result = blob::transfer(&args.url, len, args.file.as_deref(), args.rounds);
     match result {
         Ok(done) => {
             report(&done);

@@ -140,26 +140,37 @@ pub fn echo_server() -> ServerHandle {
     )
 }
 
+/// Longest an `echo-server` process may take to say where it listens.
+const SERVER_START_BOUND: Duration = Duration::from_secs(30);
+
 /// The echo server over RDMA in a process of its own, with its standard error going to
-/// `stderr`, and the URL it serves.
-pub fn server_process(stderr: Stdio) -> (Child, String) {
+/// `stderr`, and the URL it serves; or why not, once it said nothing for
+/// [`SERVER_START_BOUND`] (it is killed) or ended first.
+pub fn server_process(stderr: Stdio) -> Result<(Child, String), String> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_echo-server"))
         .arg(format!("rdma://{}:0", test_addr()))
         .stdout(Stdio::piped())
         .stderr(stderr)
         .spawn()
-        .expect("echo-server starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .expect("echo-server prints its URL")
-        .to_owned();
-    (child, url)
+        .map_err(|e| format!("echo-server does not start: {e}"))?;
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(SERVER_START_BOUND).unwrap_or_default();
+    // `echo-server listening on <url>`
+    match line.trim().strip_prefix("echo-server listening on ") {
+        Some(url) => Ok((child, url.to_owned())),
+        None => {
+            let _ = child.kill();
+            Err(format!(
+                "echo-server did not say where it listens within {SERVER_START_BOUND:?}: {line:?}"
+            ))
+        }
+    }
 }
 
 /// [`CONNECTIONS`] connections calling a server on a runtime of their own (see `callers`).

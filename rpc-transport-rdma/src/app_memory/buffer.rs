@@ -259,8 +259,10 @@ impl Region {
             _counted: counted,
         };
         let mut registrations = self.registrations.lock();
-        // An engine retires before it unregisters every buffer, under this lock: one that
-        // retired meanwhile would never let go of a registration pushed now.
+        // The last engine of a protection domain retires before it unregisters every
+        // buffer, under this lock: a registration pushed for an engine that retired
+        // meanwhile might never be let go of. (If another engine still shares the domain,
+        // this one is made again for it.)
         if retired() || registered(&registrations) {
             drop(registrations);
             drop(registration);

@@ -1,14 +1,16 @@
 //! Sending large bodies from where their bytes lie, uncopied: the application's own
 //! registered memory ([`RegisteredBuffer`], `buffer.rs`), and bodies that arrived by RDMA
-//! WRITE and are sent on over the same engine (an echo) from the buffer they arrived in. Both are listed
+//! WRITE and are sent on over the same device (an echo, or a proxy's call to another
+//! server) from the buffer they arrived in. Both are listed
 //! by address (`reachable.rs`); as a large body is encoded, each run of bytes it holds in
 //! one piece is looked up there, and those the connection's device can reach are gathered
 //! by its WRITEs instead of copied (`gather.rs`).
 //!
-//! A buffer is registered with the protection domain of every completion engine of the
-//! process (one per device, polling mode and role): those there are when it is made, and
-//! each a later connection sets up. Never on a call's path. When an engine retires, the
-//! buffers let go of their registrations with it. Registrations count
+//! A buffer is registered with the protection domain of each device the process's
+//! completion engines use (one domain per device, which all its engines share): those there
+//! are when it is made, and each a later connection sets up. Never on a call's path. When
+//! the last engine of a protection domain retires, the buffers let go of their
+//! registrations with it. Registrations count
 //! against [`ProcessLimits::registered_bytes`]; a device it cannot be registered with (the
 //! limit, the device's own) gets copies of its bytes instead, as any other memory does.
 //!

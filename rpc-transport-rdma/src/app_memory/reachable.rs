@@ -109,8 +109,8 @@ pub(crate) fn register_all(engine: &Engine) {
     }
 }
 
-/// Lets go of every listed buffer's registration with a protection domain whose engine is
-/// gone, so that registrations do not pile up as engines come and go.
+/// Lets go of every listed buffer's registration with a protection domain whose last
+/// engine is gone, so that registrations do not pile up as engines come and go.
 pub(crate) fn unregister_all(pd: &Arc<ProtectionDomain>) {
     for memory in live() {
         memory.unregister(pd);
@@ -118,8 +118,9 @@ pub(crate) fn unregister_all(pd: &Arc<ProtectionDomain>) {
 }
 
 /// A large body that arrived by RDMA WRITE, handed up as `Bytes` views of its buffer.
-/// Listed while they live, so that a message sending these bytes on over the same
-/// connection's device (an echo) sends them from where they lie.
+/// Listed while they live, so that a message sending these bytes on over the same device
+/// (an echo, or a call the handler makes to another server) sends them from where they
+/// lie.
 #[derive(Debug)]
 struct Placed {
     body: ArrivedBody,
