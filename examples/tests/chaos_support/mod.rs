@@ -304,12 +304,20 @@ impl Outcomes {
     }
 }
 
+/// Longest each of the [`CONNECTIONS`] connections, made all at once, may take to set up.
+/// The connection manager resends a handshake message left unanswered after about 4.3 s
+/// (`CMA_CM_RESPONSE_TIMEOUT`), which with any other delay is past the default 5 s: in one
+/// CI run one of the 64 timed out waiting for `ESTABLISHED`, before any chaos began.
+const CONNECT_BOUND: Duration = Duration::from_secs(20);
+
 /// `CONNECTIONS` channels to `url`, each calling until `stop` says so or its connection
 /// fails; every call's end goes to `outcomes`.
 async fn callers(url: &str, stop: Arc<AtomicU64>, outcomes: Arc<Outcomes>) {
+    let mut config = rdma();
+    config.liveness.connect_timeout = CONNECT_BOUND;
     let channels: Vec<Channel> = join_all((0..CONNECTIONS).map(|_| {
         rdma_rpc::client()
-            .rdma_config(rdma())
+            .rdma_config(config.clone())
             .timeout(DEADLINE)
             .connect(url)
     }))
