@@ -176,7 +176,7 @@ pub fn wait_free(landing: &Landing) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// This process's pinned memory (`VmPin`), in bytes, where Linux reports it.
-fn pinned_bytes() -> Option<u64> {
+pub fn pinned_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kib = status
         .lines()

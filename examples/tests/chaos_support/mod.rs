@@ -77,12 +77,7 @@ pub fn device_resources() -> BTreeMap<String, u64> {
 
 /// This process's pinned memory, in KiB.
 pub fn pinned_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmPin:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmPin in /proc/self/status")
+    rpc_examples::blob::pinned_bytes().expect("VmPin in /proc/self/status") / 1024
 }
 
 #[derive(Debug, PartialEq, Eq, Clone)]
