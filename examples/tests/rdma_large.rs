@@ -1,7 +1,9 @@
 //! Large messages over real verbs: bodies beyond a ring slot travel by RDMA WRITE into a
-//! buffer the receiver grants (run in the soft-RoCE VM by `cargo xtask test`).
+//! buffer the receiver grants, or are read by the server from where the client offers them
+//! (run in the soft-RoCE VM by `cargo xtask test`).
 //!
-//! Sizes from a slot through 256 MiB in both directions, 1 GiB once each way, small calls
+//! Sizes from a slot through 256 MiB in both directions, requests read by RDMA READ from
+//! `read_from` on, 1 GiB once each way, small calls
 //! running while a large transfer is on the wire, cancel and deadline mid-transfer, and
 //! sizes beyond the configured limits. Ignored by a plain `cargo test` (they need a device);
 //! `cargo xtask test` runs them in the soft-RoCE VM with `--include-ignored`.
@@ -165,6 +167,46 @@ fn repeated_large_responses_go_straight_into_an_advertised_buffer() {
     let deadline = Instant::now() + Duration::from_secs(5);
     while transport.stats().large_grants > 0 {
         assert!(Instant::now() < deadline, "{:?}", transport.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+fn request_bodies_from_read_from_on_are_read_by_the_server() {
+    if !device() {
+        return;
+    }
+    let server = start(RdmaConfig::default());
+    let calls = Arc::new(CallTable::new());
+    let addr = server.local_url().trim_start_matches("rdma://");
+    let rdma = RdmaConfig::default().large(LargeBodies::default().read_from(MIB as u64));
+    let transport = RdmaClient::connect(addr, calls.clone(), &rdma).expect("connects");
+    let config = ChannelConfig {
+        max_message_size: LIMIT,
+        ..ChannelConfig::default()
+    };
+    let client = TesterClient::new(Channel::new(calls, transport.clone(), config));
+    let ways = |transport: &RdmaClient| {
+        let stats = transport.stats();
+        (stats.large_sourced, stats.large_rendezvous)
+    };
+    // Below `read_from`: the rendezvous.
+    bulk(&client, MIB - 100, 0, 1);
+    assert_eq!(ways(&transport), (0, 1));
+    // From it on, read by the server, in one chunk or many, with a large answer beside.
+    bulk(&client, MIB, 0, 2);
+    bulk(&client, 3 * MIB + 7, 0, 3);
+    bulk(&client, 16 * MIB, 2 * MIB, 4);
+    assert_eq!(ways(&transport), (3, 1), "{:?}", transport.stats());
+    // Every source window was revoked and its body freed once the server was done.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stats = transport.stats();
+        if stats.large_transfers == 0 && stats.large_grants == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{stats:?}");
         std::thread::sleep(Duration::from_millis(10));
     }
 }

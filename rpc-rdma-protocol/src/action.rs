@@ -59,6 +59,23 @@ pub struct WriteWork {
     pub rkey: u32,
 }
 
+/// One RDMA READ of a chunk of a body the peer offered ([`rpc_wire::FrameKind::LargeSource`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadWork {
+    /// Grant whose buffer the chunk lands in (its completion is [`WorkId::Read`]).
+    pub grant: u32,
+    /// Destination address, inside the buffer lent with [`crate::Connection::read_into`].
+    pub local_addr: u64,
+    /// Local key of that buffer.
+    pub lkey: u32,
+    /// Bytes to read.
+    pub len: u32,
+    /// Source in the peer's offered memory.
+    pub remote_addr: u64,
+    /// Remote key of the peer's window.
+    pub rkey: u32,
+}
+
 impl SendWork {
     /// Finishes the frame in `buf` (the target's memory, at least [`rpc_wire::HEADER_LEN`] bytes)
     /// right before posting: writes the returned credits into a ring slot's header, or the
@@ -182,6 +199,34 @@ pub enum Action {
         /// The most the peer says it could accept (0: not said).
         limit: u64,
     },
+    /// Post an RDMA READ, signaled, as [`WorkId::Read`] of its grant.
+    PostRead(ReadWork),
+    /// Post the memory-window bind over the first `len` bytes of the transfer's source
+    /// (signaled, [`WorkId::BindSource`]), granting remote read with `rkey` (the rkey given
+    /// to [`crate::Connection::start_source`]).
+    BindSource {
+        /// The transfer.
+        transfer: u32,
+        /// Bytes of its body.
+        len: u64,
+    },
+    /// Post a local invalidation of the source window's `rkey` (signaled,
+    /// [`WorkId::InvalidateSource`]).
+    InvalidateSource {
+        /// The transfer.
+        transfer: u32,
+        /// The window's rkey.
+        rkey: u32,
+    },
+    /// The peer offers a body of `len` bytes for `body` to be read: lend a buffer and call
+    /// [`crate::Connection::read_into`], or call [`crate::Connection::refuse`], before
+    /// executing further actions.
+    ReadNeeded {
+        /// The body.
+        body: BodyId,
+        /// Bytes of the body.
+        len: u64,
+    },
     /// The peer asks for a buffer of `len` bytes for `body` (a call's request or response,
     /// or one message of its stream): lend one and call [`crate::Connection::grant`], or
     /// call [`crate::Connection::refuse`], before executing further actions.
@@ -212,7 +257,8 @@ pub enum Action {
         /// The notification that announced the body.
         header: Header,
     },
-    /// The grant's call was cancelled and its rkey invalidated: take the buffer back.
+    /// The grant's call was cancelled and its rkey invalidated (or, for a body being read,
+    /// its last READ completed): take the buffer back.
     ReleaseGrant {
         /// The grant.
         grant: u32,
@@ -237,6 +283,12 @@ pub enum WorkId {
     Invalidate(u32),
     /// A keepalive probe (see [`crate::Connection::start_probe`]).
     Probe,
+    /// An RDMA READ of a body the peer offered, into the buffer of a grant.
+    Read(u32),
+    /// The memory-window bind over a transfer's body, offered for the peer to READ.
+    BindSource(u32),
+    /// The invalidation of that window's rkey.
+    InvalidateSource(u32),
 }
 
 impl WorkId {
@@ -247,8 +299,15 @@ impl WorkId {
     const TAG_BIND: u64 = 5;
     const TAG_INVALIDATE: u64 = 6;
     const TAG_PROBE: u64 = 7;
+    const TAG_READ: u64 = 8;
+    const TAG_BIND_SOURCE: u64 = 9;
+    const TAG_INVALIDATE_SOURCE: u64 = 10;
 
-    /// Packs the id with a connection tag: bits 63..35 tag (29 bits), 34..3 index, 2..0 kind.
+    /// Bits of a `wr_id` that name the connection ([`WorkId::to_wr_id`]).
+    pub const CONNECTION_BITS: u32 = 28;
+
+    /// Packs the id with a connection tag: bits 63..36 tag ([`WorkId::CONNECTION_BITS`]),
+    /// 35..4 index, 3..0 kind.
     pub fn to_wr_id(self, conn: u32) -> u64 {
         let (kind, index) = match self {
             WorkId::Send(slot) => (Self::TAG_SEND, slot),
@@ -258,16 +317,22 @@ impl WorkId {
             WorkId::Bind(id) => (Self::TAG_BIND, id),
             WorkId::Invalidate(id) => (Self::TAG_INVALIDATE, id),
             WorkId::Probe => (Self::TAG_PROBE, 0),
+            WorkId::Read(id) => (Self::TAG_READ, id),
+            WorkId::BindSource(id) => (Self::TAG_BIND_SOURCE, id),
+            WorkId::InvalidateSource(id) => (Self::TAG_INVALIDATE_SOURCE, id),
         };
-        debug_assert!(conn < 1 << 29, "connection tag beyond 29 bits");
-        (u64::from(conn) << 35) | (u64::from(index) << 3) | kind
+        debug_assert!(
+            conn < 1 << Self::CONNECTION_BITS,
+            "connection tag beyond its bits"
+        );
+        (u64::from(conn) << 36) | (u64::from(index) << 4) | kind
     }
 
     /// Unpacks a `wr_id` made by [`WorkId::to_wr_id`]: `(connection tag, id)`.
     pub fn from_wr_id(wr_id: u64) -> Option<(u32, WorkId)> {
-        let conn = (wr_id >> 35) as u32;
-        let index = ((wr_id >> 3) & 0xffff_ffff) as u32;
-        let id = match wr_id & 0b111 {
+        let conn = (wr_id >> 36) as u32;
+        let index = ((wr_id >> 4) & 0xffff_ffff) as u32;
+        let id = match wr_id & 0b1111 {
             Self::TAG_SEND => WorkId::Send(index),
             Self::TAG_CONTROL if index == 0 => WorkId::Control,
             Self::TAG_RECV => WorkId::Recv(index),
@@ -275,6 +340,9 @@ impl WorkId {
             Self::TAG_BIND => WorkId::Bind(index),
             Self::TAG_INVALIDATE => WorkId::Invalidate(index),
             Self::TAG_PROBE if index == 0 => WorkId::Probe,
+            Self::TAG_READ => WorkId::Read(index),
+            Self::TAG_BIND_SOURCE => WorkId::BindSource(index),
+            Self::TAG_INVALIDATE_SOURCE => WorkId::InvalidateSource(index),
             _ => return None,
         };
         Some((conn, id))
@@ -344,13 +412,21 @@ mod tests {
             WorkId::Bind(3),
             WorkId::Invalidate(1 << 31),
             WorkId::Probe,
+            WorkId::Read(5),
+            WorkId::BindSource(u32::MAX),
+            WorkId::InvalidateSource(2),
         ] {
-            for conn in [0, 1, (1 << 29) - 1] {
+            for conn in [0, 1, (1 << WorkId::CONNECTION_BITS) - 1] {
                 assert_eq!(WorkId::from_wr_id(id.to_wr_id(conn)), Some((conn, id)));
             }
         }
         assert_eq!(WorkId::from_wr_id(0), None);
-        assert_eq!(WorkId::from_wr_id(0b1010), None);
-        assert_eq!(WorkId::from_wr_id(0b1111), None, "a probe has index 0");
+        assert_eq!(WorkId::from_wr_id(0b1111), None, "no kind 15");
+        assert_eq!(WorkId::from_wr_id(0b1_0111), None, "a probe has index 0");
+        assert_eq!(
+            WorkId::from_wr_id(0b1_0010),
+            None,
+            "the control buffer has index 0"
+        );
     }
 }

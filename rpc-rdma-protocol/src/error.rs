@@ -173,10 +173,24 @@ pub enum ProtocolViolation {
         /// Bytes granted.
         granted: u64,
     },
+    /// An answer to a body offered for reading that this side did not offer, or that was
+    /// answered already.
+    #[error("peer answered an offer of {body} that is not outstanding")]
+    UnexpectedSourceDone {
+        /// Body named by the answer.
+        body: BodyId,
+    },
+    /// Offers refused before their notice came pile up: the peer does not send the notice
+    /// right behind each offer.
+    #[error("peer left {refused} refused offers without their notice")]
+    NoticesMissing {
+        /// Refused offers whose notice has not come.
+        refused: usize,
+    },
     /// A completion for an RDMA WRITE, window bind or invalidation nothing is waiting for.
     #[error("completion of {what} {id}, which is not outstanding")]
     UnexpectedLargeCompletion {
-        /// What completed: "write", "bind" or "invalidate".
+        /// What completed: "write", "read", "bind", "invalidate" or "source invalidation".
         what: &'static str,
         /// Transfer or grant id.
         id: u32,

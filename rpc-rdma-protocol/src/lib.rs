@@ -61,7 +61,9 @@ pub mod shared_pool;
 #[cfg(test)]
 mod tests;
 
-pub use action::{Action, Received, SendTarget, SendWork, WorkId, WriteWork, CREDITS_OFFSET};
+pub use action::{
+    Action, ReadWork, Received, SendTarget, SendWork, WorkId, WriteWork, CREDITS_OFFSET,
+};
 pub use connection::{CloseReason, Connection, SendReservation, Stats};
 pub use credits::RESERVED_CREDITS;
 pub use error::{ParamsError, ProtocolViolation, SendError};

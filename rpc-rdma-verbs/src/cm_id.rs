@@ -26,6 +26,11 @@ pub const MAX_ACCEPT_PRIVATE_DATA: usize = 196;
 /// Most private data a reject carries (the IB CM REJ).
 pub const MAX_REJECT_PRIVATE_DATA: usize = 148;
 
+/// For [`ConnParam::responder_resources`] and [`ConnParam::initiator_depth`]: as many RDMA
+/// READs in flight as the device (and, accepting, the peer's offer) allows; rdma_cm's
+/// `RDMA_MAX_RESP_RES` and `RDMA_MAX_INIT_DEPTH`.
+pub const READS_THE_DEVICE_ALLOWS: u8 = 0xFF;
+
 /// Parameters of [`CmId::connect`] and [`CmId::accept`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnParam<'a> {

@@ -94,7 +94,7 @@ mod wr;
 pub use async_event::{AsyncEvent, AsyncEventKind, EventSubject};
 pub use cm_id::{
     CmId, ConnParam, ConnectRequest, MAX_ACCEPT_PRIVATE_DATA, MAX_CONNECT_PRIVATE_DATA,
-    MAX_REJECT_PRIVATE_DATA,
+    MAX_REJECT_PRIVATE_DATA, READS_THE_DEVICE_ALLOWS,
 };
 pub use comp_channel::CompletionChannel;
 pub use context::{Context, DeviceAttr, LinkLayer, PortAttr, PortState};

@@ -19,7 +19,7 @@ use crate::events::expect_event;
 use crate::protocol::{ConnectParams, Stats};
 use crate::resources::{verbs_status, Resources};
 use crate::response_sizes::{ResponseSizes, SizedResponses};
-use crate::verbs::{CmEventKind, CmId, ConnParam, EventChannel};
+use crate::verbs::{CmEventKind, CmId, ConnParam, EventChannel, READS_THE_DEVICE_ALLOWS};
 
 /// Longest a blocking call spins in one go with [`PollMode::Busy`] before it re-checks its
 /// deadline.
@@ -140,6 +140,8 @@ impl RdmaClient {
         };
         id.connect(&ConnParam {
             private_data: &params,
+            // The server READs request bodies offered to it (`LargeBodies::read_from`).
+            responder_resources: READS_THE_DEVICE_ALLOWS,
             retry_count: config.liveness.retry_count,
             rnr_retry_count: config.liveness.rnr_retry,
             ..ConnParam::default()

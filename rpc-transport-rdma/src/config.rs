@@ -251,8 +251,16 @@ pub struct LargeBodies {
     /// Bodies go by RDMA WRITE in chunks of this many bytes, so that small frames of other
     /// calls pass between them. Default 256 KiB.
     pub chunk: u32,
-    /// RDMA WRITE chunks outstanding at once per connection. Default 2.
+    /// RDMA WRITE and READ chunks outstanding at once per connection, all bodies together;
+    /// a server also asks the queue pair for this many READs in flight (as far as the
+    /// client's device grants). Default 2.
     pub write_window: u32,
+    /// Request bodies of at least this many bytes (metadata plus message) are offered for
+    /// the server to RDMA READ, which spares the round trip of asking for a buffer: the
+    /// offer and the request go at once, and the server pulls the body. Smaller ones, and
+    /// bodies with application memory sent in place, take the rendezvous (the server grants
+    /// a buffer, the client WRITEs). `u64::MAX`: never. Default 1 MiB.
+    pub read_from: u64,
     /// Largest body (metadata plus message) a peer may send us by RDMA WRITE; larger ones
     /// are refused before any byte moves, with `RESOURCE_EXHAUSTED` naming both sizes.
     /// Servers and channels lower it to their message size limit plus the metadata limit
@@ -291,6 +299,7 @@ impl Default for LargeBodies {
         LargeBodies {
             chunk: 256 * 1024,
             write_window: 2,
+            read_from: 1 << 20,
             max_message: 1 << 31,
             budget: 4 << 30,
             cache: 64 << 20,
@@ -305,6 +314,7 @@ impl Default for LargeBodies {
 setters!(LargeBodies {
     chunk: u32,
     write_window: u32,
+    read_from: u64,
     max_message: u64,
     budget: u64,
     cache: u64,

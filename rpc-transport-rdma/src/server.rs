@@ -23,7 +23,7 @@ use crate::events::wait_readable;
 use crate::kick::Kick;
 use crate::protocol::{encode_reject, ConnectParams, Geometry};
 use crate::resources::{verbs_status, Resources};
-use crate::verbs::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel};
+use crate::verbs::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, READS_THE_DEVICE_ALLOWS};
 
 const LISTEN_BACKLOG: u32 = 128;
 /// Longest the listener sleeps without an event.
@@ -268,6 +268,9 @@ fn accept(id: CmId, private_data: &[u8], peer: String, shared: &Shared) -> Resul
         .id()
         .accept(&ConnParam {
             private_data: &params,
+            // Request bodies offered by the client are READ (as many in flight as the
+            // client's offer and the device allow; the write window bounds how many).
+            initiator_depth: READS_THE_DEVICE_ALLOWS,
             retry_count: config.liveness.retry_count,
             rnr_retry_count: config.liveness.rnr_retry,
             ..ConnParam::default()

@@ -20,6 +20,8 @@ enum Kind {
     LargeGrant,
     Message,
     Messages,
+    LargeSource,
+    LargeSourceDone,
 }
 
 #[derive(Debug, Arbitrary)]
@@ -94,6 +96,17 @@ enum Step {
     Drain,
     /// The peer disconnected: drain behind a marker.
     PeerDisconnected,
+    ReadComplete(u8),
+    SourceInvalidated(u8),
+    ReadInto {
+        call_id: u8,
+        seq: u8,
+        len: u32,
+    },
+    StartSource {
+        payload_len: u32,
+        call_id: u8,
+    },
 }
 
 fn body(call_id: u8, seq: u8) -> BodyId {
@@ -113,6 +126,8 @@ fn header(f: &Fields) -> Header {
         Kind::LargeGrant => FrameKind::LargeGrant,
         Kind::Message => FrameKind::Message,
         Kind::Messages => FrameKind::Messages,
+        Kind::LargeSource => FrameKind::LargeSource,
+        Kind::LargeSourceDone => FrameKind::LargeSourceDone,
     };
     let mut h = Header::stream(kind, u64::from(f.call_id), u32::from(f.seq));
     let mut flags = Flags::NONE;
@@ -192,11 +207,14 @@ pub(crate) fn run(data: &[u8]) {
                 Ok(())
             }
             Step::CompletionError(kind) => {
-                let work = match kind % 5 {
+                let id = u32::from(*kind / 7);
+                let work = match kind % 7 {
                     0 => WorkId::Send(0),
                     1 => WorkId::Recv(1),
                     2 => WorkId::Write(0),
-                    3 => WorkId::Invalidate(u32::from(*kind / 5)),
+                    3 => WorkId::Invalidate(id),
+                    4 => WorkId::Read(id),
+                    5 => WorkId::InvalidateSource(id),
                     _ => WorkId::Probe,
                 };
                 c.on_completion_error(work, "fuzzed");
@@ -262,6 +280,29 @@ pub(crate) fn run(data: &[u8]) {
             }
             Step::PeerDisconnected => {
                 c.on_peer_disconnected();
+                Ok(())
+            }
+            Step::ReadComplete(id) => c.on_read_complete(u32::from(*id)),
+            Step::SourceInvalidated(id) => c.on_source_invalidated(u32::from(*id)),
+            Step::ReadInto { call_id, seq, len } => {
+                let local = LocalBuffer {
+                    addr: 0x30_0000,
+                    lkey: 3,
+                };
+                c.read_into(body(*call_id, *seq), local, u64::from(*len));
+                Ok(())
+            }
+            Step::StartSource {
+                payload_len,
+                call_id,
+            } => {
+                let mut h = Header::new(FrameKind::Request, u64::from(*call_id));
+                h.payload_len = *payload_len;
+                let local = LocalBuffer {
+                    addr: 0x1000,
+                    lkey: 1,
+                };
+                let _ = c.start_source(&h, local, 11);
                 Ok(())
             }
         };

@@ -42,6 +42,13 @@ impl Connection {
                 // Only fails for a grant it does not know: nothing to hand up then.
                 let _ = self.large.on_invalidated(grant, &mut self.actions);
             }
+            WorkId::Read(grant) => self.large.on_read_flushed(grant, &mut self.actions),
+            // A queue pair in the error state serves no READ: the window is as good as gone.
+            WorkId::InvalidateSource(transfer) => {
+                let _ = self
+                    .large
+                    .on_source_invalidated(transfer, &mut self.actions);
+            }
             WorkId::Probe => self.marker_returned(),
             _ => {}
         }

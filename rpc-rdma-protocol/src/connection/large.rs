@@ -23,6 +23,41 @@ impl Connection {
         Ok(id)
     }
 
+    /// Starts sending a request body too large for a slot by offering it for the peer to
+    /// RDMA READ: `notice` and `local` as for [`Connection::start_large`], `rkey` the key of
+    /// the window the driver binds over the body's bytes with remote read access
+    /// ([`Action::BindSource`] follows, before the offer is posted). The driver keeps the
+    /// body and the window until [`Action::TransferDone`] or [`Action::TransferFailed`],
+    /// which come after [`Action::InvalidateSource`] completed.
+    pub fn start_source(
+        &mut self,
+        notice: &Header,
+        local: LocalBuffer,
+        rkey: u32,
+    ) -> Result<u32, SendError> {
+        if self.closed.is_some() {
+            return Err(SendError::Closed);
+        }
+        self.check_advertisement(notice)?;
+        let id = self
+            .large
+            .start_source(*notice, local, rkey, &mut self.actions)?;
+        self.flush();
+        Ok(id)
+    }
+
+    /// Answers [`Action::ReadNeeded`]: the driver lent `len` bytes at `local` for the body;
+    /// [`Action::PostRead`]s follow. `None` if the offer went away meanwhile (its call was
+    /// cancelled): take the buffer back.
+    pub fn read_into(&mut self, body: BodyId, local: LocalBuffer, len: u64) -> Option<u32> {
+        if self.closed.is_some() {
+            return None;
+        }
+        let id = self.large.read_into(body, local, len)?;
+        self.flush();
+        Some(id)
+    }
+
     /// Advertises `len` bytes at `addr` as the buffer for the response to `call_id`, which
     /// the driver makes writable by binding a memory window with `rkey`
     /// ([`Action::BindWindow`] follows, before any send posted after this call). Put the
@@ -90,6 +125,33 @@ impl Connection {
             return Ok(());
         }
         if let Err(violation) = self.large.on_write_complete(transfer, &mut self.actions) {
+            return Err(self.fail(violation));
+        }
+        self.flush();
+        Ok(())
+    }
+
+    /// An RDMA READ into `grant`'s buffer completed.
+    pub fn on_read_complete(&mut self, grant: u32) -> Result<(), ProtocolViolation> {
+        if self.closed.is_some() {
+            return Ok(());
+        }
+        if let Err(violation) = self.large.on_read_complete(grant, &mut self.actions) {
+            return Err(self.fail(violation));
+        }
+        self.flush();
+        Ok(())
+    }
+
+    /// The invalidation of the window over `transfer`'s offered body completed.
+    pub fn on_source_invalidated(&mut self, transfer: u32) -> Result<(), ProtocolViolation> {
+        if self.closed.is_some() {
+            return Ok(());
+        }
+        if let Err(violation) = self
+            .large
+            .on_source_invalidated(transfer, &mut self.actions)
+        {
             return Err(self.fail(violation));
         }
         self.flush();

@@ -137,6 +137,10 @@ pub struct Stats {
     pub large_rendezvous: u64,
     /// Responses this side wrote straight into the buffer their request advertised.
     pub large_into_advertised: u64,
+    /// Request bodies this side offered for the peer to READ (`LargeSource`).
+    pub large_sourced: u64,
+    /// Bodies this side read from the peer's memory.
+    pub large_read: u64,
     /// Response buffers this side advertised with its requests.
     pub response_buffers_advertised: u64,
     /// Responses the peer placed straight into a buffer this side advertised.
@@ -259,6 +263,8 @@ impl Connection {
             large_grants: large.grants,
             large_rendezvous: large.rendezvous,
             large_into_advertised: large.into_advertised,
+            large_sourced: large.sourced,
+            large_read: large.read,
             response_buffers_advertised: large.advertised,
             response_buffers_filled: large.advertised_filled,
             large_queue_refusals: large.queue_refusals,
@@ -357,10 +363,9 @@ impl Connection {
     }
 
     fn check_frame(header: &Header, capacity: u32) -> Result<(), SendError> {
-        let protocol_owned = matches!(
-            header.kind,
-            FrameKind::CreditOnly | FrameKind::LargeRequest | FrameKind::LargeGrant
-        ) || header.flags.contains(Flags::LARGE_PAYLOAD);
+        let protocol_owned = header.kind == FrameKind::CreditOnly
+            || header.kind.is_rendezvous()
+            || header.flags.contains(Flags::LARGE_PAYLOAD);
         if protocol_owned {
             return Err(SendError::ReservedKind(header.kind));
         }
@@ -541,6 +546,7 @@ impl Connection {
     /// header-only frames to the ring while it has room.
     fn flush_large(&mut self) {
         self.large.pump_writes(&mut self.actions);
+        self.large.pump_reads(&mut self.actions);
         while let Some(frame) = self.large.next_frame() {
             let Some((_, seq)) = self.send.reserve() else {
                 break;

@@ -65,7 +65,12 @@ impl Connection {
         if credit_only {
             self.stats.credit_only_received += 1;
         }
+        // A body whose offer we refused: its notice (and any response buffer it advertises)
+        // goes no further.
+        let refused =
+            header.flags.contains(Flags::LARGE_PAYLOAD) && self.large.take_refused(&header);
         let offered = match header.kind {
+            _ if refused => Ok(()),
             FrameKind::Request if header.flags.contains(Flags::RESPONSE_BUFFER) => {
                 self.large.on_offer(&header)
             }
@@ -81,7 +86,16 @@ impl Connection {
             return Err(self.fail(violation));
         }
         let consumed = match header.kind {
+            _ if refused => Ok(true),
             FrameKind::CreditOnly => Ok(true),
+            FrameKind::LargeSource => self
+                .large
+                .on_source(&header, &mut self.actions)
+                .map(|()| true),
+            FrameKind::LargeSourceDone => self
+                .large
+                .on_source_done(&header, &mut self.actions)
+                .map(|()| true),
             FrameKind::LargeRequest => self
                 .large
                 .on_buffer_request(&header, &mut self.actions)

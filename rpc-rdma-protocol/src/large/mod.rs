@@ -41,6 +41,9 @@ use super::error::{ProtocolViolation, SendError};
 
 mod advertise;
 mod receiver;
+mod source;
+
+use source::{Read, Sourced};
 
 /// Tuning of the large-body path (local policy, never on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +91,8 @@ impl BodyId {
     /// The body a frame is about: a placed body's notification, or a rendezvous frame.
     pub fn of(header: &Header) -> Self {
         let seq = match header.kind {
-            FrameKind::Message | FrameKind::LargeRequest | FrameKind::LargeGrant => header.seq(),
+            FrameKind::Message => header.seq(),
+            kind if kind.is_rendezvous() => header.seq(),
             _ => 0,
         };
         BodyId {
@@ -144,6 +148,10 @@ pub(crate) struct LargeCounts {
     pub(crate) advertised: u64,
     /// Responses the peer placed in a buffer we advertised.
     pub(crate) advertised_filled: u64,
+    /// Bodies offered for the peer to READ (a `LargeSource` each).
+    pub(crate) sourced: u64,
+    /// Bodies this side read from the peer's memory.
+    pub(crate) read: u64,
     /// Buffer requests refused because `max_queued` were already waiting.
     pub(crate) queue_refusals: u64,
 }
@@ -158,6 +166,9 @@ enum TransferState {
     Written,
     /// Cancelled while chunks were outstanding; no more are posted.
     Aborted,
+    /// Offered for the peer to READ: the window is bound, the `LargeSource` and the notice
+    /// are queued or sent; the peer's `LargeSourceDone` ends it.
+    Sourced(Sourced),
 }
 
 #[derive(Debug)]
@@ -204,7 +215,8 @@ pub(crate) struct Large {
     abandoned: BTreeSet<BodyId>,
     /// Transfers with chunks left to post, served round robin.
     writing: VecDeque<u32>,
-    writes_in_flight: u32,
+    /// RDMA WRITEs and READs outstanding, bounded by `write_window`.
+    one_sided_in_flight: u32,
     next_grant: u32,
     grants: HashMap<u32, Grant>,
     grant_by_body: BTreeMap<BodyId, u32>,
@@ -216,6 +228,15 @@ pub(crate) struct Large {
     waiting_len: BTreeMap<BodyId, u64>,
     /// Response buffers the peer advertised with requests we have not answered yet.
     offers: HashMap<u64, RemoteBuffer>,
+    /// Bodies the peer offered for reading, queued or asked of the driver: where they lie,
+    /// and their notice once it came.
+    incoming: BTreeMap<BodyId, (RemoteBuffer, Option<Header>)>,
+    /// Bodies being read into a grant's buffer, by grant id (which `grants` never holds).
+    reads: HashMap<u32, Read>,
+    /// Read grants with chunks left to post, served round robin.
+    reading: VecDeque<u32>,
+    /// Offered bodies refused before their notice came: the notice is dropped on arrival.
+    refused: BTreeSet<BodyId>,
     /// Header-only frames to send, in order.
     frames: VecDeque<Header>,
     counters: LargeCounts,
@@ -230,7 +251,7 @@ impl Large {
             transfer_by_body: BTreeMap::new(),
             abandoned: BTreeSet::new(),
             writing: VecDeque::new(),
-            writes_in_flight: 0,
+            one_sided_in_flight: 0,
             next_grant: 0,
             grants: HashMap::new(),
             grant_by_body: BTreeMap::new(),
@@ -238,6 +259,10 @@ impl Large {
             waiting: VecDeque::new(),
             waiting_len: BTreeMap::new(),
             offers: HashMap::new(),
+            incoming: BTreeMap::new(),
+            reads: HashMap::new(),
+            reading: VecDeque::new(),
+            refused: BTreeSet::new(),
             frames: VecDeque::new(),
             counters: LargeCounts::default(),
         }
@@ -252,21 +277,27 @@ impl Large {
             && self.asked.is_empty()
             && self.waiting.is_empty()
             && self.offers.is_empty()
+            && self.incoming.is_empty()
+            && self.reads.is_empty()
+            && self.refused.is_empty()
             && self.frames.is_empty()
     }
 
-    /// An rkey invalidation is outstanding (a body to hand up, or a buffer to give back).
+    /// An rkey invalidation or a READ is outstanding (a body to hand up, a buffer to give
+    /// back, a source to release).
     pub(crate) fn invalidating(&self) -> bool {
         self.grants
             .values()
             .any(|g| matches!(g.state, GrantState::Arrived(_) | GrantState::Revoking))
+            || self.reads.values().any(Read::in_flight)
+            || self.transfers.values().any(|t| t.state.unsourcing())
     }
 
     /// Whether WRITEs wait to be posted or header-only frames to be sent (the connection's
     /// flush looks at nothing else of the large-body path while they do not).
     #[inline]
     pub(crate) fn has_sends(&self) -> bool {
-        !self.writing.is_empty() || !self.frames.is_empty()
+        !self.writing.is_empty() || !self.reading.is_empty() || !self.frames.is_empty()
     }
 
     /// This side has no body to write and no header-only frame to send.
@@ -278,9 +309,23 @@ impl Large {
     pub(crate) fn counts(&self) -> LargeCounts {
         LargeCounts {
             transfers: self.transfers.len() as u32,
-            grants: (self.grants.len() + self.asked.len()) as u32,
+            grants: self.open_grants() as u32,
             ..self.counters
         }
+    }
+
+    /// Grants open or asked for: buffers the peer writes, or this side reads into.
+    fn open_grants(&self) -> usize {
+        self.grants.len() + self.reads.len() + self.asked.len()
+    }
+
+    /// A fresh transfer id.
+    fn next_transfer_id(&mut self) -> u32 {
+        self.next_transfer = self.next_transfer.wrapping_add(1);
+        while self.transfers.contains_key(&self.next_transfer) {
+            self.next_transfer = self.next_transfer.wrapping_add(1);
+        }
+        self.next_transfer
     }
 
     // ---- writer ----
@@ -288,32 +333,10 @@ impl Large {
     /// Starts sending the body announced by `notice` (a request, response or stream
     /// message whose lengths describe the body) from `local`: queues the buffer request.
     pub(crate) fn start(&mut self, notice: Header, local: LocalBuffer) -> Result<u32, SendError> {
+        let (notice, total) = self.check_start(&notice)?;
         let body = BodyId::of(&notice);
         let call_id = body.call_id;
-        if !matches!(
-            notice.kind,
-            FrameKind::Request | FrameKind::Response | FrameKind::Message
-        ) {
-            return Err(SendError::ReservedKind(notice.kind));
-        }
-        let total = notice.message_len();
-        if total == 0 {
-            return Err(SendError::NotLarge { len: total });
-        }
-        if self.transfer_by_body.contains_key(&body) {
-            return Err(SendError::DuplicateTransfer { body });
-        }
-        let notice = Header {
-            flags: notice.flags.with(Flags::LARGE_PAYLOAD),
-            credits: 0,
-            ..notice
-        };
-        notice.validate().map_err(SendError::InvalidHeader)?;
-        self.next_transfer = self.next_transfer.wrapping_add(1);
-        while self.transfers.contains_key(&self.next_transfer) {
-            self.next_transfer = self.next_transfer.wrapping_add(1);
-        }
-        let id = self.next_transfer;
+        let id = self.next_transfer_id();
         self.abandoned.remove(&body);
         // A response goes straight into the buffer its request advertised when it fits;
         // otherwise the rendezvous below also tells the peer to take its buffer back.
@@ -348,6 +371,32 @@ impl Large {
         );
         self.transfer_by_body.insert(body, id);
         Ok(id)
+    }
+
+    /// The notice (with `LARGE_PAYLOAD`) of a body that may start a transfer, and the
+    /// body's length.
+    fn check_start(&self, notice: &Header) -> Result<(Header, u64), SendError> {
+        let body = BodyId::of(notice);
+        if !matches!(
+            notice.kind,
+            FrameKind::Request | FrameKind::Response | FrameKind::Message
+        ) {
+            return Err(SendError::ReservedKind(notice.kind));
+        }
+        let total = notice.message_len();
+        if total == 0 {
+            return Err(SendError::NotLarge { len: total });
+        }
+        if self.transfer_by_body.contains_key(&body) {
+            return Err(SendError::DuplicateTransfer { body });
+        }
+        let notice = Header {
+            flags: notice.flags.with(Flags::LARGE_PAYLOAD),
+            credits: 0,
+            ..*notice
+        };
+        notice.validate().map_err(SendError::InvalidHeader)?;
+        Ok((notice, total))
     }
 
     /// The peer answered our buffer request.
@@ -405,7 +454,7 @@ impl Large {
     /// Posts chunks while the write window allows, round robin over transfers; queues a
     /// transfer's notification right behind its last chunk.
     pub(crate) fn pump_writes(&mut self, out: &mut VecDeque<Action>) {
-        while self.writes_in_flight < self.config.write_window {
+        while self.one_sided_in_flight < self.config.write_window {
             let Some(id) = self.writing.pop_front() else {
                 return;
             };
@@ -426,7 +475,7 @@ impl Large {
             }));
             *next += len;
             t.in_flight += 1;
-            self.writes_in_flight += 1;
+            self.one_sided_in_flight += 1;
             if *next == t.total {
                 t.state = TransferState::Written;
                 self.frames.push_back(t.notice);
@@ -450,7 +499,7 @@ impl Large {
             return Err(unexpected);
         }
         t.in_flight -= 1;
-        self.writes_in_flight -= 1;
+        self.one_sided_in_flight -= 1;
         let finished = matches!(t.state, TransferState::Written | TransferState::Aborted);
         if finished && t.in_flight == 0 {
             let body = t.body;
@@ -521,6 +570,7 @@ impl Large {
             }
             // The notification is on its way; the receiver revokes on the Cancel after it.
             TransferState::Written | TransferState::Aborted => {}
+            TransferState::Sourced(_) => self.abort_source(body, id, out),
         }
     }
 

@@ -22,31 +22,39 @@ impl Large {
             // there, so the buffer is revoked and the request handled like any other.
             self.end_advertisement(body.call_id, out);
         }
-        let known = self.asked.contains(&body)
-            || self.grant_by_body.contains_key(&body)
-            || self.waiting_len.contains_key(&body);
-        if known {
+        if self.knows(body) {
             return Err(ProtocolViolation::DuplicateBufferRequest { body });
         }
-        let len = ask.remote.len;
+        self.queue_buffer_request(body, ask.remote.len, out);
+        Ok(())
+    }
+
+    /// Queues the peer's request for a buffer of `len` bytes for `body` (to write into,
+    /// or to read an offered body into), or refuses it at once: too large, or too many
+    /// waiting.
+    pub(super) fn queue_buffer_request(
+        &mut self,
+        body: BodyId,
+        len: u64,
+        out: &mut VecDeque<Action>,
+    ) {
         if len > self.config.max_message {
             self.push_refusal(body, Code::ResourceExhausted, self.config.max_message);
-            return Ok(());
+            return;
         }
-        let busy = self.grants.len() + self.asked.len() >= self.config.max_grants as usize;
+        let busy = self.open_grants() >= self.config.max_grants as usize;
         if busy && self.waiting.len() >= self.config.max_queued as usize {
             self.counters.queue_refusals += 1;
             self.push_refusal(body, Code::ResourceExhausted, 0);
-            return Ok(());
+            return;
         }
         self.waiting.push_back(body);
         self.waiting_len.insert(body, len);
         self.admit_waiting(out);
-        Ok(())
     }
 
-    fn admit_waiting(&mut self, out: &mut VecDeque<Action>) {
-        while (self.grants.len() + self.asked.len()) < self.config.max_grants as usize {
+    pub(super) fn admit_waiting(&mut self, out: &mut VecDeque<Action>) {
+        while self.open_grants() < self.config.max_grants as usize {
             let Some(body) = self.waiting.pop_front() else {
                 return;
             };
@@ -55,7 +63,11 @@ impl Large {
                 .remove(&body)
                 .expect("queued bodies have a length");
             self.asked.insert(body);
-            out.push_back(Action::GrantNeeded { body, len });
+            out.push_back(if self.incoming.contains_key(&body) {
+                Action::ReadNeeded { body, len }
+            } else {
+                Action::GrantNeeded { body, len }
+            });
         }
     }
 
@@ -95,11 +107,7 @@ impl Large {
         advertised: bool,
         out: &mut VecDeque<Action>,
     ) -> u32 {
-        self.next_grant = self.next_grant.wrapping_add(1);
-        while self.next_grant == 0 || self.grants.contains_key(&self.next_grant) {
-            self.next_grant = self.next_grant.wrapping_add(1);
-        }
-        let id = self.next_grant;
+        let id = self.fresh_grant_id();
         self.grants.insert(
             id,
             Grant {
@@ -112,6 +120,19 @@ impl Large {
         self.grant_by_body.insert(body, id);
         out.push_back(Action::BindWindow { grant: id });
         id
+    }
+
+    /// A grant id in use by no grant or read, never 0 (so a descriptor's generation is
+    /// never empty).
+    pub(super) fn fresh_grant_id(&mut self) -> u32 {
+        self.next_grant = self.next_grant.wrapping_add(1);
+        while self.next_grant == 0
+            || self.grants.contains_key(&self.next_grant)
+            || self.reads.contains_key(&self.next_grant)
+        {
+            self.next_grant = self.next_grant.wrapping_add(1);
+        }
+        self.next_grant
     }
 
     /// The driver cannot lend a buffer for `body` (budget, registration failure);
@@ -129,15 +150,20 @@ impl Large {
         }
     }
 
-    /// A refusal is a grant with an error status and no buffer; its length carries the
-    /// receiver's limit, so the writer's error can name both sizes.
+    /// A refusal is a grant (or, for a body offered for reading, a `LargeSourceDone`) with
+    /// an error status and no buffer; its length carries the receiver's limit, so the
+    /// writer's error can name both sizes.
     fn push_refusal(&mut self, body: BodyId, status: Code, limit: u64) {
-        let mut frame = body.frame(FrameKind::LargeGrant);
-        frame.status = if status == Code::Ok {
+        let status = if status == Code::Ok {
             Code::ResourceExhausted
         } else {
             status
         };
+        if self.incoming.contains_key(&body) {
+            return self.refuse_source(body, status, limit);
+        }
+        let mut frame = body.frame(FrameKind::LargeGrant);
+        frame.status = status;
         frame.remote.len = limit;
         self.frames.push_back(frame);
     }
@@ -148,6 +174,9 @@ impl Large {
         notice: &Header,
         out: &mut VecDeque<Action>,
     ) -> Result<(), ProtocolViolation> {
+        if self.on_read_notice(notice, out)? {
+            return Ok(());
+        }
         let body = BodyId::of(notice);
         let grant = self
             .grant_by_body
@@ -181,6 +210,7 @@ impl Large {
     /// one answer, and its open grants are revoked.
     pub(crate) fn on_peer_cancel(&mut self, call_id: u64, out: &mut VecDeque<Action>) {
         self.release_offer(call_id);
+        self.forget_refused(call_id);
         let waiting: Vec<BodyId> = self
             .waiting_len
             .range(BodyId::of_call(call_id))
@@ -223,6 +253,9 @@ impl Large {
         let Some(id) = self.grant_by_body.remove(&body) else {
             return;
         };
+        if self.reads.contains_key(&id) {
+            return self.cancel_read(id, out);
+        }
         if let Some(grant) = self.grants.get_mut(&id) {
             grant.state = GrantState::Revoking;
             out.push_back(Action::Invalidate {

@@ -8,5 +8,6 @@ pub(crate) mod large;
 mod large_stream;
 mod lending;
 mod random;
+mod read;
 mod scenarios;
 mod shared;

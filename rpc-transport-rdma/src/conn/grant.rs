@@ -40,6 +40,14 @@ impl GrantBuffer {
         }
     }
 
+    /// The local key RDMA READs into it are posted with.
+    pub(super) fn lkey(&self) -> u32 {
+        match self {
+            GrantBuffer::Pool(buffer) => buffer.lkey(),
+            GrantBuffer::App(landing) => landing.region().lkey(),
+        }
+    }
+
     /// Binds `window` over the buffer's first `len` bytes for the peer's writes.
     ///
     /// # Safety

@@ -14,7 +14,9 @@ use super::{Conn, State};
 use crate::app_memory::{Claim, Gathered, InPlace};
 use crate::large_pool::{LargeBuffer, PoolError};
 use crate::protocol::{Action, BodyId, LocalBuffer, Received, WorkId};
-use crate::verbs::{MemoryWindow, RemoteAddr, SendFlags, SendOp, SendRequest, Sge, VerbsError};
+use crate::verbs::{
+    AccessFlags, MemoryWindow, RemoteAddr, SendFlags, SendOp, SendRequest, Sge, VerbsError,
+};
 
 /// Kinds whose body may travel by RDMA WRITE.
 pub(super) fn is_body_kind(kind: FrameKind) -> bool {
@@ -24,11 +26,12 @@ pub(super) fn is_body_kind(kind: FrameKind) -> bool {
     )
 }
 
-/// A buffer the peer may be writing into, and the window that lets it. Field order is
-/// drop order: the window goes first, so the buffer is never freed while reachable.
+/// A buffer the peer may be writing into, and the window that lets it; or, without a window,
+/// a buffer this side READs a body into. Field order is drop order: the window goes first,
+/// so the buffer is never freed while reachable.
 #[derive(Debug)]
 struct Granted {
-    window: MemoryWindow,
+    window: Option<MemoryWindow>,
     buffer: GrantBuffer,
     /// Bytes of it the window covers (what the grant or offer told the peer).
     len: usize,
@@ -41,11 +44,15 @@ struct Granted {
 }
 
 /// Where an outgoing transfer's body lies: its copied bytes, and the runs of application
-/// memory sent in place, if any.
+/// memory sent in place, if any; and, for a body offered for the peer to READ, the window
+/// over it. Field order is drop order: the window goes before the memory it reaches.
 #[derive(Debug)]
 struct Source {
+    window: Option<MemoryWindow>,
     staged: LargeBuffer,
     gathered: Option<Gathered>,
+    /// The window's invalidation failed (flushed): it is deallocated instead of reused.
+    still_bound: bool,
 }
 
 /// Large-body resources of one connection, kept under the state lock.
@@ -85,17 +92,26 @@ impl LargeState {
         }
     }
 
+    /// The invalidation of the window over `transfer`'s offered body failed.
+    pub(super) fn source_invalidation_failed(&mut self, transfer: u32) {
+        if let Some(source) = self.sources.get_mut(&transfer) {
+            source.still_bound = true;
+        }
+    }
+
     /// Revokes every open grant (deallocating its window) and frees its buffer: the first
-    /// step of tearing a connection down, before its queue pair is destroyed.
+    /// step of tearing a connection down, before its queue pair is destroyed. Buffers READs
+    /// land in stay until the queue pair is gone (a READ may still be writing them).
     pub(super) fn revoke_all(&mut self) {
-        self.grants.clear();
+        self.grants.retain(|_, g| g.window.is_none());
     }
 
     /// Revokes the grants of application memory (their windows deallocated first), which
-    /// go back to their landings: the connection closed.
+    /// go back to their landings: the connection closed. One a READ lands in stays until
+    /// the queue pair is gone.
     pub(super) fn release_landings(&mut self) {
         self.grants
-            .retain(|_, g| !matches!(g.buffer, GrantBuffer::App(_)));
+            .retain(|_, g| !matches!(g.buffer, GrantBuffer::App(_)) || g.window.is_none());
     }
 
     /// The oldest grant the peer asked for and has held longer than `limit` allows: its
@@ -180,14 +196,34 @@ impl Conn {
         if let Some(metrics) = crate::metrics::rdma() {
             metrics.sent_by_write.increment(total as u64);
         }
+        // A request body in one piece is offered for the peer to READ, from its size on.
+        let window = match header.kind == FrameKind::Request
+            && gathered.is_none()
+            && total as u64 >= self.limits.read_from
+        {
+            true => self.res.large.window().ok(),
+            false => None,
+        };
         let mut state = self.state.lock();
-        let started = state.proto.start_large(&header, local);
-        if let Ok(transfer) = started {
-            let source = Source {
-                staged: buffer,
-                gathered,
-            };
-            state.large.sources.insert(transfer, source);
+        let started = match &window {
+            Some(window) => state.proto.start_source(&header, local, window.next_rkey()),
+            None => state.proto.start_large(&header, local),
+        };
+        match started {
+            Ok(transfer) => {
+                let source = Source {
+                    window,
+                    staged: buffer,
+                    gathered,
+                    still_bound: false,
+                };
+                state.large.sources.insert(transfer, source);
+            }
+            Err(_) => {
+                if let Some(window) = window {
+                    self.res.large.put_window(window);
+                }
+            }
         }
         self.run_actions(&mut state);
         self.unlock(state);
@@ -249,7 +285,7 @@ impl Conn {
         state.large.grants.insert(
             descriptor.generation,
             Granted {
-                window,
+                window: Some(window),
                 buffer,
                 // At most the buffer's length (the protocol caps it).
                 len: descriptor.len as usize,
@@ -290,6 +326,7 @@ impl Conn {
                     Some(Source {
                         staged,
                         gathered: Some(gathered),
+                        ..
                     }) => gathered.sges(
                         w.local_addr - staged.addr(),
                         w.len,
@@ -315,7 +352,62 @@ impl Conn {
                 unsafe { self.res.qp.post_send(&request) }
             }
             Action::TransferDone { transfer } => {
-                state.large.sources.remove(&transfer);
+                self.drop_source(state, transfer);
+                Ok(())
+            }
+            Action::PostRead(r) => {
+                let sges = [Sge::new(r.local_addr, r.len, r.lkey)];
+                let request = SendRequest {
+                    wr_id: self.res.wr_id(WorkId::Read(r.grant)),
+                    sges: &sges,
+                    op: SendOp::RdmaRead(RemoteAddr {
+                        addr: r.remote_addr,
+                        rkey: r.rkey,
+                    }),
+                    flags: SendFlags::SIGNALED,
+                };
+                debug_assert!(state.large.grants.contains_key(&r.grant));
+                // SAFETY: the destination lies in the grant's buffer (`read_into` was given
+                // its address, lkey and length), which stays in `grants`, unread, until
+                // DeliverLarge or ReleaseGrant, which the protocol sends only after this
+                // READ's completion; on teardown it outlives the queue pair (`revoke_all`).
+                unsafe { self.res.qp.post_send(&request) }
+            }
+            Action::BindSource { transfer, len } => {
+                let Some(Source {
+                    window: Some(window),
+                    staged,
+                    ..
+                }) = state.large.sources.get_mut(&transfer)
+                else {
+                    return Ok(());
+                };
+                let wr_id = self.res.wr_id(WorkId::BindSource(transfer));
+                let range = 0..(len as usize).min(staged.len());
+                // SAFETY: the body stays in `sources`, unwritten, until TransferDone or
+                // TransferFailed, which the protocol sends only after the window's
+                // invalidation completed; on teardown the window is deallocated first
+                // (`Source`'s field order), and the memory outlives the queue pair.
+                unsafe {
+                    self.res.qp.post_bind_window(
+                        wr_id,
+                        window,
+                        staged.region(),
+                        range,
+                        AccessFlags::REMOTE_READ,
+                        SendFlags::SIGNALED,
+                    )
+                }
+                .map(|_| ())
+            }
+            Action::InvalidateSource { transfer, rkey } => {
+                let wr_id = self.res.wr_id(WorkId::InvalidateSource(transfer));
+                self.res
+                    .qp
+                    .post_local_invalidate(wr_id, rkey, SendFlags::SIGNALED)
+            }
+            Action::ReadNeeded { body, len } => {
+                self.lend_for_read(state, body, len);
                 Ok(())
             }
             Action::TransferFailed {
@@ -326,7 +418,7 @@ impl Conn {
                 len,
                 limit,
             } => {
-                state.large.sources.remove(&transfer);
+                self.drop_source(state, transfer);
                 let what = match kind {
                     FrameKind::Request => "request",
                     FrameKind::Message => "stream message",
@@ -351,7 +443,13 @@ impl Conn {
                 Ok(())
             }
             Action::BindWindow { grant } => {
-                let Some(g) = state.large.grants.get_mut(&grant) else {
+                let Some(Granted {
+                    window: Some(window),
+                    buffer,
+                    len,
+                    ..
+                }) = state.large.grants.get_mut(&grant)
+                else {
                     return Ok(());
                 };
                 let wr_id = self.res.wr_id(WorkId::Bind(grant));
@@ -359,7 +457,7 @@ impl Conn {
                 // completed (DeliverLarge/ReleaseGrant come after it) or the connection is
                 // torn down (`Conn`'s Drop deallocates every window before the buffers go);
                 // its bytes are read only after that.
-                unsafe { g.buffer.bind(&self.res.qp, wr_id, &mut g.window, g.len) }
+                unsafe { buffer.bind(&self.res.qp, wr_id, window, *len) }
                     // The bind hands out `window.next_rkey()`, the rkey the grant announced.
                     .map(|_| ())
             }
@@ -375,7 +473,8 @@ impl Conn {
                     // SAFETY: the protocol delivers a body once the peer's WRITEs are done
                     // (its notice came after them on the same queue pair) and the window's
                     // invalidation completed; a window whose invalidation failed was just
-                    // dropped by `recycle_window`, which deallocates it.
+                    // dropped by `recycle_window`, which deallocates it. A body read has no
+                    // window, and its last READ completed.
                     let body = unsafe { g.buffer.arrived(header.message_len() as usize) };
                     state.large.arrived.push((header, body));
                 }
@@ -399,9 +498,17 @@ impl Conn {
 
     /// A window whose grant ended goes back to the pool, unless it is still bound (its
     /// invalidation was flushed): deallocated then, which also lets go of the queue pair.
-    fn recycle_window(&self, window: MemoryWindow, still_bound: bool) {
-        if !still_bound {
+    fn recycle_window(&self, window: Option<MemoryWindow>, still_bound: bool) {
+        if let Some(window) = window.filter(|_| !still_bound) {
             self.res.large.put_window(window);
+        }
+    }
+
+    /// An outgoing transfer is over: its memory goes, and its window (invalidated) back to
+    /// the pool.
+    fn drop_source(&self, state: &mut State, transfer: u32) {
+        if let Some(mut source) = state.large.sources.remove(&transfer) {
+            self.recycle_window(source.window.take(), source.still_bound);
         }
     }
 
@@ -424,43 +531,76 @@ impl Conn {
     /// Answers the peer's buffer request: a landing, or a lease; a window; a grant. Or
     /// refuses.
     fn lend_buffer(&self, state: &mut State, body: BodyId, len: u64) {
-        if let Some(claim) = self.claim_landing(state, body, len) {
-            return self.grant(state, body, GrantBuffer::App(claim), len as usize);
-        }
-        // The refusal names the connection's budget when that is what was short; another
-        // cause (the process's limit, the device) has no size to tell the peer.
-        let budget = self.res.large.budget();
-        let leased = usize::try_from(len)
-            .map_err(|_| {
-                (
-                    format!("{len} bytes do not fit this machine's address space"),
-                    0,
-                )
-            })
-            .and_then(|len| {
-                self.res.large.lease(len).map_err(|e| {
-                    let limit = if matches!(e, PoolError::Budget { .. }) {
-                        budget
-                    } else {
-                        0
-                    };
-                    (e.to_string(), limit)
-                })
-            })
-            .and_then(|buffer| {
-                let window = self.res.large.window().map_err(|e| (e.to_string(), 0))?;
-                Ok((buffer, window))
-            });
-        match leased {
-            Ok((buffer, window)) => {
+        match self.lease_for(state, body, len) {
+            Ok(GrantBuffer::Pool(buffer)) => {
                 let len = buffer.len();
-                self.grant_with(state, body, GrantBuffer::Pool(buffer), len, window);
+                self.grant(state, body, GrantBuffer::Pool(buffer), len);
             }
-            Err((reason, limit)) => {
-                tracing::warn!(peer = %self.peer, %body, len, %reason, "refusing a large body");
-                state.proto.refuse(body, Code::ResourceExhausted, limit);
-            }
+            Ok(landing) => self.grant(state, body, landing, len as usize),
+            Err((reason, limit)) => self.refuse(state, body, len, &reason, limit),
         }
+    }
+
+    /// Answers the peer's offer of a body to read: a landing, or a lease, the READs' way
+    /// in. Or refuses.
+    fn lend_for_read(&self, state: &mut State, body: BodyId, len: u64) {
+        match self.lease_for(state, body, len) {
+            Ok(buffer) => {
+                let local = LocalBuffer {
+                    addr: buffer.addr(),
+                    lkey: buffer.lkey(),
+                };
+                if let Some(grant) = state.proto.read_into(body, local, len) {
+                    let granted = Granted {
+                        window: None,
+                        len: len as usize,
+                        buffer,
+                        asked: Some(Instant::now()),
+                        still_bound: false,
+                    };
+                    state.large.grants.insert(grant, granted);
+                }
+            }
+            Err((reason, limit)) => self.refuse(state, body, len, &reason, limit),
+        }
+    }
+
+    /// Memory for the peer's body of `len` bytes: a landing, or a lease. Or why not, and
+    /// the connection's budget when that is what was short (another cause, the process's
+    /// limit or the device, has no size to tell the peer).
+    fn lease_for(
+        &self,
+        state: &State,
+        body: BodyId,
+        len: u64,
+    ) -> Result<GrantBuffer, (String, u64)> {
+        if let Some(claim) = self.claim_landing(state, body, len) {
+            return Ok(GrantBuffer::App(claim));
+        }
+        let budget = self.res.large.budget();
+        let len = usize::try_from(len).map_err(|_| {
+            (
+                format!("{len} bytes do not fit this machine's address space"),
+                0,
+            )
+        })?;
+        self.res
+            .large
+            .lease(len)
+            .map(GrantBuffer::Pool)
+            .map_err(|e| {
+                let limit = if matches!(e, PoolError::Budget { .. }) {
+                    budget
+                } else {
+                    0
+                };
+                (e.to_string(), limit)
+            })
+    }
+
+    fn refuse(&self, state: &mut State, body: BodyId, len: u64, reason: &str, limit: u64) {
+        tracing::warn!(peer = %self.peer, %body, len, %reason, "refusing a large body");
+        state.proto.refuse(body, Code::ResourceExhausted, limit);
     }
 
     /// Grants `len` bytes of `buffer` for `body`, through a window of the pool; refuses if
@@ -468,10 +608,7 @@ impl Conn {
     fn grant(&self, state: &mut State, body: BodyId, buffer: GrantBuffer, len: usize) {
         match self.res.large.window() {
             Ok(window) => self.grant_with(state, body, buffer, len, window),
-            Err(e) => {
-                tracing::warn!(peer = %self.peer, %body, len, %e, "refusing a large body");
-                state.proto.refuse(body, Code::ResourceExhausted, 0);
-            }
+            Err(e) => self.refuse(state, body, len as u64, &e.to_string(), 0),
         }
     }
 
@@ -487,7 +624,7 @@ impl Conn {
         match state.proto.grant(body, buffer.addr(), rkey, len as u64) {
             Some(grant) => {
                 let granted = Granted {
-                    window,
+                    window: Some(window),
                     len,
                     buffer,
                     asked: Some(Instant::now()),

@@ -86,13 +86,19 @@ struct Limits {
     ///
     /// [`Rings::copy_below`]: crate::Rings::copy_below
     copy_below: u32,
+    /// Request bodies of at least this many bytes are offered for the peer to READ
+    /// ([`LargeBodies::read_from`]).
+    ///
+    /// [`LargeBodies::read_from`]: crate::LargeBodies::read_from
+    read_from: u64,
 }
 
 /// Teardown: `Drop` first revokes open grants (windows are deallocated, so nothing the peer
 /// does can reach their buffers), then hands the verbs objects to the reaper thread (their
 /// destruction can block in the kernel), which drops them in order: the QP (no work request
 /// runs any more), the rings and the engine's attachment, the cm_id, and last the state with
-/// the source buffers of outgoing WRITEs.
+/// the source buffers of outgoing WRITEs and READs (and their windows) and the buffers
+/// READs land in.
 pub(crate) struct Conn {
     // Dropped by `Drop`, on the reaper thread, in this order.
     res: ManuallyDrop<Resources>,
@@ -171,6 +177,7 @@ impl Conn {
                 min_rate: config.large.grant_min_rate,
             },
             copy_below: config.rings.copy_below,
+            read_from: config.large.read_from,
         };
         let shared_bufs = match res.shared_recv() {
             Some(_) => vec![0; geometry.recv_slots as usize],

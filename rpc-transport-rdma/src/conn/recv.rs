@@ -209,8 +209,12 @@ impl Conn {
             if let (WorkId::Recv(buf), Some(commitment)) = (work, self.res.shared_recv()) {
                 commitment.shared.repost(buf);
             }
-            if let WorkId::Invalidate(grant) = work {
-                state.large.invalidation_failed(grant);
+            match work {
+                WorkId::Invalidate(grant) => state.large.invalidation_failed(grant),
+                WorkId::InvalidateSource(transfer) => {
+                    state.large.source_invalidation_failed(transfer);
+                }
+                _ => {}
             }
             state.proto.on_completion_error(work, &err.to_string());
             return;
@@ -228,6 +232,10 @@ impl Conn {
             WorkId::Write(transfer) => state.proto.on_write_complete(transfer),
             WorkId::Bind(grant) => state.proto.on_bind_complete(grant),
             WorkId::Invalidate(grant) => state.proto.on_invalidated(grant),
+            WorkId::Read(grant) => state.proto.on_read_complete(grant),
+            // The offer behind it is what the peer acts on; a failed bind closes.
+            WorkId::BindSource(_) => Ok(()),
+            WorkId::InvalidateSource(transfer) => state.proto.on_source_invalidated(transfer),
             WorkId::Probe => {
                 state.keepalive.answered();
                 state.proto.on_probe_complete();

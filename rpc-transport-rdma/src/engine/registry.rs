@@ -24,7 +24,7 @@ use crate::shared_recv::SharedRecv;
 use crate::verbs::WorkCompletion;
 
 /// Largest tag `WorkId::to_wr_id` can carry.
-const MAX_TAG: u32 = (1 << 29) - 1;
+const MAX_TAG: u32 = (1 << crate::protocol::WorkId::CONNECTION_BITS) - 1;
 
 /// Completions that may wait for a connection still being set up: its whole receive ring
 /// at most, plus the few sends of a handshake.

@@ -322,3 +322,55 @@ fn a_sender_grows_an_encoded_frame_in_place() {
         assert_eq!(Header::decode(&wire[..len]), Ok(header));
     }
 }
+
+#[test]
+fn offered_bodies_name_their_source_and_its_answer_names_none() {
+    let mut offer = Header::stream(FrameKind::LargeSource, 4, 0);
+    offer.remote = RemoteBuffer {
+        addr: 0x7000,
+        rkey: 9,
+        generation: 2,
+        len: 300_000,
+    };
+    assert_eq!(Header::decode(&offer.to_bytes()), Ok(offer));
+    assert_eq!(offer.encoded_len(), HEADER_LEN);
+    assert!(offer.is_rdma_only());
+    offer.remote.len = 0;
+    assert!(matches!(
+        Header::decode(&offer.to_bytes()),
+        Err(HeaderError::BadDescriptor { .. })
+    ));
+
+    let done = Header::new(FrameKind::LargeSourceDone, 4);
+    assert_eq!(Header::decode(&done.to_bytes()), Ok(done));
+    assert_eq!(
+        done.encoded_len(),
+        HEADER_LEN,
+        "a rendezvous kind is never compact"
+    );
+    assert!(done.is_rdma_only());
+    let mut read_with_len = done;
+    read_with_len.remote.len = 5;
+    assert!(matches!(
+        Header::decode(&read_with_len.to_bytes()),
+        Err(HeaderError::BadDescriptor { .. })
+    ));
+    let mut refused = done;
+    refused.status = Code::ResourceExhausted;
+    refused.remote.len = 1 << 20;
+    assert_eq!(Header::decode(&refused.to_bytes()), Ok(refused));
+    refused.remote.rkey = 3;
+    assert!(matches!(
+        Header::decode(&refused.to_bytes()),
+        Err(HeaderError::BadDescriptor { .. })
+    ));
+    let mut with_body = Header::new(FrameKind::LargeSource, 4);
+    with_body.remote.len = 10;
+    with_body.payload_len = 3;
+    assert_eq!(
+        Header::decode(&with_body.to_bytes()),
+        Err(HeaderError::UnexpectedBody {
+            kind: FrameKind::LargeSource
+        })
+    );
+}

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use rpc_wire::{Code, FrameKind, Header};
 
 use super::{pattern, Endpoint, Wire};
-use crate::{Action, LocalBuffer, SendError, WorkId, WriteWork};
+use crate::{Action, LocalBuffer, ReadWork, SendError, WorkId, WriteWork};
 
 /// A memory window at the receiver: the range its current rkey grants, while valid.
 #[derive(Debug, Clone, Copy)]
@@ -27,6 +27,12 @@ pub(crate) struct LargeSide {
     sources: HashMap<u32, u64>,
     /// Granted buffers: grant id -> (addr, rkey).
     grants: HashMap<u32, (u64, u32)>,
+    /// Buffers bodies are read into: grant id -> addr.
+    read_grants: HashMap<u32, u64>,
+    /// Windows over the bodies of our transfers offered for reading: transfer -> rkey.
+    source_windows: HashMap<u32, u32>,
+    /// Requests go by the peer's READ instead of the rendezvous.
+    pub(crate) offer_requests: bool,
     windows: HashMap<u32, Window>,
     next_rkey: u32,
     /// Grants refused once this many bytes are lent.
@@ -42,7 +48,9 @@ pub(crate) struct LargeSide {
     pub(crate) failed: Vec<(u64, Code)>,
     /// Calls whose transfers finished (source returned).
     pub(crate) done: u32,
-    /// Remote access errors seen (WRITEs that found no valid window).
+    /// Bodies read from the peer.
+    pub(crate) read: u32,
+    /// Remote access errors seen (WRITEs or READs that found no valid window).
     pub(crate) access_errors: u32,
     /// The last WRITE posted, for replaying it late.
     last_write: Option<WriteWork>,
@@ -58,8 +66,12 @@ impl LargeSide {
     /// A fresh buffer and the rkey its window will get when bound.
     pub(super) fn new_window(&mut self, len: u64) -> (u64, u32) {
         let addr = self.alloc(len);
+        (addr, self.new_rkey())
+    }
+
+    fn new_rkey(&mut self) -> u32 {
         self.next_rkey += 0x101;
-        (addr, self.next_rkey)
+        self.next_rkey
     }
 
     /// The connection made grant `grant` over the buffer: its window is bound next.
@@ -74,6 +86,13 @@ impl LargeSide {
                 valid: false,
             },
         );
+    }
+
+    /// Every window of this side stops granting access, behind the protocol's back.
+    pub(crate) fn revoke_all_windows(&mut self) {
+        for window in self.windows.values_mut() {
+            window.valid = false;
+        }
     }
 
     /// The buffer was not lent after all.
@@ -147,7 +166,27 @@ impl Endpoint {
         for (i, b) in buf.iter_mut().enumerate() {
             *b = pattern(seed, i);
         }
-        match self.conn.start_large(notice, LocalBuffer { addr, lkey: 1 }) {
+        let local = LocalBuffer { addr, lkey: 1 };
+        let offer = self.large.offer_requests && notice.kind == FrameKind::Request;
+        let started = if offer {
+            let rkey = self.large.new_rkey();
+            self.large.windows.insert(
+                rkey,
+                Window {
+                    addr,
+                    len,
+                    valid: false,
+                },
+            );
+            let started = self.conn.start_source(notice, local, rkey);
+            if let Ok(transfer) = started {
+                self.large.source_windows.insert(transfer, rkey);
+            }
+            started
+        } else {
+            self.conn.start_large(notice, local)
+        };
+        match started {
             Ok(transfer) => {
                 self.large.sources.insert(transfer, addr);
                 self.absorb();
@@ -175,6 +214,13 @@ impl Endpoint {
     }
 
     fn free_source(&mut self, transfer: u32) {
+        if let Some(rkey) = self.large.source_windows.remove(&transfer) {
+            let window = self.large.windows.remove(&rkey).expect("source window");
+            assert!(
+                !window.valid,
+                "source buffer returned while still remotely readable"
+            );
+        }
         let addr = self
             .large
             .sources
@@ -191,6 +237,24 @@ impl Endpoint {
         })
     }
 
+    fn assert_no_read(&self, grant: u32) {
+        assert!(
+            !self.sq.iter().any(|&(id, _)| id == WorkId::Read(grant)),
+            "buffer handed on while a READ still writes it"
+        );
+    }
+
+    /// The grants the READs in the send queue land in, one entry per READ.
+    pub(crate) fn reading_grants(&self) -> Vec<u32> {
+        self.sq
+            .iter()
+            .filter_map(|&(id, _)| match id {
+                WorkId::Read(grant) => Some(grant),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Large bodies handed up.
     pub(crate) fn large_delivered(&self) -> usize {
         self.large.delivered.len()
@@ -203,9 +267,7 @@ impl Endpoint {
         self.sq.clear();
         self.wire.clear();
         self.send_cq.clear();
-        for window in self.large.windows.values_mut() {
-            window.valid = false;
-        }
+        self.large.revoke_all_windows();
     }
 
     /// Executes an action of the large-body path.
@@ -227,6 +289,13 @@ impl Endpoint {
                 assert!(
                     !self.sq.iter().any(|&(id, _)| id == WorkId::Write(transfer)),
                     "source buffer returned while a WRITE still reads it"
+                );
+                assert!(
+                    !self
+                        .sq
+                        .iter()
+                        .any(|&(id, _)| id == WorkId::InvalidateSource(transfer)),
+                    "source buffer returned while its window is being invalidated"
                 );
                 self.free_source(transfer);
                 self.large.done += 1;
@@ -254,6 +323,50 @@ impl Endpoint {
                 // Actions the answer produced run after the ones already queued.
                 self.absorb();
             }
+            Action::ReadNeeded { body, len } => {
+                if self.large.budget.is_some_and(|b| self.large.lent + len > b) {
+                    let budget = self.large.budget.unwrap_or(0);
+                    self.conn.refuse(body, Code::ResourceExhausted, budget);
+                } else {
+                    let addr = self.large.alloc(len);
+                    match self
+                        .conn
+                        .read_into(body, LocalBuffer { addr, lkey: 1 }, len)
+                    {
+                        Some(grant) => {
+                            self.large.lent += len;
+                            self.large.read_grants.insert(grant, addr);
+                        }
+                        None => {
+                            self.large.mem.remove(&addr);
+                        }
+                    }
+                }
+                self.absorb();
+            }
+            Action::PostRead(r) => {
+                let base = self.large.read_grants[&r.grant];
+                let dst = &self.large.mem[&base];
+                assert!(
+                    r.local_addr - base + u64::from(r.len) <= dst.len() as u64,
+                    "READ destination outside its buffer"
+                );
+                self.push_sq(WorkId::Read(r.grant), true);
+                self.wire.push_back(Wire::Read(r));
+            }
+            Action::BindSource { transfer, len } => {
+                let rkey = self.large.source_windows[&transfer];
+                assert_eq!(self.large.windows[&rkey].len, len);
+                self.push_sq(WorkId::BindSource(transfer), true);
+                self.wire
+                    .push_back(Wire::Local(WorkId::BindSource(transfer), Some(rkey)));
+            }
+            Action::InvalidateSource { transfer, rkey } => {
+                assert_eq!(self.large.source_windows[&transfer], rkey);
+                self.push_sq(WorkId::InvalidateSource(transfer), true);
+                self.wire
+                    .push_back(Wire::Local(WorkId::InvalidateSource(transfer), Some(rkey)));
+            }
             Action::BindWindow { grant } => {
                 let (_, rkey) = self.large.grants[&grant];
                 self.push_sq(WorkId::Bind(grant), true);
@@ -267,11 +380,21 @@ impl Endpoint {
                     .push_back(Wire::Local(WorkId::Invalidate(grant), Some(rkey)));
             }
             Action::DeliverLarge { grant, header } => {
-                let (addr, rkey) = self.large.grants.remove(&grant).expect("known grant");
-                assert!(
-                    !self.large.windows[&rkey].valid,
-                    "body handed up while still remotely writable"
-                );
+                let addr = match self.large.read_grants.remove(&grant) {
+                    Some(addr) => {
+                        self.assert_no_read(grant);
+                        self.large.read += 1;
+                        addr
+                    }
+                    None => {
+                        let (addr, rkey) = self.large.grants.remove(&grant).expect("known grant");
+                        assert!(
+                            !self.large.windows[&rkey].valid,
+                            "body handed up while still remotely writable"
+                        );
+                        addr
+                    }
+                };
                 let buf = self.large.mem.remove(&addr).expect("granted buffer");
                 let len = header.message_len();
                 assert!(matches!(
@@ -291,11 +414,20 @@ impl Endpoint {
                 }
             }
             Action::ReleaseGrant { grant } => {
-                let (addr, rkey) = self.large.grants.remove(&grant).expect("known grant");
-                assert!(
-                    !self.large.windows[&rkey].valid,
-                    "buffer reused while still remotely writable"
-                );
+                let addr = match self.large.read_grants.remove(&grant) {
+                    Some(addr) => {
+                        self.assert_no_read(grant);
+                        addr
+                    }
+                    None => {
+                        let (addr, rkey) = self.large.grants.remove(&grant).expect("known grant");
+                        assert!(
+                            !self.large.windows[&rkey].valid,
+                            "buffer reused while still remotely writable"
+                        );
+                        addr
+                    }
+                };
                 let buf = self.large.mem.remove(&addr).expect("granted buffer");
                 self.large.lent -= buf.len() as u64;
                 self.large.released += 1;
@@ -341,10 +473,32 @@ pub(super) fn transmit_write(from: &mut Endpoint, to: &mut Endpoint, w: WriteWor
     from.send_cq.push_back(WorkId::Write(w.transfer));
 }
 
+/// A READ of `from` executes at `to`: it reads only through a valid window, in its range.
+pub(super) fn transmit_read(from: &mut Endpoint, to: &mut Endpoint, r: ReadWork) {
+    let window = to.large.windows.get(&r.rkey).copied();
+    let fits = window.is_some_and(|win| {
+        win.valid
+            && r.remote_addr >= win.addr
+            && r.remote_addr + u64::from(r.len) <= win.addr + win.len
+    });
+    if !fits {
+        from.large.access_errors += 1;
+        return;
+    }
+    let win = window.expect("checked");
+    let src_at = (r.remote_addr - win.addr) as usize;
+    let data = to.large.mem[&win.addr][src_at..src_at + r.len as usize].to_vec();
+    let base = from.large.read_grants[&r.grant];
+    let dst = from.large.mem.get_mut(&base).expect("read buffer");
+    let dst_at = (r.local_addr - base) as usize;
+    dst[dst_at..dst_at + data.len()].copy_from_slice(&data);
+    from.send_cq.push_back(WorkId::Read(r.grant));
+}
+
 /// A local operation (bind or invalidation) of `from` takes effect and completes.
 pub(super) fn finish_local(from: &mut Endpoint, id: WorkId, rkey: Option<u32>) {
     let window = rkey.and_then(|k| from.large.windows.get_mut(&k));
     let window = window.expect("local operation on a known window");
-    window.valid = matches!(id, WorkId::Bind(_));
+    window.valid = matches!(id, WorkId::Bind(_) | WorkId::BindSource(_));
     from.send_cq.push_back(id);
 }

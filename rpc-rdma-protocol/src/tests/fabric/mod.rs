@@ -325,6 +325,10 @@ impl Endpoint {
                 }));
             }
             large @ (Action::PostWrite(_)
+            | Action::PostRead(_)
+            | Action::BindSource { .. }
+            | Action::InvalidateSource { .. }
+            | Action::ReadNeeded { .. }
             | Action::TransferDone { .. }
             | Action::TransferFailed { .. }
             | Action::GrantNeeded { .. }
@@ -384,6 +388,9 @@ impl Endpoint {
             WorkId::Write(transfer) => self.conn.on_write_complete(transfer),
             WorkId::Bind(grant) => self.conn.on_bind_complete(grant),
             WorkId::Invalidate(grant) => self.conn.on_invalidated(grant),
+            WorkId::Read(grant) => self.conn.on_read_complete(grant),
+            WorkId::BindSource(_) => Ok(()),
+            WorkId::InvalidateSource(transfer) => self.conn.on_source_invalidated(transfer),
             WorkId::Probe => {
                 self.conn.on_probe_complete();
                 Ok(())
@@ -564,6 +571,7 @@ impl Endpoint {
             .map(|w| match w {
                 Wire::Send(_) => 'S',
                 Wire::Write(_) => 'W',
+                Wire::Read(_) => 'R',
                 Wire::Local(..) => 'L',
                 Wire::Probe => 'P',
             })

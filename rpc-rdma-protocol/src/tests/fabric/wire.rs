@@ -2,7 +2,7 @@
 //! when it executes (RC executes a send queue in order).
 
 use super::{large, Endpoint, RecvCqe};
-use crate::{SendTarget, WorkId, WriteWork, CREDITS_OFFSET};
+use crate::{ReadWork, SendTarget, WorkId, WriteWork, CREDITS_OFFSET};
 
 /// A SEND on the wire.
 #[derive(Debug, Clone, Copy)]
@@ -18,6 +18,7 @@ pub(super) struct InFlight {
 pub(super) enum Wire {
     Send(InFlight),
     Write(WriteWork),
+    Read(ReadWork),
     /// A local operation (window bind or invalidation): takes effect in queue order.
     Local(WorkId, Option<u32>),
     /// A keepalive probe: a zero-length WRITE the peer only acknowledges.
@@ -34,6 +35,10 @@ pub(super) fn transmit(from: &mut Endpoint, to: &mut Endpoint) -> bool {
         Wire::Send(frame) => frame,
         Wire::Write(w) => {
             large::transmit_write(from, to, w);
+            return true;
+        }
+        Wire::Read(r) => {
+            large::transmit_read(from, to, r);
             return true;
         }
         Wire::Local(id, rkey) => {
