@@ -233,6 +233,19 @@ pub struct RdmaArgs {
     /// `LargeBodies::write_window`).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub write_window: Option<u32>,
+    /// Request bodies of at least this many bytes are read by the server by RDMA READ
+    /// (default: the library's, `LargeBodies::read_from`; `never` for the rendezvous only).
+    #[arg(long, value_name = "BYTES|never", value_parser = parse_read_from)]
+    pub read_from: Option<u64>,
+}
+
+fn parse_read_from(arg: &str) -> Result<u64, String> {
+    match arg {
+        "never" => Ok(u64::MAX),
+        bytes => bytes
+            .parse()
+            .map_err(|e| format!("{bytes}: a byte count or `never`: {e}")),
+    }
 }
 
 /// Where RDMA receives land (`--recv`).
@@ -279,6 +292,9 @@ impl RdmaArgs {
         }
         if let Some(window) = self.write_window {
             config.large.write_window = window;
+        }
+        if let Some(from) = self.read_from {
+            config.large.read_from = from;
         }
         match self.recv {
             Some(RecvArg::Ring) => config.rings.recv = Receives::Ring,
