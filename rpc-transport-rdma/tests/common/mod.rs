@@ -5,6 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+pub mod hostile;
+
 use rpc_transport_rdma::verbs::{CompletionChannel, CompletionQueue, ConnParam, WorkCompletion};
 
 /// Connection parameters with `rnr_retry_count = 0`: a missing receive fails at once.
