@@ -180,6 +180,13 @@ pub enum ProtocolViolation {
         /// Body named by the answer.
         body: BodyId,
     },
+    /// A body offered for reading that is not a request's: stream messages, like responses,
+    /// take the rendezvous.
+    #[error("peer offered {body}, a stream message, for reading; only request bodies are")]
+    OfferedStreamMessage {
+        /// Body named by the offer.
+        body: BodyId,
+    },
     /// Offers refused before their notice came pile up: the peer does not send the notice
     /// right behind each offer.
     #[error("peer left {refused} refused offers without their notice")]

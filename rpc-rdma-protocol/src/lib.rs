@@ -68,7 +68,7 @@ pub use connection::{CloseReason, Connection, SendReservation, Stats};
 pub use credits::RESERVED_CREDITS;
 pub use error::{ParamsError, ProtocolViolation, SendError};
 pub use geometry::{Config, Geometry, CONTROL_BUF_LEN};
-pub use large::{BodyId, LargeConfig, LocalBuffer};
+pub use large::{BodyId, BodyStart, LargeConfig, LocalBuffer};
 pub use params::{ConnectParams, CONNECT_PARAMS_LEN, FLAG_AUTH, TRANSPORT_VERSION};
 pub use reject::{decode_reject, encode_reject};
 pub use shared_pool::{Admission, PoolConfig, SharedPool};

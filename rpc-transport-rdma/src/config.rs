@@ -242,27 +242,29 @@ setters!(Rings {
     recv: Receives,
 });
 
-/// Bodies larger than a slot ([`RdmaConfig::large`]): the receiver grants a registered
-/// buffer, the sender writes the body into it by RDMA WRITE (docs/PROTOCOL.md, "Large
-/// messages").
+/// Bodies larger than a slot ([`RdmaConfig::large`]): the server READs a request's body
+/// from where the client offers it, or the receiver grants a registered buffer and the
+/// sender writes the body into it by RDMA WRITE (docs/PROTOCOL.md, "Large messages").
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct LargeBodies {
-    /// Bodies go by RDMA WRITE in chunks of this many bytes, so that small frames of other
-    /// calls pass between them. Default 256 KiB.
+    /// Bodies go by RDMA WRITE or READ in chunks of this many bytes, so that small frames of
+    /// other calls pass between them. Default 256 KiB.
     pub chunk: u32,
-    /// RDMA WRITE and READ chunks outstanding at once per connection, all bodies together;
-    /// a server also asks the queue pair for this many READs in flight (as far as the
-    /// client's device grants). Default 2.
+    /// RDMA WRITE and READ chunks outstanding at once per connection, all bodies together.
+    /// (Connections ask for as many READs in flight as their devices allow, so this is
+    /// the bound on READs too.) Default 2.
     pub write_window: u32,
     /// Request bodies of at least this many bytes (metadata plus message) are offered for
     /// the server to RDMA READ, which spares the round trip of asking for a buffer: the
     /// offer and the request go at once, and the server pulls the body. Smaller ones, and
     /// bodies with application memory sent in place, take the rendezvous (the server grants
-    /// a buffer, the client WRITEs). `u64::MAX`: never. Default 1 MiB.
+    /// a buffer, the client WRITEs). `u64::MAX`: never. Default 0: every request body too
+    /// large for a ring slot that lies in one piece (docs/BENCHMARKS.md, "Large requests
+    /// read or written", has the figures).
     pub read_from: u64,
-    /// Largest body (metadata plus message) a peer may send us by RDMA WRITE; larger ones
-    /// are refused before any byte moves, with `RESOURCE_EXHAUSTED` naming both sizes.
+    /// Largest body (metadata plus message) a peer may send us by RDMA WRITE or offer us to
+    /// READ; larger ones are refused before any byte moves, with `RESOURCE_EXHAUSTED` naming both sizes.
     /// Servers and channels lower it to their message size limit plus the metadata limit
     /// ([`RdmaConfig::limit_bodies`]), so a peer can never make us register more than one
     /// acceptable message per grant. Default 2 GiB.
@@ -273,8 +275,11 @@ pub struct LargeBodies {
     pub budget: u64,
     /// Registered large-body memory a connection keeps for reuse once idle. Default 64 MiB.
     pub cache: u64,
-    /// Buffers the peer may be writing into at once; further requests wait their turn.
-    /// Default 16.
+    /// Windows over this connection's memory open to the peer at once, and buffers lent to
+    /// it: buffers it may write (granted at its request, or advertised for a response),
+    /// buffers this side reads its bodies into, and request bodies offered for it to read.
+    /// Further buffer requests and offers wait their turn; further requests of ours go
+    /// without a response buffer and by the rendezvous. Default 16.
     pub max_grants: u32,
     /// Buffer requests that may wait for a grant beyond `max_grants`; past it they are
     /// refused at once (`RESOURCE_EXHAUSTED`), so a peer cannot grow the queue without bound.
@@ -299,7 +304,7 @@ impl Default for LargeBodies {
         LargeBodies {
             chunk: 256 * 1024,
             write_window: 2,
-            read_from: 1 << 20,
+            read_from: 0,
             max_message: 1 << 31,
             budget: 4 << 30,
             cache: 64 << 20,

@@ -21,6 +21,12 @@ use rpc_transport_rdma::{LargeBodies, RdmaClient, RdmaConfig};
 /// Offers call 7's request body of `len` bytes at `addr` (`rkey`) for the server to READ,
 /// and sends its notice right behind, as a client does.
 fn offer(peer: &HostilePeer, addr: u64, rkey: u32, len: u64) {
+    offer_alone(peer, addr, rkey, len);
+    peer.send(&placed(7, len as u32).to_bytes());
+}
+
+/// Offers call 7's request body as [`offer`] does, without the notice.
+fn offer_alone(peer: &HostilePeer, addr: u64, rkey: u32, len: u64) {
     let mut source = Header::new(FrameKind::LargeSource, 7);
     source.remote = rpc_core::RemoteBuffer {
         addr,
@@ -29,7 +35,11 @@ fn offer(peer: &HostilePeer, addr: u64, rkey: u32, len: u64) {
         len,
     };
     peer.send(&source.to_bytes());
-    peer.send(&placed(7, len as u32).to_bytes());
+}
+
+/// `len` bytes of `peer`'s memory the server may read.
+fn readable(peer: &HostilePeer, len: usize) -> MemoryRegion {
+    MemoryRegion::alloc(peer.qp.pd(), len, AccessFlags::REMOTE_READ).expect("readable region")
 }
 
 /// Request bodies offered for reading: the server reads an honest one and answers; a
@@ -49,10 +59,6 @@ fn offered_bodies_the_server_cannot_read_end_only_the_offender() {
         .expect("well-behaved client connects");
     let channel = Channel::new(calls, client, ChannelConfig::default());
     call_succeeds_as_unimplemented(&channel);
-    let readable = |peer: &HostilePeer, len: usize| {
-        let pd = peer.qp.pd();
-        MemoryRegion::alloc(pd, len, AccessFlags::REMOTE_READ).expect("readable region")
-    };
 
     // Honest: read, answered, then the call's status.
     let peer = HostilePeer::connect(addr);
@@ -137,7 +143,8 @@ fn offered_bodies_the_server_cannot_read_end_only_the_offender() {
 
 /// A peer asks for buffers of 1 GiB from a server whose messages are limited to 4 MiB: both
 /// are refused, naming the limit, and nothing is registered. Then it asks for a buffer it
-/// never writes: the server closes the connection once the grant timeout passes.
+/// never writes, or offers a body it never announces: the server closes the connection
+/// once the grant timeout passes (after the body is read, for the offer).
 #[test]
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
 fn a_peer_cannot_make_the_server_register_memory_it_does_not_fill() {
@@ -170,5 +177,20 @@ fn a_peer_cannot_make_the_server_register_memory_it_does_not_fill() {
     peer.expect_disconnected();
     let held = started.elapsed();
     eprintln!("a grant of 1 MiB never written: disconnected after {held:?}");
+    assert!(held >= grant_timeout, "disconnected after {held:?}");
+
+    let peer = HostilePeer::connect(server.local_addr());
+    let body = readable(&peer, 1 << 20);
+    offer_alone(&peer, body.addr(), body.rkey(), 1 << 20);
+    let done = peer.receive();
+    assert_eq!(
+        (done.kind, done.call_id, done.status),
+        (FrameKind::LargeSourceDone, 7, Code::Ok),
+        "the body is read"
+    );
+    let started = Instant::now();
+    peer.expect_disconnected();
+    let held = started.elapsed();
+    eprintln!("a body of 1 MiB read and never announced: disconnected after {held:?}");
     assert!(held >= grant_timeout, "disconnected after {held:?}");
 }

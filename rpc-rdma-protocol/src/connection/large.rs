@@ -6,7 +6,7 @@ use rpc_wire::{Code, Flags, Header, RemoteBuffer};
 
 use super::Connection;
 use crate::error::{ProtocolViolation, SendError};
-use crate::large::{BodyId, LocalBuffer};
+use crate::large::{BodyId, BodyStart, LocalBuffer};
 
 impl Connection {
     /// Starts sending a body too large for a slot: `notice` is the request, response or
@@ -28,13 +28,15 @@ impl Connection {
     /// the window the driver binds over the body's bytes with remote read access
     /// ([`Action::BindSource`] follows, before the offer is posted). The driver keeps the
     /// body and the window until [`Action::TransferDone`] or [`Action::TransferFailed`],
-    /// which come after [`Action::InvalidateSource`] completed.
+    /// which come after [`Action::InvalidateSource`] completed. With as many windows open
+    /// to the peer as `max_grants` allows, the body goes by the rendezvous instead
+    /// ([`BodyStart::Written`]) and the window is not used.
     pub fn start_source(
         &mut self,
         notice: &Header,
         local: LocalBuffer,
         rkey: u32,
-    ) -> Result<u32, SendError> {
+    ) -> Result<BodyStart, SendError> {
         if self.closed.is_some() {
             return Err(SendError::Closed);
         }
@@ -48,14 +50,15 @@ impl Connection {
 
     /// Answers [`Action::ReadNeeded`]: the driver lent `len` bytes at `local` for the body;
     /// [`Action::PostRead`]s follow. `None` if the offer went away meanwhile (its call was
-    /// cancelled): take the buffer back.
+    /// cancelled), or `len` is short of the body (the offer is refused): take the buffer
+    /// back.
     pub fn read_into(&mut self, body: BodyId, local: LocalBuffer, len: u64) -> Option<u32> {
         if self.closed.is_some() {
             return None;
         }
-        let id = self.large.read_into(body, local, len)?;
+        let id = self.large.read_into(body, local, len, &mut self.actions);
         self.flush();
-        Some(id)
+        id
     }
 
     /// Advertises `len` bytes at `addr` as the buffer for the response to `call_id`, which
@@ -141,6 +144,13 @@ impl Connection {
         }
         self.flush();
         Ok(())
+    }
+
+    /// Whether the body read into `grant` is all in and waits for its notice, which the
+    /// peer sent right behind its offer: the driver times how long (a peer that never
+    /// sends it holds the buffer, as with a grant it never writes).
+    pub fn read_awaits_notice(&self, grant: u32) -> bool {
+        self.large.read_awaits_notice(grant)
     }
 
     /// The invalidation of the window over `transfer`'s offered body completed.

@@ -42,8 +42,7 @@ impl Large {
         len: u64,
         out: &mut VecDeque<Action>,
     ) -> Option<RemoteBuffer> {
-        let open = self.grants.len() + self.asked.len();
-        if len == 0 || open >= self.config.max_grants as usize {
+        if len == 0 || self.open_grants() >= self.config.max_grants as usize {
             return None;
         }
         // No larger than a response this side takes: the peer may write what it is offered.

@@ -43,17 +43,22 @@ mod receiver;
 mod source;
 mod writer;
 
+pub use source::BodyStart;
 use source::{Read, Sourced};
 
 /// Tuning of the large-body path (local policy, never on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LargeConfig {
-    /// Largest RDMA WRITE posted at once. A body goes as several, so that frames of other
-    /// calls pass between them.
+    /// Largest RDMA WRITE or READ posted at once. A body goes as several, so that frames of
+    /// other calls pass between them.
     pub chunk_size: u32,
-    /// RDMA WRITEs outstanding at once on a connection, all transfers together.
+    /// RDMA WRITEs and READs outstanding at once on a connection, all bodies together.
     pub write_window: u32,
-    /// Peer-writable grants (asked for or open) at once; further buffer requests wait.
+    /// Windows over this side's memory open to the peer at once, and buffers lent to it:
+    /// grants (asked for or open, or read into), advertised response buffers and offered
+    /// request bodies. Further buffer requests wait; further requests go without a response
+    /// buffer and by the rendezvous instead of an offer. Each window costs at most two
+    /// send-queue entries (its bind and its invalidation), which the queue is sized for.
     pub max_grants: u32,
     /// Buffer requests that may wait for a grant beyond `max_grants`; further ones are
     /// refused at once with `RESOURCE_EXHAUSTED`, so a peer cannot grow the queue without
@@ -237,6 +242,8 @@ pub(crate) struct Large {
     reading: VecDeque<u32>,
     /// Offered bodies refused before their notice came: the notice is dropped on arrival.
     refused: BTreeSet<BodyId>,
+    /// Bodies this side offered whose window is not yet invalidated.
+    offered: usize,
     /// Header-only frames to send, in order.
     frames: VecDeque<Header>,
     counters: LargeCounts,
@@ -263,6 +270,7 @@ impl Large {
             reads: HashMap::new(),
             reading: VecDeque::new(),
             refused: BTreeSet::new(),
+            offered: 0,
             frames: VecDeque::new(),
             counters: LargeCounts::default(),
         }
@@ -314,9 +322,10 @@ impl Large {
         }
     }
 
-    /// Grants open or asked for: buffers the peer writes, or this side reads into.
+    /// What counts against `max_grants`: grants open or asked for (buffers the peer writes,
+    /// or this side reads into) and bodies offered (windows the peer reads through).
     fn open_grants(&self) -> usize {
-        self.grants.len() + self.reads.len() + self.asked.len()
+        self.grants.len() + self.reads.len() + self.asked.len() + self.offered
     }
 
     /// A fresh transfer id.

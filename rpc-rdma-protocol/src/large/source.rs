@@ -31,6 +31,26 @@ use crate::action::{Action, ReadWork};
 use crate::error::{ProtocolViolation, SendError};
 
 /// A transfer offered for reading.
+/// How [`crate::Connection::start_source`] sends a request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyStart {
+    /// Offered for the peer to READ through the window: the transfer.
+    Offered(u32),
+    /// By the rendezvous, as [`crate::Connection::start_large`] sends it, because
+    /// `max_grants` windows are open to the peer already: the transfer. The window is
+    /// not used.
+    Written(u32),
+}
+
+impl BodyStart {
+    /// The transfer, which the driver's actions name from now on.
+    pub fn transfer(self) -> u32 {
+        match self {
+            BodyStart::Offered(id) | BodyStart::Written(id) => id,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Sourced {
     /// The rkey of the window over the body.
@@ -84,16 +104,20 @@ impl Large {
 
     /// Starts sending the request body announced by `notice` from `local` by offering it
     /// for the peer to READ through a window the driver binds with `rkey`
-    /// ([`Action::BindSource`] follows): queues the `LargeSource` and the notice.
+    /// ([`Action::BindSource`] follows): queues the `LargeSource` and the notice. By the
+    /// rendezvous instead when `max_grants` windows are open already.
     pub(crate) fn start_source(
         &mut self,
         notice: Header,
         local: LocalBuffer,
         rkey: u32,
         out: &mut VecDeque<Action>,
-    ) -> Result<u32, SendError> {
+    ) -> Result<BodyStart, SendError> {
         if notice.kind != FrameKind::Request {
             return Err(SendError::ReservedKind(notice.kind));
+        }
+        if self.open_grants() >= self.config.max_grants as usize {
+            return self.start(notice, local).map(BodyStart::Written);
         }
         let (notice, total) = self.check_start(&notice)?;
         let body = BodyId::of(&notice);
@@ -129,7 +153,8 @@ impl Large {
             },
         );
         self.transfer_by_body.insert(body, id);
-        Ok(id)
+        self.offered += 1;
+        Ok(BodyStart::Offered(id))
     }
 
     /// The peer is done with a body we offered.
@@ -187,6 +212,7 @@ impl Large {
         };
         let (body, kind, len) = (t.body, t.notice.kind, t.total);
         self.transfers.remove(&id);
+        self.offered = self.offered.saturating_sub(1);
         if self.transfer_by_body.get(&body) == Some(&id) {
             self.transfer_by_body.remove(&body);
         }
@@ -249,6 +275,9 @@ impl Large {
         out: &mut VecDeque<Action>,
     ) -> Result<(), ProtocolViolation> {
         let body = BodyId::of(offer);
+        if body.seq != 0 {
+            return Err(ProtocolViolation::OfferedStreamMessage { body });
+        }
         if self.knows(body) {
             return Err(ProtocolViolation::DuplicateBufferRequest { body });
         }
@@ -277,13 +306,22 @@ impl Large {
 
     /// Answers [`Action::ReadNeeded`]: the driver lent `len` bytes at `local`; the READs
     /// follow as the write window allows. Returns the grant id, or `None` if the offer is
-    /// gone (its call was cancelled meanwhile): the driver takes its buffer back.
-    pub(crate) fn read_into(&mut self, body: BodyId, local: LocalBuffer, len: u64) -> Option<u32> {
+    /// gone (its call was cancelled meanwhile) or `len` is short of it (refused, naming
+    /// `len`): the driver takes its buffer back.
+    pub(crate) fn read_into(
+        &mut self,
+        body: BodyId,
+        local: LocalBuffer,
+        len: u64,
+        out: &mut VecDeque<Action>,
+    ) -> Option<u32> {
         if !self.asked.contains(&body) {
             return None;
         }
         let (remote, notice) = *self.incoming.get(&body)?;
         if len < remote.len {
+            // Too small a buffer: refused, with what could be had.
+            self.refuse(body, Code::ResourceExhausted, len, out);
             return None;
         }
         self.asked.remove(&body);
@@ -362,6 +400,13 @@ impl Large {
             self.deliver_read(id, out);
         }
         Ok(())
+    }
+
+    /// Whether the body read into grant `id` is all in and its notice has not come.
+    pub(crate) fn read_awaits_notice(&self, id: u32) -> bool {
+        self.reads
+            .get(&id)
+            .is_some_and(|r| r.read_all() && r.notice.is_none())
     }
 
     /// Hands up the body read into grant `id` if its notice came.

@@ -7,7 +7,7 @@ use rpc_wire::{Code, FrameKind, Header, RemoteBuffer};
 
 use super::fabric::{Pair, Side};
 use super::large::{cfg, large, pair, run_until, settle, CHUNK};
-use crate::{BodyId, CloseReason, Connection, Geometry, ProtocolViolation, WorkId};
+use crate::{Action, BodyId, CloseReason, Connection, Geometry, ProtocolViolation, WorkId};
 
 /// A pair whose `a` sends its request bodies by offering them for reading.
 fn reading_pair() -> Pair {
@@ -131,6 +131,29 @@ fn offers_beyond_the_grant_limit_wait_their_turn() {
     assert_eq!(p.b.large.read, 4);
 }
 
+/// The writer's own windows are bounded too: offers beyond its `max_grants` go by the
+/// rendezvous, so binds and invalidations never outgrow the send queue sized for them.
+#[test]
+fn offers_beyond_the_writers_grant_limit_take_the_rendezvous() {
+    let mut p = Pair::new(cfg(large(2, 1 << 20)), cfg(large(16, 1 << 20)));
+    p.a.large.offer_requests = true;
+    for _ in 0..5 {
+        p.a.send_large(3 * u64::from(CHUNK)).expect("start");
+    }
+    let a = p.a.conn.stats();
+    assert_eq!((a.large_sourced, a.large_rendezvous), (2, 3));
+    settle(&mut p);
+    assert_eq!(p.b.large.delivered.len(), 5);
+    assert_eq!(p.b.large.read, 2);
+    // Answered and invalidated, the windows count no more.
+    for _ in 0..2 {
+        p.a.send_large(3 * u64::from(CHUNK)).expect("start");
+    }
+    assert_eq!(p.a.conn.stats().large_sourced, 4);
+    settle(&mut p);
+    assert_eq!(p.b.large.delivered.len(), 7);
+}
+
 #[test]
 fn a_read_request_still_advertises_its_response_buffer() {
     let mut p = reading_pair();
@@ -244,6 +267,39 @@ fn a_second_offer_of_a_body_is_a_violation() {
         body: BodyId { call_id: 3, seq: 0 },
     };
     assert_eq!(feed(&mut c, 1, &source(3, 5000)), Err(expected.clone()));
+    closed_by(&c, expected);
+}
+
+/// A driver that lends less than the offered body refuses it (naming what it lent) instead
+/// of leaving the offer unanswered and its place taken.
+#[test]
+fn a_buffer_short_of_the_offer_refuses_it() {
+    let mut c = conn();
+    feed(&mut c, 0, &source(3, 5000)).expect("offer");
+    let asked = std::iter::from_fn(|| c.poll_action()).find_map(|a| match a {
+        Action::ReadNeeded { body, len } => Some((body, len)),
+        _ => None,
+    });
+    let body = BodyId { call_id: 3, seq: 0 };
+    assert_eq!(asked, Some((body, 5000)));
+    let local = crate::LocalBuffer {
+        addr: 0x2000,
+        lkey: 1,
+    };
+    assert_eq!(c.read_into(body, local, 4999), None);
+    assert_eq!(c.stats().large_grants, 0, "the offer's place is free again");
+    assert!(!c.is_closed());
+}
+
+#[test]
+fn an_offer_of_a_stream_message_is_a_violation() {
+    let mut c = conn();
+    let mut offer = source(3, 5000);
+    offer.method_id = 2; // a stream message's sequence number
+    let expected = ProtocolViolation::OfferedStreamMessage {
+        body: BodyId { call_id: 3, seq: 2 },
+    };
+    assert_eq!(feed(&mut c, 0, &offer), Err(expected.clone()));
     closed_by(&c, expected);
 }
 

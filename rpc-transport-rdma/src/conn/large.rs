@@ -13,7 +13,7 @@ use super::grant::{GrantBuffer, GrantLimit, PlacedBody};
 use super::{Conn, State};
 use crate::app_memory::{Claim, Gathered, InPlace};
 use crate::large_pool::LargeBuffer;
-use crate::protocol::{Action, LocalBuffer, Received, WorkId};
+use crate::protocol::{Action, BodyStart, LocalBuffer, Received, WorkId};
 use crate::verbs::{
     AccessFlags, MemoryWindow, RemoteAddr, SendFlags, SendOp, SendRequest, Sge, VerbsError,
 };
@@ -35,7 +35,8 @@ pub(super) fn is_body_kind(kind: FrameKind) -> bool {
 struct Granted {
     window: Option<MemoryWindow>,
     buffer: GrantBuffer,
-    /// Bytes of it the window covers (what the grant or offer told the peer).
+    /// Bytes of it the peer may write (what the grant or advertisement told it), or the
+    /// body's length that is read into it.
     len: usize,
     /// When the peer was granted it at its request; `None` for a response buffer we
     /// advertised (its handler may take any time).
@@ -94,6 +95,14 @@ impl LargeState {
         }
     }
 
+    /// The body read into `grant` is in and waits for its notice: from now on the peer
+    /// holds the buffer, timed as a grant it asked for.
+    pub(super) fn read_awaits_notice(&mut self, grant: u32) {
+        if let Some(g) = self.grants.get_mut(&grant) {
+            g.asked.get_or_insert_with(Instant::now);
+        }
+    }
+
     /// The invalidation of the window over `transfer`'s offered body failed.
     pub(super) fn source_invalidation_failed(&mut self, transfer: u32) {
         if let Some(source) = self.sources.get_mut(&transfer) {
@@ -116,16 +125,15 @@ impl LargeState {
             .retain(|_, g| !matches!(g.buffer, GrantBuffer::App(_)) || g.window.is_none());
     }
 
-    /// The oldest grant the peer asked for and has held longer than `limit` allows: its
-    /// length, age and allowance.
-    fn overdue(&self, now: Instant, limit: GrantLimit) -> Option<(usize, Duration, Duration)> {
+    /// The oldest grant the peer asked for (or body read for it) and has held longer than
+    /// `limit` allows: that grant, its age and allowance.
+    fn overdue(&self, now: Instant, limit: GrantLimit) -> Option<(&Granted, Duration, Duration)> {
         self.grants
             .values()
             .filter_map(|g| {
-                let len = g.len;
                 let age = now.saturating_duration_since(g.asked?);
-                let allowed = limit.allowance(len);
-                (age > allowed).then_some((len, age, allowed))
+                let allowed = limit.allowance(g.len);
+                (age > allowed).then_some((g, age, allowed))
             })
             .max_by_key(|&(_, age, _)| age)
     }
@@ -209,23 +217,27 @@ impl Conn {
         let mut state = self.state.lock();
         let started = match &window {
             Some(window) => state.proto.start_source(&header, local, window.next_rkey()),
-            None => state.proto.start_large(&header, local),
+            None => state
+                .proto
+                .start_large(&header, local)
+                .map(BodyStart::Written),
         };
-        match started {
-            Ok(transfer) => {
-                let source = Source {
-                    window,
-                    staged: buffer,
-                    gathered,
-                    still_bound: false,
-                };
-                state.large.sources.insert(transfer, source);
-            }
-            Err(_) => {
-                if let Some(window) = window {
-                    self.res.large.put_window(window);
-                }
-            }
+        // The window goes with the body only if it was offered.
+        let (window, unused) = match started {
+            Ok(BodyStart::Offered(_)) => (window, None),
+            _ => (None, window),
+        };
+        if let Some(window) = unused {
+            self.res.large.put_window(window);
+        }
+        if let Ok(started) = started {
+            let source = Source {
+                window,
+                staged: buffer,
+                gathered,
+                still_bound: false,
+            };
+            state.large.sources.insert(started.transfer(), source);
         }
         self.run_actions(&mut state);
         self.unlock(state);

@@ -232,7 +232,13 @@ impl Conn {
             WorkId::Write(transfer) => state.proto.on_write_complete(transfer),
             WorkId::Bind(grant) => state.proto.on_bind_complete(grant),
             WorkId::Invalidate(grant) => state.proto.on_invalidated(grant),
-            WorkId::Read(grant) => state.proto.on_read_complete(grant),
+            WorkId::Read(grant) => {
+                let outcome = state.proto.on_read_complete(grant);
+                if state.proto.read_awaits_notice(grant) {
+                    state.large.read_awaits_notice(grant);
+                }
+                outcome
+            }
             // The offer behind it is what the peer acts on; a failed bind closes.
             WorkId::BindSource(_) => Ok(()),
             WorkId::InvalidateSource(transfer) => state.proto.on_source_invalidated(transfer),

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use rpc_wire::{Code, FrameKind, Header};
 
 use super::{pattern, Endpoint, Wire};
-use crate::{Action, LocalBuffer, ReadWork, SendError, WorkId, WriteWork};
+use crate::{Action, BodyStart, LocalBuffer, ReadWork, SendError, WorkId, WriteWork};
 
 /// A memory window at the receiver: the range its current rkey grants, while valid.
 #[derive(Debug, Clone, Copy)]
@@ -179,10 +179,15 @@ impl Endpoint {
                 },
             );
             let started = self.conn.start_source(notice, local, rkey);
-            if let Ok(transfer) = started {
-                self.large.source_windows.insert(transfer, rkey);
+            match started {
+                Ok(BodyStart::Offered(transfer)) => {
+                    self.large.source_windows.insert(transfer, rkey);
+                }
+                _ => {
+                    self.large.windows.remove(&rkey);
+                }
             }
-            started
+            started.map(BodyStart::transfer)
         } else {
             self.conn.start_large(notice, local)
         };

@@ -54,11 +54,13 @@ impl Conn {
                     lkey: buffer.lkey(),
                 };
                 if let Some(grant) = state.proto.read_into(body, local, len) {
+                    // Timed from when the body is in, if its notice has not come
+                    // ([`super::LargeState::read_awaits_notice`]): the READs are ours.
                     let granted = Granted {
                         window: None,
                         len: len as usize,
                         buffer,
-                        asked: Some(Instant::now()),
+                        asked: None,
                         still_bound: false,
                     };
                     state.large.grants.insert(grant, granted);
@@ -142,15 +144,22 @@ impl Conn {
 
 impl Conn {
     /// Why the connection must close, if its peer has held a buffer it asked for longer
-    /// than its [`GrantLimit`] allows without announcing the body: it is hoarding
-    /// registered memory. Checked by the poller's ticks.
+    /// than its [`GrantLimit`] allows without announcing the body, or a body read for it
+    /// without sending the notice: it is hoarding registered memory. Checked by the
+    /// poller's ticks.
     pub(in crate::conn) fn overdue_grant(&self, state: &State) -> Option<Status> {
         let limit = self.limits.grant;
-        let (len, age, allowed) = state.large.overdue(Instant::now(), limit)?;
+        let (granted, age, allowed) = state.large.overdue(Instant::now(), limit)?;
+        let len = granted.len;
+        let what = match granted.window {
+            Some(_) => format!("asked for a buffer of {len} bytes {age:?} ago and wrote no body"),
+            None => format!(
+                "offered a body of {len} bytes, read {age:?} ago, and sent no notice for it"
+            ),
+        };
         Some(Status::resource_exhausted(format!(
-            "{} held a buffer of {len} bytes it asked for {age:?} without writing the body \
-             (allowed {allowed:?}: large_grant_timeout {:?} plus the body at \
-             large_grant_min_rate {} B/s); the connection is closed to free it",
+            "{} {what} (allowed {allowed:?}: large_grant_timeout {:?} plus the body at \
+             large_grant_min_rate {} B/s); the connection is closed to free its buffer",
             self.peer, limit.timeout, limit.min_rate
         )))
     }
