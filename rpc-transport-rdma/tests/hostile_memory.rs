@@ -101,6 +101,11 @@ fn offered_bodies_the_server_cannot_read_end_only_the_offender() {
     call_succeeds_as_unimplemented(&channel);
     eprintln!("an offer of a region deregistered first: offender disconnected, other client fine");
 
+    // The in-memory verbs provider pins nothing and completes a READ as it is posted: a
+    // READ under way, and the memory it holds, need a device.
+    if cfg!(verbs_fabric) {
+        return;
+    }
     // Vanishes while the server reads the largest body it takes: its queue pair is
     // destroyed at once, and then its connection.
     let len = rpc_core::client::DEFAULT_MAX_MESSAGE_SIZE;

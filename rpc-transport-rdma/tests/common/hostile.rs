@@ -134,7 +134,8 @@ impl HostilePeer {
     /// The next frame the server sends.
     pub fn receive_any(&self) -> Header {
         let until = Instant::now() + LIMIT;
-        let mut wcs = WorkCompletion::array(8);
+        // One at a time: the frames after the one returned stay in the queue.
+        let mut wcs = WorkCompletion::array(1);
         loop {
             for wc in self.cq.poll(&mut wcs).expect("poll").iter() {
                 if wc.opcode() == WcOpcode::Recv {
