@@ -7,16 +7,15 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::hostile::{
-    ask_buffer, call_succeeds_as_unimplemented, init_tracing, placed, serve, vm_pin, HostilePeer,
-    LIMIT,
+    ask_buffer, call_succeeds_as_unimplemented, init_tracing, placed, serve, vm_pin,
+    well_behaved_client, HostilePeer, LIMIT,
 };
-use rpc_core::{CallTable, Channel, ChannelConfig, Code, FrameKind, Header};
+use rpc_core::{Code, FrameKind, Header};
 use rpc_transport_rdma::verbs::{AccessFlags, MemoryRegion};
-use rpc_transport_rdma::{LargeBodies, RdmaClient, RdmaConfig};
+use rpc_transport_rdma::{LargeBodies, RdmaConfig};
 
 /// Offers call 7's request body of `len` bytes at `addr` (`rkey`) for the server to READ,
 /// and sends its notice right behind, as a client does.
@@ -54,11 +53,7 @@ fn offered_bodies_the_server_cannot_read_end_only_the_offender() {
         return;
     };
     let addr = server.local_addr();
-    let calls = Arc::new(CallTable::new());
-    let client = RdmaClient::connect(&addr.to_string(), calls.clone(), &RdmaConfig::default())
-        .expect("well-behaved client connects");
-    let channel = Channel::new(calls, client, ChannelConfig::default());
-    call_succeeds_as_unimplemented(&channel);
+    let channel = well_behaved_client(addr);
 
     // Honest: read, answered, then the call's status.
     let peer = HostilePeer::connect(addr);

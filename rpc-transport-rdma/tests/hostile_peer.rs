@@ -10,20 +10,19 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::hostile::{
     call_succeeds_as_unimplemented, granted, hostile_peer_is_disconnected, next_event, placed,
-    route_to, serve, HostilePeer, LIMIT, SLOT,
+    route_to, serve, well_behaved_client, HostilePeer, LIMIT, SLOT,
 };
-use rpc_core::{CallTable, Channel, ChannelConfig, Code, FrameKind, Header};
+use rpc_core::{Code, FrameKind, Header};
 use rpc_transport_rdma::protocol::{decode_reject, ConnectParams};
 use rpc_transport_rdma::verbs::{
     CmEventKind, CompletionQueue, ConnParam, ProtectionDomain, QpCapabilities, QpInitAttr,
     QueuePair,
 };
-use rpc_transport_rdma::{Liveness, RdmaClient, RdmaConfig, Receives, Rings, SharedRecvConfig};
+use rpc_transport_rdma::{Liveness, RdmaConfig, Receives, Rings, SharedRecvConfig};
 
 #[test]
 #[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
@@ -89,11 +88,7 @@ fn offenders_are_disconnected(server_config: RdmaConfig) {
     };
     let addr = server.local_addr();
 
-    let calls = Arc::new(CallTable::new());
-    let client = RdmaClient::connect(&addr.to_string(), calls.clone(), &RdmaConfig::default())
-        .expect("well-behaved client connects");
-    let channel = Channel::new(calls, client, ChannelConfig::default());
-    call_succeeds_as_unimplemented(&channel);
+    let channel = well_behaved_client(addr);
 
     let garbage = vec![0xAB; 100];
     let mut overflow = Header::new(FrameKind::Request, 1);

@@ -5,14 +5,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rpc_core::{method_id, Channel, Code, Flags, FrameKind, Header, Request, Server};
+use rpc_core::{
+    method_id, CallTable, Channel, ChannelConfig, Code, Flags, FrameKind, Header, Request, Server,
+};
 use rpc_transport_rdma::protocol::ConnectParams;
 use rpc_transport_rdma::verbs::{
     test_support, AccessFlags, CmEventKind, CmId, CompletionQueue, ConnParam, EventChannel,
     MemoryRegion, ProtectionDomain, QpCapabilities, QpInitAttr, QueuePair, RecvRequest, RemoteAddr,
     SendFlags, SendOp, SendRequest, WcOpcode, WorkCompletion,
 };
-use rpc_transport_rdma::{RdmaConfig, RdmaServer};
+use rpc_transport_rdma::{RdmaClient, RdmaConfig, RdmaServer};
 
 pub const LIMIT: Duration = Duration::from_secs(15);
 
@@ -250,4 +252,15 @@ pub fn vm_pin() -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmPin");
     kib * 1024
+}
+
+/// A client of the server at `addr` that follows the protocol, once its first call got an
+/// answer: the connection the hostile peers' must leave untouched.
+pub fn well_behaved_client(addr: SocketAddr) -> Channel {
+    let calls = Arc::new(CallTable::new());
+    let client = RdmaClient::connect(&addr.to_string(), calls.clone(), &RdmaConfig::default())
+        .expect("well-behaved client connects");
+    let channel = Channel::new(calls, client, ChannelConfig::default());
+    call_succeeds_as_unimplemented(&channel);
+    channel
 }
