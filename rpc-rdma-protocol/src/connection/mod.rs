@@ -131,7 +131,8 @@ pub struct Stats {
     pub would_block: u64,
     /// Large transfers under way (this side writing).
     pub large_transfers: u32,
-    /// Grants open or asked for (the peer writing), advertised response buffers included.
+    /// What counts against `max_grants`: grants open or asked for (the peer writing, or this
+    /// side reading into them), advertised response buffers, and bodies offered.
     pub large_grants: u32,
     /// Bodies this side sent by rendezvous (`LargeRequest`, `LargeGrant`, WRITEs).
     pub large_rendezvous: u64,
