@@ -17,7 +17,9 @@
 
 pub mod count;
 pub mod demo;
+pub mod large_bodies;
 pub mod perftest;
+pub mod rpc_bench;
 pub mod test_rdma;
 pub mod ucx;
 pub mod vm;

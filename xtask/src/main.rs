@@ -34,6 +34,20 @@ enum Command {
         #[arg(long, default_value_t = 1800)]
         timeout: u64,
     },
+    /// Large requests read by the server (RDMA READ) against written into its grant, per
+    /// size, with perftest's and UCX's figures from the same soft-RoCE boot; prints the
+    /// ratios.
+    LargeBodies {
+        /// Times each size runs both ways, back to back.
+        #[arg(long, default_value_t = 2)]
+        rounds: u32,
+        /// Also write the figures as JSON here.
+        #[arg(long, value_name = "PATH")]
+        json: Option<PathBuf>,
+        /// Overall limit in seconds.
+        #[arg(long, default_value_t = 1500)]
+        timeout: u64,
+    },
     /// Instructions and allocations per 32 B round trip, by stage, over the in-memory verbs
     /// provider on the host (callgrind and dhat; repeatable where times are not).
     Count {
@@ -121,6 +135,19 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Test { timeout } => test_all(options(timeout, verbose)),
         Command::Demo { timeout } => demo(options(timeout, verbose)),
+        Command::LargeBodies {
+            rounds,
+            json,
+            timeout,
+        } => xtask::large_bodies::run(&options(timeout, verbose), rounds, json.as_deref()).map(
+            |ok| {
+                if ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            },
+        ),
         Command::Count { calls, poll, json } => {
             xtask::count::run(calls, &poll, json.as_deref()).map(|_| ExitCode::SUCCESS)
         }

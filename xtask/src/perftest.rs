@@ -227,6 +227,14 @@ pub fn figures<T: Baseline>(suite: &[T], outcomes: &[StepOutcome]) -> Result<Vec
     Ok(all)
 }
 
+/// The value of one figure (`t_typical`, `bw_avg`, ...) of one tool's run at `size`.
+pub fn value_of(figures: &[Figure], test: &str, size: u64, name: &str) -> Option<f64> {
+    figures
+        .iter()
+        .find(|f| f.test == test && f.size == size && f.figure == name)
+        .map(|f| f.value)
+}
+
 /// Renders figures as an aligned table.
 pub fn table(figures: &[Figure]) -> String {
     let mut out = format!(

@@ -18,7 +18,10 @@ use crate::perftest::{self, Baseline, Figure, Perftest};
 use crate::ucx::UcxPerftest;
 use crate::vm::{self, GuestCommand, GuestPlan, Step, StepOutcome, VmError, VmOptions};
 
+pub use crate::rpc_bench::BenchJson;
 pub use report::{BenchPoint, DemoReport};
+
+use crate::rpc_bench::{build_release, parse_json_line};
 
 /// Payload sizes of the latency sweep. Up to 32 KiB a message fits one 64 KiB ring slot
 /// (SEND); larger ones go by RDMA WRITE into a granted buffer.
@@ -39,26 +42,6 @@ const FLEET_PORT: u16 = 7472;
 /// Ring slot size of the benchmark connections.
 const SLOT_SIZE: u32 = 65536;
 const DEMO_PORT: u16 = 7471;
-
-/// Minimal view of `rpc-bench --json` output (the full type lives in the `rpc-bench` crate).
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-pub struct BenchJson {
-    pub transport: String,
-    pub size: u64,
-    pub iters: u64,
-    pub concurrency: u32,
-    pub p50_us: f64,
-    pub p90_us: f64,
-    pub p99_us: f64,
-    pub p999_us: f64,
-    pub max_us: f64,
-    pub calls_per_sec: f64,
-    pub goodput_mib_s: f64,
-    #[serde(default)]
-    pub poll: Option<String>,
-    #[serde(default)]
-    pub async_stubs: bool,
-}
 
 /// Minimal view of `rpc-bench connections --json` output.
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
@@ -203,7 +186,7 @@ fn fleet_step(bin: &Path, addr: &str) -> Vec<String> {
 pub fn run(opts: &VmOptions, out_dir: &Path) -> Result<bool, VmError> {
     vm::packages::ensure(vm::packages::BUILD_PACKAGES)?;
     let root = crate::workspace::root();
-    build_release(&root)?;
+    build_release(&root, &["rpc-examples", "rpc-bench"])?;
     let bin_dir = crate::workspace::target_dir()?.join("release");
     let rpc_bench = bin_dir.join("rpc-bench");
 
@@ -284,30 +267,6 @@ pub fn run(opts: &VmOptions, out_dir: &Path) -> Result<bool, VmError> {
     }
     println!("wrote {} and {}", json_path.display(), svg_path.display());
     Ok(ok)
-}
-
-fn build_release(root: &Path) -> Result<(), VmError> {
-    eprintln!("[xtask demo] building release binaries");
-    let status = Command::new(crate::workspace::cargo())
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "rpc-examples",
-            "-p",
-            "rpc-bench",
-        ])
-        .current_dir(root)
-        .status()
-        .map_err(|e| VmError::io("running cargo build", e))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(VmError::Command {
-            what: "cargo build --release".into(),
-            detail: status.to_string(),
-        })
-    }
 }
 
 fn host_has_rdma_device() -> bool {
@@ -506,23 +465,6 @@ mod host {
         let _ = srv.wait();
         outcome(label, started, result)
     }
-}
-
-/// The last line of a step's output that parses as `T` (a `--json` result).
-fn parse_json_line<T: serde::de::DeserializeOwned>(outcome: &StepOutcome) -> Result<T, String> {
-    if !outcome.success() {
-        return Err(format!(
-            "exit {}: {}",
-            outcome.exit_code,
-            outcome.output.join("\n")
-        ));
-    }
-    outcome
-        .output
-        .iter()
-        .rev()
-        .find_map(|line| serde_json::from_str::<T>(line.trim()).ok())
-        .ok_or_else(|| format!("no JSON result in: {}", outcome.output.join("\n")))
 }
 
 fn run_tcp_compare(rpc_bench: &PathBuf) -> Option<serde_json::Value> {

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use super::{BenchJson, FleetJson};
 use crate::count::Counts;
-use crate::perftest::Figure;
+use crate::perftest::{value_of as figure, Figure};
 
 /// Our latency at one size next to perftest's round trip at the same size.
 #[derive(Debug, Clone, Serialize)]
@@ -276,14 +276,6 @@ impl DemoReport {
         );
         out
     }
-}
-
-/// The value of one figure of one tool's run at `size`.
-fn figure(figures: &[Figure], test: &str, size: u64, name: &str) -> Option<f64> {
-    figures
-        .iter()
-        .find(|f| f.test == test && f.size == size && f.figure == name)
-        .map(|f| f.value)
 }
 
 fn or_dash(value: Option<f64>, show: impl Fn(f64) -> String) -> String {

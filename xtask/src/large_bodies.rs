@@ -1,0 +1,460 @@
+//! `large-bodies`: large requests read by the server (RDMA READ) against written into a
+//! buffer it grants (the rendezvous), per size, next to perftest and UCX in the same boot.
+//!
+//! One soft-RoCE boot runs `ib_send_lat` at each size, `ib_write_bw` and `ib_read_bw` at
+//! 1 MiB, UCX's `ucp_am_lat` at 256 KiB and `ucp_am_bw` at 1 MiB; then `rpc-bench loopback`
+//! (an echo, one call at a time: request and response both `size` bytes) at each size with
+//! the request read (`--read-from 0`, the default) and written (`--read-from never`), back
+//! to back, `rounds` times. It prints each round's p50s and their ratios: read ÷ written,
+//! each ÷ 2 × `ib_send_lat` (perftest's round trip), read ÷ 2 × `ucp_am_lat` where UCX ran,
+//! and the 1 MiB echo's goodput ÷ `ib_write_bw` and ÷ `ucp_am_bw`.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::perftest::{self, value_of, Baseline, Figure, Perftest};
+use crate::rpc_bench::{build_release, parse_json_line, BenchJson};
+use crate::ucx::UcxPerftest;
+use crate::vm::{self, GuestCommand, GuestPlan, Step, VmError, VmOptions};
+
+/// Payload sizes: all too large for a 64 KiB ring slot, so every body moves one-sided.
+pub const SIZES: &[u64] = &[64 << 10, 256 << 10, 1 << 20, 4 << 20];
+/// Where UCX's active-message latency is measured next to ours.
+pub const UCX_LATENCY_SIZE: u64 = 256 << 10;
+/// Where goodput is compared with `ib_write_bw` and `ucp_am_bw`.
+pub const GOODPUT_SIZE: u64 = 1 << 20;
+
+/// How the request's body reaches the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Way {
+    /// Offered by the client, read by the server (`LargeSource`).
+    Read,
+    /// Asked for, granted, written by the client (`LargeRequest`, `LargeGrant`).
+    Written,
+}
+
+impl Way {
+    const BOTH: [Way; 2] = [Way::Read, Way::Written];
+
+    /// `rpc-bench --read-from`.
+    fn read_from(self) -> &'static str {
+        match self {
+            Way::Read => "0",
+            Way::Written => "never",
+        }
+    }
+}
+
+/// One `rpc-bench loopback` run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    pub round: u32,
+    pub size: u64,
+    pub way: Way,
+}
+
+/// Iterations and warm-up calls for `size`: seconds per run under emulation, not minutes.
+fn iterations(size: u64) -> (u32, u32) {
+    match size {
+        0..=65536 => (200, 20),
+        65537..=262_144 => (100, 10),
+        262_145..=1_048_576 => (40, 5),
+        _ => (12, 2),
+    }
+}
+
+fn perftest_suite() -> Vec<Perftest> {
+    let mut suite: Vec<Perftest> = SIZES
+        .iter()
+        .map(|&size| Perftest::new("ib_send_lat", size, iterations(size).0))
+        .collect();
+    suite.push(Perftest::new("ib_write_bw", GOODPUT_SIZE, 100));
+    suite.push(Perftest::new("ib_read_bw", GOODPUT_SIZE, 100));
+    suite
+}
+
+fn ucx_suite() -> Vec<UcxPerftest> {
+    vec![
+        UcxPerftest::new(
+            "ucp_am_lat",
+            UCX_LATENCY_SIZE,
+            iterations(UCX_LATENCY_SIZE).0,
+        ),
+        UcxPerftest::new("ucp_am_bw", GOODPUT_SIZE, 100),
+    ]
+}
+
+/// Every size read and written, back to back, `rounds` times.
+fn runs(rounds: u32) -> Vec<Run> {
+    let mut runs = Vec::new();
+    for round in 1..=rounds {
+        for &size in SIZES {
+            runs.extend(Way::BOTH.map(|way| Run { round, size, way }));
+        }
+    }
+    runs
+}
+
+fn bench_argv(bin: &Path, run: Run, addr: &str) -> Vec<String> {
+    let (iters, warmup) = iterations(run.size);
+    [
+        bin.display().to_string(),
+        "loopback".into(),
+        "--url".into(),
+        format!("rdma://{addr}:0"),
+        "--size".into(),
+        run.size.to_string(),
+        "--iters".into(),
+        iters.to_string(),
+        "--warmup".into(),
+        warmup.to_string(),
+        "--read-from".into(),
+        run.way.read_from().into(),
+        "--json".into(),
+    ]
+    .into()
+}
+
+/// One size in one round: both ways and their ratios.
+#[derive(Debug, Clone, Serialize)]
+pub struct SizeRow {
+    pub round: u32,
+    pub size: u64,
+    pub read_p50_us: f64,
+    pub written_p50_us: f64,
+    pub read_over_written: f64,
+    /// 2 × `ib_send_lat`'s typical latency at `size`.
+    pub send_round_trip_us: Option<f64>,
+    pub read_ratio: Option<f64>,
+    pub written_ratio: Option<f64>,
+    /// 2 × `ucp_am_lat`'s typical latency, where measured at `size`.
+    pub ucx_round_trip_us: Option<f64>,
+    pub read_ucx_ratio: Option<f64>,
+}
+
+/// The goodput-sized echo of one round, request and response counted.
+#[derive(Debug, Clone, Serialize)]
+pub struct GoodputRow {
+    pub round: u32,
+    pub read_mib_s: f64,
+    pub written_mib_s: f64,
+    /// `ib_write_bw`'s average (MB/s of 2^20 bytes, as perftest prints it).
+    pub ib_write_bw: Option<f64>,
+    pub read_ratio: Option<f64>,
+    pub written_ratio: Option<f64>,
+    /// `ucp_am_bw`'s average, where UCX ran.
+    pub ucp_am_bw: Option<f64>,
+    pub read_ucx_ratio: Option<f64>,
+}
+
+/// Everything one boot measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct LargeReport {
+    pub perftest: Vec<Figure>,
+    pub ucx: Vec<Figure>,
+    pub sizes: Vec<SizeRow>,
+    pub goodput: Vec<GoodputRow>,
+}
+
+impl LargeReport {
+    /// Pairs each round's read and written run of a size; a size missing either way (its
+    /// run failed) has no row.
+    pub fn new(perftest: Vec<Figure>, ucx: Vec<Figure>, results: &[(Run, BenchJson)]) -> Self {
+        let find = |round: u32, size: u64, way: Way| {
+            results
+                .iter()
+                .find(|(run, _)| *run == Run { round, size, way })
+                .map(|(_, json)| json)
+        };
+        let rounds = results.iter().map(|(run, _)| run.round).max().unwrap_or(0);
+        let ratio = |ours: f64, theirs: Option<f64>| theirs.map(|t| ours / t);
+        let mut sizes = Vec::new();
+        let mut goodput = Vec::new();
+        for round in 1..=rounds {
+            for &size in SIZES {
+                let (Some(read), Some(written)) = (
+                    find(round, size, Way::Read),
+                    find(round, size, Way::Written),
+                ) else {
+                    continue;
+                };
+                let send = value_of(&perftest, "ib_send_lat", size, "t_typical").map(|v| 2.0 * v);
+                let ucx_rt = value_of(&ucx, "ucp_am_lat", size, "t_typical").map(|v| 2.0 * v);
+                sizes.push(SizeRow {
+                    round,
+                    size,
+                    read_p50_us: read.p50_us,
+                    written_p50_us: written.p50_us,
+                    read_over_written: read.p50_us / written.p50_us,
+                    send_round_trip_us: send,
+                    read_ratio: ratio(read.p50_us, send),
+                    written_ratio: ratio(written.p50_us, send),
+                    ucx_round_trip_us: ucx_rt,
+                    read_ucx_ratio: ratio(read.p50_us, ucx_rt),
+                });
+                if size == GOODPUT_SIZE {
+                    let write_bw = value_of(&perftest, "ib_write_bw", size, "bw_avg");
+                    let am_bw = value_of(&ucx, "ucp_am_bw", size, "bw_avg");
+                    goodput.push(GoodputRow {
+                        round,
+                        read_mib_s: read.goodput_mib_s,
+                        written_mib_s: written.goodput_mib_s,
+                        ib_write_bw: write_bw,
+                        read_ratio: ratio(read.goodput_mib_s, write_bw),
+                        written_ratio: ratio(written.goodput_mib_s, write_bw),
+                        ucp_am_bw: am_bw,
+                        read_ucx_ratio: ratio(read.goodput_mib_s, am_bw),
+                    });
+                }
+            }
+        }
+        LargeReport {
+            perftest,
+            ucx,
+            sizes,
+            goodput,
+        }
+    }
+
+    pub fn table(&self) -> String {
+        let times = |r: Option<f64>| r.map_or_else(|| "-".into(), |r| format!("{r:.2}×"));
+        let ms = |us: Option<f64>| us.map_or_else(|| "-".into(), |us| format!("{:.2}", us / 1e3));
+        let mut out = String::from(
+            "== large requests read (RDMA READ) or written (rendezvous): echo p50, one call at a time ==\n",
+        );
+        let _ = writeln!(
+            out,
+            "{:>5} {:>8} {:>9} {:>11} {:>9} {:>13} {:>13} {:>15} {:>13} {:>15}",
+            "round",
+            "size",
+            "read ms",
+            "written ms",
+            "read÷wr",
+            "2×send_lat ms",
+            "read÷2×send",
+            "written÷2×send",
+            "2×am_lat ms",
+            "read÷2×am_lat"
+        );
+        for row in &self.sizes {
+            let _ = writeln!(
+                out,
+                "{:>5} {:>8} {:>9.2} {:>11.2} {:>9} {:>13} {:>13} {:>15} {:>13} {:>15}",
+                row.round,
+                size_name(row.size),
+                row.read_p50_us / 1e3,
+                row.written_p50_us / 1e3,
+                times(Some(row.read_over_written)),
+                ms(row.send_round_trip_us),
+                times(row.read_ratio),
+                times(row.written_ratio),
+                ms(row.ucx_round_trip_us),
+                times(row.read_ucx_ratio),
+            );
+        }
+        let _ = writeln!(
+            out,
+            "== {} echo goodput, request + response (MiB/s) ==",
+            size_name(GOODPUT_SIZE)
+        );
+        let mib = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.1}"));
+        let _ = writeln!(
+            out,
+            "{:>5} {:>9} {:>12} {:>10} {:>12} {:>12} {:>15} {:>10}",
+            "round",
+            "read",
+            "÷write_bw",
+            "÷am_bw",
+            "written",
+            "÷write_bw",
+            "ib_write_bw",
+            "ucp_am_bw"
+        );
+        for row in &self.goodput {
+            let _ = writeln!(
+                out,
+                "{:>5} {:>9.1} {:>12} {:>10} {:>12.1} {:>12} {:>15} {:>10}",
+                row.round,
+                row.read_mib_s,
+                times(row.read_ratio),
+                times(row.read_ucx_ratio),
+                row.written_mib_s,
+                times(row.written_ratio),
+                mib(row.ib_write_bw),
+                mib(row.ucp_am_bw),
+            );
+        }
+        out
+    }
+}
+
+/// `64 KiB`, `1 MiB`: the sizes of this benchmark.
+fn size_name(size: u64) -> String {
+    if size >= 1 << 20 {
+        format!("{} MiB", size >> 20)
+    } else {
+        format!("{} KiB", size >> 10)
+    }
+}
+
+/// Builds `rpc-bench`, runs the benchmark in one VM boot, prints the table; writes `json` if
+/// given. Returns whether every run succeeded.
+pub fn run(opts: &VmOptions, rounds: u32, json: Option<&Path>) -> Result<bool, VmError> {
+    vm::packages::ensure(vm::packages::BUILD_PACKAGES)?;
+    let root = crate::workspace::root();
+    build_release(&root, &["rpc-bench"])?;
+    let bin = crate::workspace::target_dir()?
+        .join("release")
+        .join("rpc-bench");
+    let perftest_suite = perftest_suite();
+    let ucx_suite = ucx_suite();
+    let runs = runs(rounds);
+    let addr = vm::GUEST_ADDR;
+    let mut plan = GuestPlan::new(&root);
+    plan.steps.extend(perftest_suite.iter().map(Perftest::step));
+    plan.steps.extend(
+        ucx_suite
+            .iter()
+            .map(|test| test.step_on(vm::GUEST_DEVICE, addr)),
+    );
+    for &run in &runs {
+        let label = format!(
+            "round {}: rpc-bench {} B, request {:?}",
+            run.round, run.size, run.way
+        );
+        plan.steps.push(
+            Step::run(label, GuestCommand::new(bench_argv(&bin, run, addr)))
+                .with_timeout(Duration::from_secs(300)),
+        );
+    }
+    let mut opts = opts.clone();
+    opts.echo = false;
+    let report = vm::run(&plan, &opts)?;
+    let (perf_outcomes, rest) = report
+        .steps
+        .split_at(perftest_suite.len().min(report.steps.len()));
+    let (ucx_outcomes, bench_outcomes) = rest.split_at(ucx_suite.len().min(rest.len()));
+    let perftest_figures = match perftest::figures(&perftest_suite, perf_outcomes) {
+        Ok(figures) => figures,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(false);
+        }
+    };
+    // UCX is a peer we compare with: without it, its columns are empty.
+    let ucx_figures = perftest::figures(&ucx_suite, ucx_outcomes).unwrap_or_else(|e| {
+        eprintln!("warning: no UCX figures: {e}");
+        Vec::new()
+    });
+    let mut ok = bench_outcomes.len() == runs.len();
+    let mut results = Vec::new();
+    for (&run, outcome) in runs.iter().zip(bench_outcomes) {
+        match parse_json_line::<BenchJson>(outcome) {
+            Ok(json) => results.push((run, json)),
+            Err(e) => {
+                ok = false;
+                eprintln!("error: {}: {e}", outcome.label);
+            }
+        }
+    }
+    let large = LargeReport::new(perftest_figures, ucx_figures, &results);
+    print!("{}", perftest::table(&large.perftest));
+    print!("{}", perftest::table(&large.ucx));
+    print!("{}", large.table());
+    if let Some(path) = json {
+        let text =
+            serde_json::to_string_pretty(&large).map_err(|e| VmError::Parse(e.to_string()))?;
+        std::fs::write(path, text + "\n").map_err(|e| VmError::io("writing the JSON", e))?;
+    }
+    Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bench(size: u64, p50_us: f64, goodput_mib_s: f64) -> BenchJson {
+        BenchJson {
+            transport: "rdma".into(),
+            size,
+            iters: 10,
+            concurrency: 1,
+            p50_us,
+            p90_us: p50_us,
+            p99_us: p50_us,
+            p999_us: p50_us,
+            max_us: p50_us,
+            calls_per_sec: 1e6 / p50_us,
+            goodput_mib_s,
+            poll: None,
+            async_stubs: false,
+        }
+    }
+
+    fn run(size: u64, way: Way) -> Run {
+        Run {
+            round: 1,
+            size,
+            way,
+        }
+    }
+
+    #[test]
+    fn ratios_pair_each_sizes_two_ways_against_the_same_boots_baselines() {
+        let perftest = vec![
+            Figure::new("ib_send_lat", 256 << 10, "t_typical", 10_000.0, "us"),
+            Figure::new("ib_send_lat", 1 << 20, "t_typical", 40_000.0, "us"),
+            Figure::new("ib_write_bw", 1 << 20, "bw_avg", 25.0, "MB/s"),
+        ];
+        let ucx = vec![
+            Figure::new("ucp_am_lat", 256 << 10, "t_typical", 12_500.0, "us"),
+            Figure::new("ucp_am_bw", 1 << 20, "bw_avg", 20.0, "MB/s"),
+        ];
+        let results = [
+            (run(256 << 10, Way::Read), bench(256 << 10, 22_000.0, 0.0)),
+            (
+                run(256 << 10, Way::Written),
+                bench(256 << 10, 27_500.0, 0.0),
+            ),
+            (run(1 << 20, Way::Read), bench(1 << 20, 90_000.0, 24.0)),
+            (run(1 << 20, Way::Written), bench(1 << 20, 100_000.0, 22.0)),
+            // A size whose written run failed has no row.
+            (run(64 << 10, Way::Read), bench(64 << 10, 5_000.0, 0.0)),
+        ];
+        let report = LargeReport::new(perftest, ucx, &results);
+        assert_eq!(report.sizes.len(), 2);
+        let kib256 = &report.sizes[0];
+        assert_eq!(kib256.size, 256 << 10);
+        assert!((kib256.read_over_written - 0.8).abs() < 1e-9);
+        assert!((kib256.read_ratio.unwrap() - 1.1).abs() < 1e-9);
+        assert!((kib256.written_ratio.unwrap() - 1.375).abs() < 1e-9);
+        assert!((kib256.read_ucx_ratio.unwrap() - 0.88).abs() < 1e-9);
+        assert_eq!(
+            report.sizes[1].read_ucx_ratio, None,
+            "UCX ran at 256 KiB only"
+        );
+        let goodput = &report.goodput[0];
+        assert!((goodput.read_ratio.unwrap() - 0.96).abs() < 1e-9);
+        assert!((goodput.written_ratio.unwrap() - 0.88).abs() < 1e-9);
+        assert!((goodput.read_ucx_ratio.unwrap() - 1.2).abs() < 1e-9);
+        let table = report.table();
+        assert!(table.contains("256 KiB"), "{table}");
+        assert!(table.contains("1.10×"), "{table}");
+        assert!(table.contains("0.96×"), "{table}");
+    }
+
+    #[test]
+    fn every_size_runs_both_ways_in_every_round() {
+        let all = runs(2);
+        assert_eq!(all.len(), 2 * SIZES.len() * 2);
+        assert_eq!(all[0], run(SIZES[0], Way::Read));
+        assert_eq!(all[1], run(SIZES[0], Way::Written));
+        let argv = bench_argv(Path::new("rpc-bench"), all[1], "10.0.0.1");
+        let at = argv.iter().position(|a| a == "--read-from").unwrap();
+        assert_eq!(argv[at + 1], "never");
+    }
+}
