@@ -419,6 +419,69 @@ fn a_large_request_lands_in_the_servers_buffer() {
     }
 }
 
+/// Landings offered for one method's requests (`land_method_requests_in`) take its
+/// bodies before the landings for every method, and take no other method's: each
+/// handler's bodies arrive where it asked.
+#[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+fn a_methods_requests_land_in_the_buffers_offered_for_it() {
+    let _one = one_at_a_time();
+    if require_device().is_none() {
+        return;
+    }
+    let any = Landing::new(RegisteredBuffer::new(16 * MIB).expect("a buffer"));
+    let echo_only = Landing::new(RegisteredBuffer::new(16 * MIB).expect("a buffer"));
+    let echo_range = addresses(&echo_only);
+    let seen = Recording::default();
+    let builder = Server::builder()
+        .max_message_size(256 * MIB)
+        .land_requests_in([any.clone()])
+        .land_method_requests_in("/echo.Echo/Echo", [echo_only.clone()])
+        .add_service(EchoServer::new(seen.clone()))
+        .add_service(TesterServer::new(Tester::default()));
+    let server = common::start_rdma(builder, RdmaConfig::default());
+    let channel = connect(&server);
+    // The echo's body: into its method's landing, though the one for any method is free
+    // and was offered first.
+    let len = 8 * MIB;
+    EchoClient::new(channel.clone())
+        .echo_blocking(EchoRequest {
+            payload: bulk_pattern(len, 5).into(),
+            seq: 5,
+        })
+        .expect("echo");
+    let (start, got) = seen.0.lock().unwrap().pop().expect("the handler ran");
+    assert!(
+        echo_range.contains(&start) && start + got <= echo_range.end,
+        "the echo's body landed elsewhere"
+    );
+    // Another method's body: into the landing for any method, not the echo's.
+    free(&echo_only);
+    let before = large_body_bytes().landed;
+    send(
+        &TesterClient::new(channel),
+        bulk_pattern(6 * MIB, 6).into(),
+        6,
+    );
+    let landed = large_body_bytes().landed - before;
+    assert!(
+        (6 * MIB as u64..6 * MIB as u64 + 64).contains(&landed),
+        "{landed}"
+    );
+    let mut any = back(&any);
+    let any = any.get_mut().expect("nothing views it");
+    assert!(
+        any[..6 * MIB].iter().any(|&b| b != 0),
+        "the bulk body is not in it"
+    );
+    let mut echo_only = back(&echo_only);
+    let at = start - echo_range.start;
+    assert!(
+        echo_only.get_mut().expect("nothing views it")[at..at + len] == bulk_pattern(len, 5),
+        "another method's body landed in the echo's buffer"
+    );
+}
+
 /// The same code over `tcp://`: the bytes are copied, and arrive.
 #[test]
 fn registered_memory_works_over_tcp() {

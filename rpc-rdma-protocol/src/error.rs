@@ -194,6 +194,14 @@ pub enum ProtocolViolation {
         /// Refused offers whose notice has not come.
         refused: usize,
     },
+    /// More offers of bodies to read wait for their notice than `max_queued`, with
+    /// [`crate::LargeConfig::read_after_notice`]: a writer sends each notice right behind
+    /// its offer.
+    #[error("peer left {offers} offers without their notice")]
+    OffersUnannounced {
+        /// Offers whose notice has not come.
+        offers: usize,
+    },
     /// A completion for an RDMA WRITE, window bind or invalidation nothing is waiting for.
     #[error("completion of {what} {id}, which is not outstanding")]
     UnexpectedLargeCompletion {

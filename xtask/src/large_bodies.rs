@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::perftest::{self, value_of, Baseline, Figure, Perftest};
+use crate::perftest::{self, value_of, Baseline, Figure, Perftest, Versus};
 use crate::rpc_bench::{build_release, parse_json_line, BenchJson};
 use crate::ucx::UcxPerftest;
 use crate::vm::{self, GuestCommand, GuestPlan, Step, VmError, VmOptions};
@@ -119,36 +119,28 @@ fn bench_argv(bin: &Path, run: Run, addr: &str) -> Vec<String> {
     .into()
 }
 
-/// One size in one round: both ways and their ratios.
+/// One size in one round: both ways, and each against the baselines (2 × `ib_send_lat`,
+/// 2 × `ucp_am_lat` where UCX ran at the size: round trips, as perftest's are one way).
 #[derive(Debug, Clone, Serialize)]
 pub struct SizeRow {
     pub round: u32,
     pub size: u64,
-    pub read_p50_us: f64,
-    pub written_p50_us: f64,
+    /// Read p50 ÷ written p50.
     pub read_over_written: f64,
-    /// 2 × `ib_send_lat`'s typical latency at `size`.
-    pub send_round_trip_us: Option<f64>,
-    pub read_ratio: Option<f64>,
-    pub written_ratio: Option<f64>,
-    /// 2 × `ucp_am_lat`'s typical latency, where measured at `size`.
-    pub ucx_round_trip_us: Option<f64>,
-    pub read_ucx_ratio: Option<f64>,
+    /// p50, µs.
+    pub read: Versus,
+    pub written: Versus,
+    pub read_vs_ucx: Versus,
 }
 
-/// The goodput-sized echo of one round, request and response counted.
+/// The goodput-sized echo of one round, MiB/s of request and response, against
+/// `ib_write_bw`, and the read one against `ucp_am_bw` (MB/s of 2^20 bytes, as both print).
 #[derive(Debug, Clone, Serialize)]
 pub struct GoodputRow {
     pub round: u32,
-    pub read_mib_s: f64,
-    pub written_mib_s: f64,
-    /// `ib_write_bw`'s average (MB/s of 2^20 bytes, as perftest prints it).
-    pub ib_write_bw: Option<f64>,
-    pub read_ratio: Option<f64>,
-    pub written_ratio: Option<f64>,
-    /// `ucp_am_bw`'s average, where UCX ran.
-    pub ucp_am_bw: Option<f64>,
-    pub read_ucx_ratio: Option<f64>,
+    pub read: Versus,
+    pub written: Versus,
+    pub read_vs_ucx: Versus,
 }
 
 /// Everything one boot measured.
@@ -171,7 +163,6 @@ impl LargeReport {
                 .map(|(_, json)| json)
         };
         let rounds = results.iter().map(|(run, _)| run.round).max().unwrap_or(0);
-        let ratio = |ours: f64, theirs: Option<f64>| theirs.map(|t| ours / t);
         let mut sizes = Vec::new();
         let mut goodput = Vec::new();
         for round in 1..=rounds {
@@ -182,32 +173,26 @@ impl LargeReport {
                 ) else {
                     continue;
                 };
-                let send = value_of(&perftest, "ib_send_lat", size, "t_typical").map(|v| 2.0 * v);
-                let ucx_rt = value_of(&ucx, "ucp_am_lat", size, "t_typical").map(|v| 2.0 * v);
+                let round_trip = |figures: &[Figure], test| {
+                    value_of(figures, test, size, "t_typical").map(|v| 2.0 * v)
+                };
+                let send = round_trip(&perftest, "ib_send_lat");
                 sizes.push(SizeRow {
                     round,
                     size,
-                    read_p50_us: read.p50_us,
-                    written_p50_us: written.p50_us,
                     read_over_written: read.p50_us / written.p50_us,
-                    send_round_trip_us: send,
-                    read_ratio: ratio(read.p50_us, send),
-                    written_ratio: ratio(written.p50_us, send),
-                    ucx_round_trip_us: ucx_rt,
-                    read_ucx_ratio: ratio(read.p50_us, ucx_rt),
+                    read: Versus::new(read.p50_us, send),
+                    written: Versus::new(written.p50_us, send),
+                    read_vs_ucx: Versus::new(read.p50_us, round_trip(&ucx, "ucp_am_lat")),
                 });
                 if size == GOODPUT_SIZE {
                     let write_bw = value_of(&perftest, "ib_write_bw", size, "bw_avg");
                     let am_bw = value_of(&ucx, "ucp_am_bw", size, "bw_avg");
                     goodput.push(GoodputRow {
                         round,
-                        read_mib_s: read.goodput_mib_s,
-                        written_mib_s: written.goodput_mib_s,
-                        ib_write_bw: write_bw,
-                        read_ratio: ratio(read.goodput_mib_s, write_bw),
-                        written_ratio: ratio(written.goodput_mib_s, write_bw),
-                        ucp_am_bw: am_bw,
-                        read_ucx_ratio: ratio(read.goodput_mib_s, am_bw),
+                        read: Versus::new(read.goodput_mib_s, write_bw),
+                        written: Versus::new(written.goodput_mib_s, write_bw),
+                        read_vs_ucx: Versus::new(read.goodput_mib_s, am_bw),
                     });
                 }
             }
@@ -246,14 +231,14 @@ impl LargeReport {
                 "{:>5} {:>8} {:>9.2} {:>11.2} {:>9} {:>13} {:>13} {:>15} {:>13} {:>15}",
                 row.round,
                 size_name(row.size),
-                row.read_p50_us / 1e3,
-                row.written_p50_us / 1e3,
+                row.read.ours / 1e3,
+                row.written.ours / 1e3,
                 times(Some(row.read_over_written)),
-                ms(row.send_round_trip_us),
-                times(row.read_ratio),
-                times(row.written_ratio),
-                ms(row.ucx_round_trip_us),
-                times(row.read_ucx_ratio),
+                ms(row.read.theirs),
+                times(row.read.ratio),
+                times(row.written.ratio),
+                ms(row.read_vs_ucx.theirs),
+                times(row.read_vs_ucx.ratio),
             );
         }
         let _ = writeln!(
@@ -279,13 +264,13 @@ impl LargeReport {
                 out,
                 "{:>5} {:>9.1} {:>12} {:>10} {:>12.1} {:>12} {:>15} {:>10}",
                 row.round,
-                row.read_mib_s,
-                times(row.read_ratio),
-                times(row.read_ucx_ratio),
-                row.written_mib_s,
-                times(row.written_ratio),
-                mib(row.ib_write_bw),
-                mib(row.ucp_am_bw),
+                row.read.ours,
+                times(row.read.ratio),
+                times(row.read_vs_ucx.ratio),
+                row.written.ours,
+                times(row.written.ratio),
+                mib(row.read.theirs),
+                mib(row.read_vs_ucx.theirs),
             );
         }
         out
@@ -378,21 +363,7 @@ mod tests {
     use super::*;
 
     fn bench(size: u64, p50_us: f64, goodput_mib_s: f64) -> BenchJson {
-        BenchJson {
-            transport: "rdma".into(),
-            size,
-            iters: 10,
-            concurrency: 1,
-            p50_us,
-            p90_us: p50_us,
-            p99_us: p50_us,
-            p999_us: p50_us,
-            max_us: p50_us,
-            calls_per_sec: 1e6 / p50_us,
-            goodput_mib_s,
-            poll: None,
-            async_stubs: false,
-        }
+        BenchJson::sample(size, p50_us, goodput_mib_s)
     }
 
     fn run(size: u64, way: Way) -> Run {
@@ -429,18 +400,17 @@ mod tests {
         assert_eq!(report.sizes.len(), 2);
         let kib256 = &report.sizes[0];
         assert_eq!(kib256.size, 256 << 10);
-        assert!((kib256.read_over_written - 0.8).abs() < 1e-9);
-        assert!((kib256.read_ratio.unwrap() - 1.1).abs() < 1e-9);
-        assert!((kib256.written_ratio.unwrap() - 1.375).abs() < 1e-9);
-        assert!((kib256.read_ucx_ratio.unwrap() - 0.88).abs() < 1e-9);
-        assert_eq!(
-            report.sizes[1].read_ucx_ratio, None,
-            "UCX ran at 256 KiB only"
-        );
+        let close = |ratio: Option<f64>, want: f64| (ratio.unwrap() - want).abs() < 1e-9;
+        assert!(close(Some(kib256.read_over_written), 0.8));
+        assert!(close(kib256.read.ratio, 1.1));
+        assert!(close(kib256.written.ratio, 1.375));
+        assert!(close(kib256.read_vs_ucx.ratio, 0.88));
+        let mib1 = &report.sizes[1];
+        assert_eq!(mib1.read_vs_ucx.ratio, None, "UCX ran at 256 KiB only");
         let goodput = &report.goodput[0];
-        assert!((goodput.read_ratio.unwrap() - 0.96).abs() < 1e-9);
-        assert!((goodput.written_ratio.unwrap() - 0.88).abs() < 1e-9);
-        assert!((goodput.read_ucx_ratio.unwrap() - 1.2).abs() < 1e-9);
+        assert!(close(goodput.read.ratio, 0.96));
+        assert!(close(goodput.written.ratio, 0.88));
+        assert!(close(goodput.read_vs_ucx.ratio, 1.2));
         let table = report.table();
         assert!(table.contains("256 KiB"), "{table}");
         assert!(table.contains("1.10×"), "{table}");

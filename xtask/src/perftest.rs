@@ -235,6 +235,26 @@ pub fn value_of(figures: &[Figure], test: &str, size: u64, name: &str) -> Option
         .map(|f| f.value)
 }
 
+/// One of our figures next to the same figure of a baseline from the same boot.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Versus {
+    pub ours: f64,
+    /// The baseline's, where it ran.
+    pub theirs: Option<f64>,
+    /// `ours / theirs`.
+    pub ratio: Option<f64>,
+}
+
+impl Versus {
+    pub fn new(ours: f64, theirs: Option<f64>) -> Self {
+        Versus {
+            ours,
+            theirs,
+            ratio: theirs.map(|t| ours / t),
+        }
+    }
+}
+
 /// Renders figures as an aligned table.
 pub fn table(figures: &[Figure]) -> String {
     let mut out = format!(

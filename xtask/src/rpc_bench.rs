@@ -29,6 +29,28 @@ pub struct BenchJson {
     pub async_stubs: bool,
 }
 
+impl BenchJson {
+    /// A result of one call at a time whose every percentile is `p50_us`, for tests.
+    #[cfg(test)]
+    pub(crate) fn sample(size: u64, p50_us: f64, goodput_mib_s: f64) -> BenchJson {
+        BenchJson {
+            transport: "rdma".into(),
+            size,
+            iters: 1000,
+            concurrency: 1,
+            p50_us,
+            p90_us: p50_us,
+            p99_us: p50_us,
+            p999_us: p50_us,
+            max_us: p50_us,
+            calls_per_sec: 1e6 / p50_us,
+            goodput_mib_s,
+            poll: Some("busy".into()),
+            async_stubs: false,
+        }
+    }
+}
+
 /// The last line of a step's output that parses as `T` (a `--json` result).
 pub fn parse_json_line<T: serde::de::DeserializeOwned>(outcome: &StepOutcome) -> Result<T, String> {
     if !outcome.success() {

@@ -39,6 +39,12 @@ pub struct ServerConfig {
     /// free (nothing views it any more) and large enough, else into the transport's own
     /// memory. The handler's `bytes` fields are then views of the application's buffer.
     pub request_landings: Vec<crate::Landing>,
+    /// Landings for the large request bodies of one method each (by
+    /// [`crate::method_id`] of its path), tried before [`ServerConfig::request_landings`].
+    /// Over `rdma://` the server then reads an offered body only once the request naming
+    /// its method arrived, right behind the offer; a body written by the rendezvous (its
+    /// method unknown until it is in) lands as if no method had landings.
+    pub method_landings: Vec<(u32, crate::Landing)>,
 }
 
 /// Calls one connection may have in progress, unless [`ServerConfig::max_calls_per_connection`]
@@ -59,6 +65,7 @@ impl Default for ServerConfig {
             stream_window: DEFAULT_STREAM_WINDOW,
             early_stream_frames: INITIAL_WINDOW,
             request_landings: Vec::new(),
+            method_landings: Vec::new(),
         }
     }
 }

@@ -166,6 +166,23 @@ impl ServerBuilder {
         self
     }
 
+    /// Offers `landings` for the large request bodies of the method at `path`
+    /// (`/package.Service/Method`) alone ([`ServerConfig::method_landings`]): over
+    /// `rdma://` its body lands in the first of them free and large enough, before any
+    /// landing of [`ServerBuilder::land_requests_in`] is tried, so each handler's bodies
+    /// arrive where it wants them. Other transports leave the landings alone.
+    pub fn land_method_requests_in(
+        mut self,
+        path: &str,
+        landings: impl IntoIterator<Item = crate::Landing>,
+    ) -> Self {
+        let method = crate::method_id(path);
+        self.config
+            .method_landings
+            .extend(landings.into_iter().map(|landing| (method, landing)));
+        self
+    }
+
     /// Worker threads of the server's own runtime, when none is given or current.
     pub fn worker_threads(mut self, threads: usize) -> Self {
         self.config.worker_threads = threads;

@@ -76,6 +76,10 @@ impl Inbound for Requests {
         &self.dispatch.config().request_landings
     }
 
+    fn method_landings(&self) -> &[(u32, crate::Landing)] {
+        &self.dispatch.config().method_landings
+    }
+
     fn on_closed(&self, status: Status) {
         tracing::debug!(%status, "server connection ended");
         self.dispatch.close();

@@ -48,4 +48,11 @@ pub trait Inbound: Send + Sync + 'static {
     fn landings(&self) -> &[crate::Landing] {
         &[]
     }
+
+    /// Memory the large request bodies of one method each may land in, by method id,
+    /// tried before [`Inbound::landings`]
+    /// ([`crate::ServerBuilder::land_method_requests_in`]); none by default.
+    fn method_landings(&self) -> &[(u32, crate::Landing)] {
+        &[]
+    }
 }

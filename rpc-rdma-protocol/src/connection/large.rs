@@ -9,6 +9,23 @@ use crate::error::{ProtocolViolation, SendError};
 use crate::large::{BodyId, BodyStart, LocalBuffer};
 
 impl Connection {
+    /// Reads the bodies the peer offers only once their notice came
+    /// ([`crate::LargeConfig::read_after_notice`]), so that [`Connection::offered_method`]
+    /// names the method when [`Action::ReadNeeded`] asks for memory. Set before the peer's
+    /// first frame.
+    pub fn read_after_notice(&mut self) {
+        self.large.read_after_notice();
+    }
+
+    /// The method of `body`'s request, offered for reading, once its notice came and while
+    /// the memory it lands in is still to be lent (answering [`Action::ReadNeeded`]).
+    pub fn offered_method(&self, body: BodyId) -> Option<u32> {
+        self.large
+            .offered_notice(body)
+            .filter(|notice| notice.kind == rpc_wire::FrameKind::Request)
+            .map(|notice| notice.method_id)
+    }
+
     /// Starts sending a body too large for a slot: `notice` is the request, response or
     /// stream message header (lengths describe the body: metadata, then payload), `local` the registered
     /// memory the body was encoded into, which the driver keeps until

@@ -67,6 +67,12 @@ pub struct LargeConfig {
     /// Largest body the peer may ask a buffer for; larger requests are refused with
     /// `RESOURCE_EXHAUSTED`.
     pub max_message: u64,
+    /// A body offered for reading is read only once its notice came, so the receiver
+    /// knows the call's method when it chooses where the body lands (a server with
+    /// landings for some methods). Offers waiting for their notice hold no memory; more
+    /// than `max_queued` of them is a violation, as a writer sends each notice right
+    /// behind its offer.
+    pub read_after_notice: bool,
 }
 
 impl Default for LargeConfig {
@@ -77,6 +83,7 @@ impl Default for LargeConfig {
             max_grants: 16,
             max_queued: 256,
             max_message: 2 << 30,
+            read_after_notice: false,
         }
     }
 }

@@ -225,7 +225,14 @@ impl Large {
             .range(BodyId::of_call(call_id))
             .copied()
             .collect();
-        for body in waiting.iter().chain(&asked) {
+        // Offers still waiting for their notice ([`LargeConfig::read_after_notice`]).
+        let unannounced: Vec<BodyId> = self
+            .incoming
+            .range(BodyId::of_call(call_id))
+            .map(|(&body, _)| body)
+            .filter(|body| !self.waiting_len.contains_key(body) && !self.asked.contains(body))
+            .collect();
+        for body in waiting.iter().chain(&asked).chain(&unannounced) {
             self.waiting_len.remove(body);
             self.asked.remove(body);
             self.push_refusal(*body, Code::Cancelled, 0);

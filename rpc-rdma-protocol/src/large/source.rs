@@ -289,9 +289,30 @@ impl Large {
             });
         }
         super::check_range(body.call_id, &offer.remote)?;
+        if self.config.read_after_notice {
+            // Asked of the driver once the notice came (`on_read_notice`). A scan of at
+            // most `max_grants` + 2 × `max_queued` entries, per large body.
+            let offers = self.incoming.values().filter(|(_, n)| n.is_none()).count();
+            if offers >= self.config.max_queued as usize {
+                return Err(ProtocolViolation::OffersUnannounced { offers });
+            }
+            self.incoming.insert(body, (offer.remote, None));
+            return Ok(());
+        }
         self.incoming.insert(body, (offer.remote, None));
         self.queue_buffer_request(body, offer.remote.len, out);
         Ok(())
+    }
+
+    /// Offered bodies are read once their notice came.
+    pub(crate) fn read_after_notice(&mut self) {
+        self.config.read_after_notice = true;
+    }
+
+    /// The notice of `body`, offered for reading, once it came and while its buffer is
+    /// still to be lent: what the driver may choose the buffer by.
+    pub(crate) fn offered_notice(&self, body: BodyId) -> Option<&Header> {
+        self.incoming.get(&body)?.1.as_ref()
     }
 
     /// Whether `body` has a buffer request, offer, grant or read under way, or a refused
@@ -441,6 +462,10 @@ impl Large {
             }
             if held.replace(*notice).is_some() {
                 return Err(twice);
+            }
+            if self.config.read_after_notice {
+                let offered = remote.len;
+                self.queue_buffer_request(body, offered, out);
             }
             return Ok(true);
         }

@@ -9,5 +9,6 @@ mod large_stream;
 mod lending;
 mod random;
 mod read;
+mod read_after_notice;
 mod scenarios;
 mod shared;

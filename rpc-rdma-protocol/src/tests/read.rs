@@ -16,6 +16,28 @@ fn reading_pair() -> Pair {
     p
 }
 
+/// Sends bodies of `sizes` from `a` to `b` and checks each was read intact, and its
+/// source freed.
+pub(super) fn reads_intact(p: &mut Pair, sizes: &[u64]) {
+    let calls: Vec<u64> = sizes
+        .iter()
+        .map(|&len| p.a.send_large(len).expect("start"))
+        .collect();
+    settle(p);
+    let mut got = p.b.large.delivered.clone();
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        calls
+            .into_iter()
+            .zip(sizes.iter().copied())
+            .collect::<Vec<_>>()
+    );
+    let n = u32::try_from(sizes.len()).expect("few");
+    assert_eq!(p.b.large.read, n);
+    assert_eq!(p.a.large.done, n, "every source freed after its window");
+}
+
 #[test]
 fn offered_bodies_are_read_intact_without_a_rendezvous() {
     let mut p = reading_pair();
@@ -25,16 +47,7 @@ fn offered_bodies_are_read_intact_without_a_rendezvous() {
         u64::from(CHUNK) + 1,
         5 * u64::from(CHUNK) + 5,
     ];
-    let calls: Vec<u64> = sizes
-        .iter()
-        .map(|&len| p.a.send_large(len).expect("start"))
-        .collect();
-    settle(&mut p);
-    let mut got = p.b.large.delivered.clone();
-    got.sort_unstable();
-    assert_eq!(got, calls.into_iter().zip(sizes).collect::<Vec<_>>());
-    assert_eq!(p.b.large.read, 4);
-    assert_eq!(p.a.large.done, 4, "every source freed after its window");
+    reads_intact(&mut p, &sizes);
     let (a, b) = (p.a.conn.stats(), p.b.conn.stats());
     assert_eq!((a.large_rendezvous, a.large_sourced), (0, 4));
     assert_eq!(b.large_read, 4);
@@ -220,20 +233,20 @@ fn a_read_through_a_revoked_window_finds_nothing() {
 
 // ---- hostile input, one connection fed frames by hand ----
 
-const SLOT: usize = 256;
+pub(super) const SLOT: usize = 256;
 
-fn conn() -> Connection {
+pub(super) fn conn() -> Connection {
     let c = cfg(large(16, 1 << 20));
     Connection::new(Geometry::negotiate(&c, &c.connect_params()).expect("geometry"))
 }
 
-fn feed(c: &mut Connection, slot: u32, h: &Header) -> Result<(), ProtocolViolation> {
+pub(super) fn feed(c: &mut Connection, slot: u32, h: &Header) -> Result<(), ProtocolViolation> {
     let mut buf = vec![0u8; SLOT];
-    h.encode(&mut buf);
-    c.on_recv_complete(slot, 64, &buf).map(|_| ())
+    let len = h.encode(&mut buf);
+    c.on_recv_complete(slot, len as u32, &buf).map(|_| ())
 }
 
-fn source(call_id: u64, len: u64) -> Header {
+pub(super) fn source(call_id: u64, len: u64) -> Header {
     let mut h = Header::new(FrameKind::LargeSource, call_id);
     h.remote = RemoteBuffer {
         addr: 0x10_0000,
@@ -244,7 +257,7 @@ fn source(call_id: u64, len: u64) -> Header {
     h
 }
 
-fn closed_by(c: &Connection, expected: ProtocolViolation) {
+pub(super) fn closed_by(c: &Connection, expected: ProtocolViolation) {
     assert_eq!(c.close_reason(), Some(&CloseReason::Violation(expected)));
 }
 

@@ -60,6 +60,9 @@ struct State {
     /// Where large request bodies may land (a server's, [`Inbound::landings`]), copied
     /// from the inbound side when it is set: nobody is called under the lock to find them.
     landings: Arc<[rpc_core::Landing]>,
+    /// Where the large request bodies of given methods land first
+    /// ([`Inbound::method_landings`]), by method id.
+    method_landings: Arc<[(u32, rpc_core::Landing)]>,
     /// Calls whose queued frames the protocol dropped, to report outside the lock.
     dropped: Vec<(u64, FrameKind)>,
     /// Senders waiting for room, and the control frames queued for it.
@@ -192,6 +195,7 @@ impl Conn {
                 shared_bufs,
                 inbound: None,
                 landings: Arc::new([]),
+                method_landings: Arc::new([]),
                 dropped: Vec::new(),
                 writers: Writers::default(),
                 hand_ups: HandUps::default(),
@@ -225,8 +229,14 @@ impl Conn {
 
     pub(crate) fn set_inbound(&self, inbound: Arc<dyn Inbound>) {
         let landings = inbound.landings().into();
+        let method_landings: Arc<[_]> = inbound.method_landings().into();
         let mut state = self.state.lock();
+        if !method_landings.is_empty() {
+            // Where a body lands depends on its method: its request comes first.
+            state.proto.read_after_notice();
+        }
         state.landings = landings;
+        state.method_landings = method_landings;
         state.inbound = Some(inbound);
     }
 

@@ -325,21 +325,7 @@ mod tests {
     }
 
     fn bench(size: u64, p50_us: f64, goodput_mib_s: f64) -> BenchJson {
-        BenchJson {
-            transport: "rdma".into(),
-            size,
-            iters: 1000,
-            concurrency: 1,
-            p50_us,
-            p90_us: p50_us,
-            p99_us: p50_us,
-            p999_us: p50_us,
-            max_us: p50_us,
-            calls_per_sec: 1e6 / p50_us,
-            goodput_mib_s,
-            poll: Some("busy".into()),
-            async_stubs: false,
-        }
+        BenchJson::sample(size, p50_us, goodput_mib_s)
     }
 
     #[test]

@@ -15,9 +15,11 @@ use crate::protocol::{BodyId, LocalBuffer};
 use crate::verbs::MemoryWindow;
 
 impl Conn {
-    /// A landing the upper side offers for a request's body of `len` bytes (a server's,
-    /// [`rpc_core::ServerBuilder::land_requests_in`]): the first whose buffer is free and
-    /// large enough, cleared first if another peer's bytes are in it.
+    /// A landing the upper side offers for a request's body of `len` bytes (a server's):
+    /// the first whose buffer is free and large enough, cleared first if another peer's
+    /// bytes are in it; first among those for the body's method, if its request named it
+    /// already ([`rpc_core::ServerBuilder::land_method_requests_in`]), then among those
+    /// for any ([`rpc_core::ServerBuilder::land_requests_in`]).
     fn claim_landing(&self, state: &State, body: BodyId, len: u64) -> Option<Claim> {
         let len = usize::try_from(len).ok()?;
         // Stream messages land in the pool (a server receives no response body).
@@ -25,9 +27,14 @@ impl Conn {
             return None;
         }
         let pd = &self.res.attachment.engine.pd;
-        state
-            .landings
+        let method = state.proto.offered_method(body);
+        let for_method = state
+            .method_landings
             .iter()
+            .filter(|(id, _)| Some(*id) == method)
+            .map(|(_, landing)| landing);
+        for_method
+            .chain(state.landings.iter())
             .find_map(|landing| Claim::take(landing, pd, len, Some(self.serial)))
     }
 
