@@ -209,22 +209,40 @@ fn finite(label: &str, figures: Vec<Figure>) -> Vec<Figure> {
 }
 
 /// Figures of every run of `suite` from the matching outcomes (same order, as in a plan that
-/// starts with the suite's steps).
+/// starts with the suite's steps); the first run that gave none is the error.
 pub fn figures<T: Baseline>(suite: &[T], outcomes: &[StepOutcome]) -> Result<Vec<Figure>, String> {
+    let (figures, mut errors) = figures_of_each(suite, outcomes);
+    if errors.is_empty() {
+        Ok(figures)
+    } else {
+        Err(errors.swap_remove(0))
+    }
+}
+
+/// The figures of the runs of `suite` that gave them, and why each other one gave none.
+pub fn figures_of_each<T: Baseline>(
+    suite: &[T],
+    outcomes: &[StepOutcome],
+) -> (Vec<Figure>, Vec<String>) {
     let mut all = Vec::new();
+    let mut errors = Vec::new();
     for (test, outcome) in suite.iter().zip(outcomes) {
         if !outcome.success() {
-            return Err(format!(
+            errors.push(format!(
                 "{} exited with {}; its output:\n{}\nserver:\n{}",
                 test.label(),
                 outcome.exit_code,
                 outcome.output.join("\n"),
                 outcome.server_output.as_deref().unwrap_or("")
             ));
+            continue;
         }
-        all.extend(test.parse(&outcome.output)?);
+        match test.parse(&outcome.output) {
+            Ok(figures) => all.extend(figures),
+            Err(e) => errors.push(e),
+        }
     }
-    Ok(all)
+    (all, errors)
 }
 
 /// The value of one figure (`t_typical`, `bw_avg`, ...) of one tool's run at `size`.

@@ -243,6 +243,8 @@ pub(crate) struct Large {
     /// Bodies the peer offered for reading, queued or asked of the driver: where they lie,
     /// and their notice once it came.
     incoming: BTreeMap<BodyId, (RemoteBuffer, Option<Header>)>,
+    /// Entries of `incoming` whose notice has not come.
+    unannounced: usize,
     /// Bodies being read into a grant's buffer, by grant id (which `grants` never holds).
     reads: HashMap<u32, Read>,
     /// Read grants with chunks left to post, served round robin.
@@ -274,6 +276,7 @@ impl Large {
             waiting_len: BTreeMap::new(),
             offers: HashMap::new(),
             incoming: BTreeMap::new(),
+            unannounced: 0,
             reads: HashMap::new(),
             reading: VecDeque::new(),
             refused: BTreeSet::new(),
@@ -293,6 +296,7 @@ impl Large {
             && self.waiting.is_empty()
             && self.offers.is_empty()
             && self.incoming.is_empty()
+            && self.unannounced == 0
             && self.reads.is_empty()
             && self.refused.is_empty()
             && self.frames.is_empty()

@@ -281,27 +281,36 @@ impl Large {
         if self.knows(body) {
             return Err(ProtocolViolation::DuplicateBufferRequest { body });
         }
-        // A refused offer's notice comes right behind it: a peer that leaves more than a
-        // queue's worth of them out is not following the protocol.
-        if self.refused.len() >= self.config.max_queued as usize {
+        // A notice comes right behind its offer, so by the next offer it is in: a peer that
+        // leaves more than a queue's worth out (at least one) is not following the protocol.
+        let missing = (self.config.max_queued as usize).max(1);
+        if self.refused.len() >= missing {
             return Err(ProtocolViolation::NoticesMissing {
                 refused: self.refused.len(),
             });
         }
-        super::check_range(body.call_id, &offer.remote)?;
-        if self.config.read_after_notice {
-            // Asked of the driver once the notice came (`on_read_notice`). A scan of at
-            // most `max_grants` + 2 × `max_queued` entries, per large body.
-            let offers = self.incoming.values().filter(|(_, n)| n.is_none()).count();
-            if offers >= self.config.max_queued as usize {
-                return Err(ProtocolViolation::OffersUnannounced { offers });
-            }
-            self.incoming.insert(body, (offer.remote, None));
-            return Ok(());
+        if self.config.read_after_notice && self.unannounced >= missing {
+            return Err(ProtocolViolation::OffersUnannounced {
+                offers: self.unannounced,
+            });
         }
+        super::check_range(body.call_id, &offer.remote)?;
         self.incoming.insert(body, (offer.remote, None));
-        self.queue_buffer_request(body, offer.remote.len, out);
+        self.unannounced += 1;
+        if !self.config.read_after_notice {
+            self.queue_buffer_request(body, offer.remote.len, out);
+        }
+        // Else asked of the driver once the notice came (`on_read_notice`).
         Ok(())
+    }
+
+    /// Forgets the offer of `body`: its notice, if it came.
+    fn remove_incoming(&mut self, body: BodyId) -> Option<Header> {
+        let (_, notice) = self.incoming.remove(&body)?;
+        if notice.is_none() {
+            self.unannounced -= 1;
+        }
+        notice
     }
 
     /// Offered bodies are read once their notice came.
@@ -346,7 +355,7 @@ impl Large {
             return None;
         }
         self.asked.remove(&body);
-        self.incoming.remove(&body);
+        self.remove_incoming(body);
         let id = self.fresh_grant_id();
         self.reads.insert(
             id,
@@ -463,8 +472,11 @@ impl Large {
             if held.replace(*notice).is_some() {
                 return Err(twice);
             }
-            if self.config.read_after_notice {
-                let offered = remote.len;
+            let offered = remote.len;
+            self.unannounced -= 1;
+            // Unless it was asked for or queued on its arrival (before `read_after_notice`).
+            let queued = self.asked.contains(&body) || self.waiting_len.contains_key(&body);
+            if self.config.read_after_notice && !queued {
                 self.queue_buffer_request(body, offered, out);
             }
             return Ok(true);
@@ -514,7 +526,7 @@ impl Large {
     /// Refuses the offer of `body` (queued or asked of the driver, or just arrived): its
     /// notice, if still to come, is dropped on arrival.
     pub(super) fn refuse_source(&mut self, body: BodyId, status: Code, limit: u64) {
-        let notice = self.incoming.remove(&body).and_then(|(_, notice)| notice);
+        let notice = self.remove_incoming(body);
         match notice {
             // The writer withdraws the response buffer its notice advertised.
             Some(notice) if notice.flags.contains(rpc_wire::Flags::RESPONSE_BUFFER) => {

@@ -6,7 +6,7 @@ use rpc_wire::{Code, Flags, FrameKind, Header};
 
 use super::fabric::Pair;
 use super::large::{cfg, large, CHUNK};
-use super::read::{closed_by, feed, reads_intact, source};
+use super::read::{closed_by, conn, feed, reads_intact, source};
 use crate::{Action, BodyId, Connection, Geometry, LocalBuffer, ProtocolViolation};
 
 const METHOD: u32 = 0x5eed;
@@ -88,6 +88,7 @@ fn a_cancel_before_the_notice_answers_the_offer() {
     );
     assert_eq!(c.offered_method(BODY), None);
     assert!(!c.is_closed());
+    assert!(c.large_idle(), "the offer is forgotten");
 }
 
 #[test]
@@ -121,4 +122,53 @@ fn offered_bodies_are_read_intact_after_their_notice() {
     p.a.large.offer_requests = true;
     p.b.conn.read_after_notice();
     reads_intact(&mut p, &[300, u64::from(CHUNK) + 1, 3 * u64::from(CHUNK)]);
+}
+
+/// `max_queued` 0 lets no buffer request wait, but a notice is always a moment behind its
+/// offer: the bounds on offers without their notice allow one.
+#[test]
+fn no_queue_still_lets_an_offer_wait_for_its_notice() {
+    let mut c = reader(0);
+    feed(&mut c, 0, &source(3, 5000)).expect("offer");
+    feed(&mut c, 1, &notice(3, 5000)).expect("notice");
+    assert_eq!(asked(&actions(&mut c)), [(BODY, 5000)]);
+    // Without `read_after_notice` too.
+    let mut config = large(16, 1 << 20);
+    config.max_queued = 0;
+    let c = cfg(config);
+    let mut c = Connection::new(Geometry::negotiate(&c, &c.connect_params()).expect("geometry"));
+    feed(&mut c, 0, &source(3, 5000)).expect("offer");
+    assert_eq!(asked(&actions(&mut c)), [(BODY, 5000)]);
+}
+
+/// An offer that arrived before reading after the notice was set is asked for once.
+#[test]
+fn an_offer_asked_for_on_arrival_is_not_asked_for_again() {
+    let mut c = conn();
+    feed(&mut c, 0, &source(3, 5000)).expect("offer");
+    let mut wanted = asked(&actions(&mut c));
+    c.read_after_notice();
+    feed(&mut c, 1, &notice(3, 5000)).expect("notice");
+    wanted.extend(asked(&actions(&mut c)));
+    assert_eq!(wanted, [(BODY, 5000)]);
+}
+
+#[test]
+fn a_second_notice_or_one_past_the_offer_is_a_violation() {
+    let mut c = reader(256);
+    feed(&mut c, 0, &source(3, 5000)).expect("offer");
+    feed(&mut c, 1, &notice(3, 5000)).expect("notice");
+    let expected = ProtocolViolation::PlacedWithoutGrant { body: BODY };
+    assert_eq!(feed(&mut c, 2, &notice(3, 5000)), Err(expected.clone()));
+    closed_by(&c, expected);
+
+    let mut c = reader(256);
+    feed(&mut c, 0, &source(3, 5000)).expect("offer");
+    let expected = ProtocolViolation::PlacedBeyondGrant {
+        body: BODY,
+        len: 5001,
+        granted: 5000,
+    };
+    assert_eq!(feed(&mut c, 1, &notice(3, 5001)), Err(expected.clone()));
+    closed_by(&c, expected);
 }
