@@ -7,8 +7,33 @@ use rpc_wire::{Code, Flags, Header, RemoteBuffer};
 use super::Connection;
 use crate::error::{ProtocolViolation, SendError};
 use crate::large::{BodyId, BodyStart, LocalBuffer};
+use crate::send_ring::Pending;
 
 impl Connection {
+    /// Posts the WRITEs and READs the write window allows, and commits the large-body
+    /// path's header-only frames to the ring while it has room.
+    pub(super) fn flush_large(&mut self) {
+        self.large.pump_writes(&mut self.actions);
+        self.large.pump_reads(&mut self.actions);
+        while let Some(frame) = self.large.next_frame() {
+            let Some((_, seq)) = self.send.reserve() else {
+                break;
+            };
+            let frame = *frame;
+            self.large.pop_frame();
+            let committed = self.send.commit(
+                seq,
+                Pending {
+                    len: frame.encoded_len() as u32,
+                    kind: frame.kind,
+                    call_id: frame.call_id,
+                    frame: Some(frame),
+                },
+            );
+            debug_assert!(committed);
+        }
+    }
+
     /// Reads the bodies the peer offers only once their notice came
     /// ([`crate::LargeConfig::read_after_notice`]), so that [`Connection::offered_method`]
     /// names the method when [`Action::ReadNeeded`] asks for memory. Set before the peer's

@@ -498,28 +498,17 @@ impl Connection {
     /// Posts every frame that can go now, then returns credits explicitly if they are due and
     /// no frame carried them, then wakes a blocked sender.
     fn flush(&mut self) {
-        if self.large.has_sends() {
-            self.flush_large();
+        loop {
+            if self.large.has_sends() {
+                self.flush_large();
+            }
+            // Posting makes room in the ring for header-only frames that found none
+            // (`max_queued`): they go now, as no later event may come to post them.
+            if !self.post_committed() || !self.large.has_frames() {
+                break;
+            }
         }
         let max_inline = self.geometry.max_inline;
-        while self.credits.can_send_data() {
-            let Some(pending) = self.send.next_committed() else {
-                break;
-            };
-            self.credits.consume();
-            let (slot, signaled) = self.send.mark_posted();
-            let credits = self.credits.take_returnable();
-            self.push_send(SendWork {
-                target: SendTarget::Ring(slot),
-                len: pending.len,
-                credits,
-                signaled,
-                inline: pending.len <= max_inline,
-                kind: pending.kind,
-                call_id: pending.call_id,
-                frame: pending.frame,
-            });
-        }
         if !self.control_busy && self.credits.return_due() && self.credits.can_send_control() {
             self.credits.consume();
             self.control_busy = true;
@@ -543,28 +532,30 @@ impl Connection {
         }
     }
 
-    /// Posts the WRITEs the write window allows, and commits the large-body path's
-    /// header-only frames to the ring while it has room.
-    fn flush_large(&mut self) {
-        self.large.pump_writes(&mut self.actions);
-        self.large.pump_reads(&mut self.actions);
-        while let Some(frame) = self.large.next_frame() {
-            let Some((_, seq)) = self.send.reserve() else {
+    /// Posts committed frames in order while credits allow; whether it posted any.
+    fn post_committed(&mut self) -> bool {
+        let max_inline = self.geometry.max_inline;
+        let mut posted = false;
+        while self.credits.can_send_data() {
+            let Some(pending) = self.send.next_committed() else {
                 break;
             };
-            let frame = *frame;
-            self.large.pop_frame();
-            let committed = self.send.commit(
-                seq,
-                Pending {
-                    len: frame.encoded_len() as u32,
-                    kind: frame.kind,
-                    call_id: frame.call_id,
-                    frame: Some(frame),
-                },
-            );
-            debug_assert!(committed);
+            self.credits.consume();
+            let (slot, signaled) = self.send.mark_posted();
+            let credits = self.credits.take_returnable();
+            self.push_send(SendWork {
+                target: SendTarget::Ring(slot),
+                len: pending.len,
+                credits,
+                signaled,
+                inline: pending.len <= max_inline,
+                kind: pending.kind,
+                call_id: pending.call_id,
+                frame: pending.frame,
+            });
+            posted = true;
         }
+        posted
     }
 
     fn push_send(&mut self, work: SendWork) {

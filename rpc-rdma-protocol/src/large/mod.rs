@@ -319,6 +319,11 @@ impl Large {
         !self.writing.is_empty() || !self.reading.is_empty() || !self.frames.is_empty()
     }
 
+    /// Header-only frames wait for room in the send ring.
+    pub(crate) fn has_frames(&self) -> bool {
+        !self.frames.is_empty()
+    }
+
     /// This side has no body to write and no header-only frame to send.
     pub(crate) fn sending_idle(&self) -> bool {
         self.transfers.is_empty() && self.frames.is_empty()

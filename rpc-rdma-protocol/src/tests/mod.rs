@@ -8,6 +8,7 @@ pub(crate) mod large;
 mod large_stream;
 mod lending;
 mod random;
+mod random_large;
 mod read;
 mod read_after_notice;
 mod scenarios;
