@@ -1,12 +1,15 @@
-//! Random interleavings of large requests: offered for reading or written by the
-//! rendezvous, read before or after their notice, cancelled at any moment, refused for the
-//! receiver's budget or a full queue, over few grants; with small frames and every driver
-//! and upper-layer step of [`super::random`] between them.
+//! Random interleavings of large requests and responses: requests offered for reading or
+//! written by the rendezvous, read before or after their notice, some advertising a buffer
+//! for their response; responses of any size into that buffer or by the rendezvous;
+//! cancelled at any moment, refused for the receiver's budget or a full queue, over few
+//! grants and tiny rings; with small frames and every driver and upper-layer step of
+//! [`super::random`] between them.
 //!
-//! Checked at the end, once both sides are idle: every large request ended exactly once
-//! (handed up whole at the receiver, or failed at the writer) unless it was cancelled, in
-//! which case at most once; no READ or WRITE found its window gone; nothing is left
-//! under way in either role (grants, offers, windows, queued requests, refused offers).
+//! Checked at the end, once both sides are idle and every request handed up has its
+//! answer: every large request and response ended exactly once (handed up whole, or failed
+//! at its writer) unless its call was cancelled, in which case at most once; no READ or
+//! WRITE found its window gone; nothing is left under way in either role (grants, offers,
+//! advertised buffers, windows, queued requests, refused offers).
 
 use proptest::prelude::*;
 use rpc_wire::Code;
@@ -20,6 +23,11 @@ use crate::Config;
 enum LargeOp {
     /// The client starts a large request of this many bytes.
     Send(u32),
+    /// The same, advertising a buffer of this many bytes for its response.
+    SendAdvertising(u32, u32),
+    /// The server answers one of the large requests it was handed (by index) with a large
+    /// response of this many bytes: into the advertised buffer, or by the rendezvous.
+    Respond(u8, u32),
     /// The client cancels one of its large requests (by index, in any state; later than the
     /// last it cancelled, as frames of one kind go in call order).
     Cancel(u8),
@@ -30,6 +38,9 @@ enum LargeOp {
 fn large_op() -> impl Strategy<Value = LargeOp> {
     prop_oneof![
         2 => (300u32..3 * CHUNK).prop_map(LargeOp::Send),
+        1 => (300u32..3 * CHUNK, 300u32..3 * CHUNK)
+            .prop_map(|(len, buffer)| LargeOp::SendAdvertising(len, buffer)),
+        1 => (any::<u8>(), 300u32..3 * CHUNK).prop_map(|(i, len)| LargeOp::Respond(i, len)),
         1 => any::<u8>().prop_map(LargeOp::Cancel),
         12 => op().prop_map(LargeOp::Other),
     ]
@@ -91,6 +102,7 @@ fn run(case: Case) -> Result<(), TestCaseError> {
     }
     let mut calls: Vec<(u64, u64)> = Vec::new();
     let mut cancelled = std::collections::BTreeSet::new();
+    let mut responses: Vec<(u64, u64)> = Vec::new();
     for op in case.ops {
         match op {
             LargeOp::Send(len) => {
@@ -107,6 +119,20 @@ fn run(case: Case) -> Result<(), TestCaseError> {
                 }
             }
             LargeOp::Cancel(_) => {}
+            LargeOp::SendAdvertising(len, buffer) => {
+                let started =
+                    p.a.try_send_large_advertising(u64::from(len), u64::from(buffer));
+                calls.extend(started.map(|call| (call, u64::from(len))));
+            }
+            LargeOp::Respond(i, len) => {
+                let unanswered = unanswered(&p, &responses);
+                if !unanswered.is_empty() {
+                    let call = unanswered[usize::from(i) % unanswered.len()];
+                    if p.b.respond_large(call, u64::from(len)).is_ok() {
+                        responses.push((call, u64::from(len)));
+                    }
+                }
+            }
             LargeOp::Other(op) => apply(&mut p, op),
         }
         p.check();
@@ -117,6 +143,18 @@ fn run(case: Case) -> Result<(), TestCaseError> {
     p.a.quota = 0;
     p.b.quota = 0;
     p.run_to_idle(u32::MAX);
+    // Every request handed up gets its answer, so no response buffer stays advertised.
+    loop {
+        let unanswered = unanswered(&p, &responses);
+        if unanswered.is_empty() {
+            break;
+        }
+        for call in unanswered {
+            p.b.respond_large(call, 300).expect("an answer starts");
+            responses.push((call, 300));
+        }
+        p.run_to_idle(u32::MAX);
+    }
     for &(call, len) in &calls {
         let delivered: Vec<u64> =
             p.b.large
@@ -152,6 +190,35 @@ fn run(case: Case) -> Result<(), TestCaseError> {
             );
         }
     }
+    for &(call, len) in &responses {
+        let delivered = p.a.large.delivered.iter().filter(|(c, _)| *c == call);
+        let failed = p.b.large.failed.iter().filter(|(c, _)| *c == call).count();
+        let delivered: Vec<u64> = delivered.map(|&(_, l)| l).collect();
+        prop_assert!(
+            delivered.iter().all(|&l| l == len),
+            "response {} handed up {:?}",
+            call,
+            delivered
+        );
+        let ends = delivered.len() + failed;
+        if cancelled.contains(&call) {
+            prop_assert!(
+                ends <= 1,
+                "cancelled call {}'s response ended {} times",
+                call,
+                ends
+            );
+        } else {
+            prop_assert_eq!(
+                ends,
+                1,
+                "response to call {}: delivered {:?}, failed {}",
+                call,
+                delivered,
+                failed
+            );
+        }
+    }
     prop_assert_eq!(p.a.large.access_errors + p.b.large.access_errors, 0);
     prop_assert!(
         p.a.conn.large_idle(),
@@ -164,6 +231,16 @@ fn run(case: Case) -> Result<(), TestCaseError> {
         p.b.conn.stats()
     );
     Ok(())
+}
+
+/// The requests the server was handed and has not answered.
+fn unanswered(p: &Pair, responses: &[(u64, u64)]) -> Vec<u64> {
+    p.b.large
+        .delivered
+        .iter()
+        .map(|&(call, _)| call)
+        .filter(|call| !responses.iter().any(|(c, _)| c == call))
+        .collect()
 }
 
 proptest! {

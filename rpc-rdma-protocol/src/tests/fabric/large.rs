@@ -117,23 +117,34 @@ impl Endpoint {
 
     /// As [`Endpoint::send_large`], the request advertising a `buffer`-byte response buffer.
     pub(crate) fn send_large_advertising(&mut self, len: u64, buffer: u64) -> u64 {
+        self.try_send_large_advertising(len, buffer)
+            .expect("advertised and started")
+    }
+
+    /// As [`Endpoint::send_large_advertising`]; `None` if no buffer may be advertised
+    /// (windows at their limit) or the body cannot start (the buffer is withdrawn).
+    pub(crate) fn try_send_large_advertising(&mut self, len: u64, buffer: u64) -> Option<u64> {
         let call_id = self.next_call;
-        self.next_call += 1;
         let mut notice = Header::new(FrameKind::Request, call_id);
         notice.method_id = 7;
         notice.payload_len = u32::try_from(len).expect("test bodies fit u32");
         let (addr, rkey) = self.large.new_window(buffer);
-        let descriptor = self
-            .conn
-            .advertise(call_id, addr, rkey, buffer)
-            .expect("advertised");
+        let Some(descriptor) = self.conn.advertise(call_id, addr, rkey, buffer) else {
+            self.large.forget_window(addr, rkey);
+            return None;
+        };
+        self.next_call += 1;
         self.large
             .lend(descriptor.generation, addr, rkey, descriptor.len);
         notice.flags = rpc_wire::Flags::RESPONSE_BUFFER;
         notice.remote = descriptor;
         self.absorb();
-        self.start_body(&notice).expect("started");
-        call_id
+        if self.start_body(&notice).is_err() {
+            self.conn.withdraw_advertisement(call_id);
+            self.absorb();
+            return None;
+        }
+        Some(call_id)
     }
 
     /// Sends message `seq` of `call_id`'s stream, `len` bytes, by the large-body path.
