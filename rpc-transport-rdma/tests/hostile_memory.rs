@@ -1,7 +1,9 @@
 //! A peer cannot make the server touch memory beyond what the protocol lets it name: a
 //! request body offered for reading with a forged rkey, past its region, deregistered, or
 //! from a peer that vanishes mid-READ ends only that peer's connection; buffers it asks
-//! for and never fills are refused or taken back. Nothing stays registered.
+//! for and never fills are refused or taken back. Nothing stays registered. A server that
+//! reads offers after their notice answers one cancelled before it, and bounds those
+//! waiting for it.
 //! Ignored by a plain `cargo test` (it needs a device); `cargo xtask test` runs it in the
 //! soft-RoCE VM with `--include-ignored`.
 
@@ -10,7 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::hostile::{
-    ask_buffer, call_succeeds_as_unimplemented, init_tracing, placed, serve, vm_pin,
+    ask_buffer, call_succeeds_as_unimplemented, init_tracing, placed, serve, serve_with, vm_pin,
     well_behaved_client, HostilePeer, LIMIT,
 };
 use rpc_core::{Code, FrameKind, Header};
@@ -26,7 +28,12 @@ fn offer(peer: &HostilePeer, addr: u64, rkey: u32, len: u64) {
 
 /// Offers call 7's request body as [`offer`] does, without the notice.
 fn offer_alone(peer: &HostilePeer, addr: u64, rkey: u32, len: u64) {
-    let mut source = Header::new(FrameKind::LargeSource, 7);
+    offer_call(peer, 7, addr, rkey, len);
+}
+
+/// Offers the request body of `call_id`, without its notice.
+fn offer_call(peer: &HostilePeer, call_id: u64, addr: u64, rkey: u32, len: u64) {
+    let mut source = Header::new(FrameKind::LargeSource, call_id);
     source.remote = rpc_core::RemoteBuffer {
         addr,
         rkey,
@@ -193,4 +200,53 @@ fn a_peer_cannot_make_the_server_register_memory_it_does_not_fill() {
     let held = started.elapsed();
     eprintln!("a body of 1 MiB read and never announced: disconnected after {held:?}");
     assert!(held >= grant_timeout, "disconnected after {held:?}");
+}
+
+/// A server with landings for one method reads an offered body only once its notice names
+/// the method. An offer cancelled before its notice is answered `CANCELLED`, and its peer
+/// goes on; more offers waiting for their notice than `max_queued` end only the offender's
+/// connection.
+#[test]
+#[ignore = "needs an RDMA device: `cargo xtask test` runs it on soft-RoCE in a VM"]
+fn offers_waiting_for_their_notice_are_answered_and_bounded() {
+    let landing = rpc_core::Landing::new(
+        rpc_transport_rdma::RegisteredBuffer::new(1 << 20).expect("a registered buffer"),
+    );
+    let builder = rpc_core::Server::builder().land_method_requests_in("/a.B/C", [landing]);
+    let config = RdmaConfig::default().large(LargeBodies::default().max_queued(2));
+    let Some(server) = serve_with(builder, config) else {
+        return;
+    };
+    let addr = server.local_addr();
+    let channel = well_behaved_client(addr);
+
+    let peer = HostilePeer::connect(addr);
+    let body = readable(&peer, 100_000);
+    offer_alone(&peer, body.addr(), body.rkey(), 100_000);
+    // A Cancel goes in the compact form: exactly its encoded bytes.
+    let mut cancel = [0u8; 64];
+    let len = Header::new(FrameKind::Cancel, 7).encode(&mut cancel);
+    peer.send(&cancel[..len]);
+    let done = peer.receive();
+    assert_eq!(
+        (done.kind, done.call_id, done.status),
+        (FrameKind::LargeSourceDone, 7, Code::Cancelled)
+    );
+    // The same peer's next request, offered and announced, is read and answered.
+    offer_call(&peer, 8, body.addr(), body.rkey(), 100_000);
+    peer.send(&placed(8, 100_000).to_bytes());
+    let done = peer.receive();
+    assert_eq!((done.kind, done.call_id), (FrameKind::LargeSourceDone, 8));
+    assert_eq!(peer.receive().status, Code::Unimplemented);
+    drop(peer);
+    eprintln!("an offer cancelled before its notice: answered CANCELLED, the peer goes on");
+
+    let peer = HostilePeer::connect(addr);
+    let body = readable(&peer, 100_000);
+    for call_id in 1..=3 {
+        offer_call(&peer, call_id, body.addr(), body.rkey(), 100_000);
+    }
+    peer.expect_disconnected();
+    call_succeeds_as_unimplemented(&channel);
+    eprintln!("three offers without their notice (max_queued 2): offender disconnected");
 }

@@ -228,9 +228,14 @@ pub fn call_succeeds_as_unimplemented(channel: &Channel) {
 
 /// A server with no services and `config`, once tracing is set up; `None` without a device.
 pub fn serve(config: RdmaConfig) -> Option<RdmaServer> {
+    serve_with(Server::builder(), config)
+}
+
+/// As [`serve`], the server built by `builder` (its landings, say).
+pub fn serve_with(builder: rpc_core::ServerBuilder, config: RdmaConfig) -> Option<RdmaServer> {
     init_tracing();
     test_support::require_device()?;
-    let dispatcher = Server::builder().build().expect("dispatcher");
+    let dispatcher = builder.build().expect("dispatcher");
     let addr = SocketAddr::new(test_support::test_addr(), 0).to_string();
     Some(RdmaServer::bind(&addr, dispatcher, config).expect("server"))
 }
