@@ -195,7 +195,7 @@ pub enum ProtocolViolation {
         refused: usize,
     },
     /// More offers of bodies to read wait for their notice than `max_queued`, with
-    /// [`crate::LargeConfig::read_after_notice`]: a writer sends each notice right behind
+    /// [`crate::Connection::read_after_notice`]: a writer sends each notice right behind
     /// its offer.
     #[error("peer left {offers} offers without their notice")]
     OffersUnannounced {

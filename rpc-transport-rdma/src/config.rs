@@ -489,8 +489,6 @@ impl RdmaConfig {
                 max_grants: self.large.max_grants,
                 max_queued: self.large.max_queued,
                 max_message: self.large.max_message,
-                // A server with landings for given methods sets it per connection.
-                read_after_notice: false,
             },
             ..crate::protocol::Config::default()
         }

@@ -159,9 +159,7 @@ pub fn run(calls: u64, poll: &str, json: Option<&Path>) -> Result<Counts, VmErro
     };
     print!("{}", counts.table());
     if let Some(path) = json {
-        let text =
-            serde_json::to_string_pretty(&counts).map_err(|e| VmError::Parse(e.to_string()))?;
-        std::fs::write(path, text + "\n").map_err(|e| VmError::io("writing the JSON", e))?;
+        crate::workspace::write_json(path, &counts)?;
     }
     Ok(counts)
 }

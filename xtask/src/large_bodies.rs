@@ -347,9 +347,7 @@ pub fn run(opts: &VmOptions, rounds: u32, json: Option<&Path>) -> Result<bool, V
     print!("{}", perftest::table(&large.ucx));
     print!("{}", large.table());
     if let Some(path) = json {
-        let text =
-            serde_json::to_string_pretty(&large).map_err(|e| VmError::Parse(e.to_string()))?;
-        std::fs::write(path, text + "\n").map_err(|e| VmError::io("writing the JSON", e))?;
+        crate::workspace::write_json(path, &large)?;
     }
     Ok(ok)
 }
@@ -357,10 +355,6 @@ pub fn run(opts: &VmOptions, rounds: u32, json: Option<&Path>) -> Result<bool, V
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn bench(size: u64, p50_us: f64, goodput_mib_s: f64) -> BenchJson {
-        BenchJson::sample(size, p50_us, goodput_mib_s)
-    }
 
     fn run(size: u64, way: Way) -> Run {
         Run {
@@ -382,15 +376,27 @@ mod tests {
             Figure::new("ucp_am_bw", 1 << 20, "bw_avg", 20.0, "MB/s"),
         ];
         let results = [
-            (run(256 << 10, Way::Read), bench(256 << 10, 22_000.0, 0.0)),
+            (
+                run(256 << 10, Way::Read),
+                BenchJson::sample(256 << 10, 22_000.0, 0.0),
+            ),
             (
                 run(256 << 10, Way::Written),
-                bench(256 << 10, 27_500.0, 0.0),
+                BenchJson::sample(256 << 10, 27_500.0, 0.0),
             ),
-            (run(1 << 20, Way::Read), bench(1 << 20, 90_000.0, 24.0)),
-            (run(1 << 20, Way::Written), bench(1 << 20, 100_000.0, 22.0)),
+            (
+                run(1 << 20, Way::Read),
+                BenchJson::sample(1 << 20, 90_000.0, 24.0),
+            ),
+            (
+                run(1 << 20, Way::Written),
+                BenchJson::sample(1 << 20, 100_000.0, 22.0),
+            ),
             // A size whose written run failed has no row.
-            (run(64 << 10, Way::Read), bench(64 << 10, 5_000.0, 0.0)),
+            (
+                run(64 << 10, Way::Read),
+                BenchJson::sample(64 << 10, 5_000.0, 0.0),
+            ),
         ];
         let report = LargeReport::new(perftest, ucx, &results);
         assert_eq!(report.sizes.len(), 2);

@@ -278,9 +278,7 @@ fn perftest_baseline(mut opts: VmOptions, json: Option<PathBuf>) -> Result<ExitC
             "device": vm::GUEST_DEVICE,
             "figures": figures,
         });
-        let text = serde_json::to_string_pretty(&doc).map_err(|e| VmError::Parse(e.to_string()))?;
-        std::fs::write(&path, text + "\n")
-            .map_err(|e| VmError::io(format!("writing {}", path.display()), e))?;
+        xtask::workspace::write_json(&path, &doc)?;
         eprintln!("[xtask] wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)

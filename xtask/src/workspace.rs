@@ -1,4 +1,4 @@
-//! The workspace root and its cargo target directory.
+//! The workspace root, its cargo target directory, and the result files written there.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -35,4 +35,11 @@ pub fn target_dir() -> Result<PathBuf, VmError> {
 /// The cargo binary that runs us (`$CARGO`), or `cargo` from `PATH`.
 pub fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// Writes `value` as pretty-printed JSON, and a newline, to `path`.
+pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), VmError> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| VmError::Parse(e.to_string()))?;
+    std::fs::write(path, text + "\n")
+        .map_err(|e| VmError::io(format!("writing {}", path.display()), e))
 }

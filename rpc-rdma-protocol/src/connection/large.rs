@@ -34,10 +34,11 @@ impl Connection {
         }
     }
 
-    /// Reads the bodies the peer offers only once their notice came
-    /// ([`crate::LargeConfig::read_after_notice`]), so that [`Connection::offered_method`]
-    /// names the method when [`Action::ReadNeeded`] asks for memory. Set before the peer's
-    /// first frame.
+    /// Reads the bodies the peer offers only once their notice came, so that
+    /// [`Connection::offered_method`] names the method when [`Action::ReadNeeded`] asks
+    /// for memory (a server with landings for some methods). Offers waiting for their
+    /// notice hold no memory; more than `max_queued` of them is a violation, as a writer
+    /// sends each notice right behind its offer. Set before the peer's first frame.
     pub fn read_after_notice(&mut self) {
         self.large.read_after_notice();
     }

@@ -67,12 +67,6 @@ pub struct LargeConfig {
     /// Largest body the peer may ask a buffer for; larger requests are refused with
     /// `RESOURCE_EXHAUSTED`.
     pub max_message: u64,
-    /// A body offered for reading is read only once its notice came, so the receiver
-    /// knows the call's method when it chooses where the body lands (a server with
-    /// landings for some methods). Offers waiting for their notice hold no memory; more
-    /// than `max_queued` of them is a violation, as a writer sends each notice right
-    /// behind its offer.
-    pub read_after_notice: bool,
 }
 
 impl Default for LargeConfig {
@@ -83,7 +77,6 @@ impl Default for LargeConfig {
             max_grants: 16,
             max_queued: 256,
             max_message: 2 << 30,
-            read_after_notice: false,
         }
     }
 }
@@ -245,6 +238,9 @@ pub(crate) struct Large {
     incoming: BTreeMap<BodyId, (RemoteBuffer, Option<Header>)>,
     /// Entries of `incoming` whose notice has not come.
     unannounced: usize,
+    /// An offered body is asked memory for only once its notice came
+    /// ([`crate::Connection::read_after_notice`]).
+    read_after_notice: bool,
     /// Bodies being read into a grant's buffer, by grant id (which `grants` never holds).
     reads: HashMap<u32, Read>,
     /// Read grants with chunks left to post, served round robin.
@@ -277,6 +273,7 @@ impl Large {
             offers: HashMap::new(),
             incoming: BTreeMap::new(),
             unannounced: 0,
+            read_after_notice: false,
             reads: HashMap::new(),
             reading: VecDeque::new(),
             refused: BTreeSet::new(),

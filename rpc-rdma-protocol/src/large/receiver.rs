@@ -225,7 +225,7 @@ impl Large {
             .range(BodyId::of_call(call_id))
             .copied()
             .collect();
-        // Offers still waiting for their notice ([`LargeConfig::read_after_notice`]).
+        // Offers still waiting for their notice (`Connection::read_after_notice`).
         let unannounced: Vec<BodyId> = self
             .incoming
             .range(BodyId::of_call(call_id))

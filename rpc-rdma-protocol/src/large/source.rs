@@ -289,7 +289,7 @@ impl Large {
                 refused: self.refused.len(),
             });
         }
-        if self.config.read_after_notice && self.unannounced >= missing {
+        if self.read_after_notice && self.unannounced >= missing {
             return Err(ProtocolViolation::OffersUnannounced {
                 offers: self.unannounced,
             });
@@ -297,7 +297,7 @@ impl Large {
         super::check_range(body.call_id, &offer.remote)?;
         self.incoming.insert(body, (offer.remote, None));
         self.unannounced += 1;
-        if !self.config.read_after_notice {
+        if !self.read_after_notice {
             self.queue_buffer_request(body, offer.remote.len, out);
         }
         // Else asked of the driver once the notice came (`on_read_notice`).
@@ -315,7 +315,7 @@ impl Large {
 
     /// Offered bodies are read once their notice came.
     pub(crate) fn read_after_notice(&mut self) {
-        self.config.read_after_notice = true;
+        self.read_after_notice = true;
     }
 
     /// The notice of `body`, offered for reading, once it came and while its buffer is
@@ -476,7 +476,7 @@ impl Large {
             self.unannounced -= 1;
             // Unless it was asked for or queued on its arrival (before `read_after_notice`).
             let queued = self.asked.contains(&body) || self.waiting_len.contains_key(&body);
-            if self.config.read_after_notice && !queued {
+            if self.read_after_notice && !queued {
                 self.queue_buffer_request(body, offered, out);
             }
             return Ok(true);

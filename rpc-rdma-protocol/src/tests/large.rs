@@ -26,7 +26,6 @@ pub(super) fn large(max_grants: u32, max_message: u64) -> LargeConfig {
         max_grants,
         max_queued: 256,
         max_message,
-        read_after_notice: false,
     }
 }
 

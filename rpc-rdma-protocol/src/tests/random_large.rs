@@ -14,7 +14,7 @@
 use proptest::prelude::*;
 use rpc_wire::Code;
 
-use super::fabric::{Pair, Side};
+use super::fabric::{LargeSide, Pair, Side};
 use super::large::{large, CHUNK};
 use super::random::{apply, config, op, Op};
 use crate::Config;
@@ -156,68 +156,12 @@ fn run(case: Case) -> Result<(), TestCaseError> {
         p.run_to_idle(u32::MAX);
     }
     for &(call, len) in &calls {
-        let delivered: Vec<u64> =
-            p.b.large
-                .delivered
-                .iter()
-                .filter(|(c, _)| *c == call)
-                .map(|&(_, l)| l)
-                .collect();
-        let failed: Vec<Code> =
-            p.a.large
-                .failed
-                .iter()
-                .filter(|(c, _)| *c == call)
-                .map(|&(_, code)| code)
-                .collect();
-        let ends = delivered.len() + failed.len();
-        prop_assert!(
-            delivered.iter().all(|&l| l == len),
-            "call {} handed up {:?}",
-            call,
-            delivered
-        );
-        if cancelled.contains(&call) {
-            prop_assert!(ends <= 1, "cancelled call {} ended {} times", call, ends);
-        } else {
-            prop_assert_eq!(
-                ends,
-                1,
-                "call {}: failed at the writer {:?}, handed up at the receiver {:?}",
-                call,
-                p.a.large.failed,
-                p.b.large.delivered
-            );
-        }
+        let cancelled = cancelled.contains(&call);
+        ended_once("request", call, len, cancelled, &p.b.large, &p.a.large)?;
     }
     for &(call, len) in &responses {
-        let delivered = p.a.large.delivered.iter().filter(|(c, _)| *c == call);
-        let failed = p.b.large.failed.iter().filter(|(c, _)| *c == call).count();
-        let delivered: Vec<u64> = delivered.map(|&(_, l)| l).collect();
-        prop_assert!(
-            delivered.iter().all(|&l| l == len),
-            "response {} handed up {:?}",
-            call,
-            delivered
-        );
-        let ends = delivered.len() + failed;
-        if cancelled.contains(&call) {
-            prop_assert!(
-                ends <= 1,
-                "cancelled call {}'s response ended {} times",
-                call,
-                ends
-            );
-        } else {
-            prop_assert_eq!(
-                ends,
-                1,
-                "response to call {}: delivered {:?}, failed {}",
-                call,
-                delivered,
-                failed
-            );
-        }
+        let cancelled = cancelled.contains(&call);
+        ended_once("response", call, len, cancelled, &p.a.large, &p.b.large)?;
     }
     prop_assert_eq!(p.a.large.access_errors + p.b.large.access_errors, 0);
     prop_assert!(
@@ -230,6 +174,58 @@ fn run(case: Case) -> Result<(), TestCaseError> {
         "the receiver has work left: {:?}",
         p.b.conn.stats()
     );
+    Ok(())
+}
+
+/// The `what` of `call`, `len` bytes, was handed up whole at its `receiver` or failed at
+/// its `writer`, once; at most once if its call was `cancelled`.
+fn ended_once(
+    what: &str,
+    call: u64,
+    len: u64,
+    cancelled: bool,
+    receiver: &LargeSide,
+    writer: &LargeSide,
+) -> Result<(), TestCaseError> {
+    let delivered: Vec<u64> = receiver
+        .delivered
+        .iter()
+        .filter(|(c, _)| *c == call)
+        .map(|&(_, l)| l)
+        .collect();
+    let failed: Vec<Code> = writer
+        .failed
+        .iter()
+        .filter(|(c, _)| *c == call)
+        .map(|&(_, code)| code)
+        .collect();
+    prop_assert!(
+        delivered.iter().all(|&l| l == len),
+        "{} {} handed up {:?}",
+        what,
+        call,
+        delivered
+    );
+    let ends = delivered.len() + failed.len();
+    if cancelled {
+        prop_assert!(
+            ends <= 1,
+            "{} of cancelled call {} ended {} times",
+            what,
+            call,
+            ends
+        );
+    } else {
+        prop_assert_eq!(
+            ends,
+            1,
+            "{} of call {}: handed up {:?}, failed {:?}",
+            what,
+            call,
+            delivered,
+            failed
+        );
+    }
     Ok(())
 }
 

@@ -1,4 +1,4 @@
-//! Offered bodies read only once their notice came ([`crate::LargeConfig::read_after_notice`]):
+//! Offered bodies read only once their notice came ([`Connection::read_after_notice`]):
 //! the driver is asked for memory knowing the call's method; an offer whose notice has not
 //! come holds nothing, is answered on a `Cancel`, and is bounded.
 

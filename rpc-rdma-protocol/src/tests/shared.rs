@@ -122,8 +122,7 @@ fn pool() -> PoolConfig {
 
 #[derive(Debug, Clone)]
 enum Step {
-    /// Boxed: two configurations dwarf an operation.
-    Connect(Box<(Config, Config)>),
+    Connect(Config, Config),
     On(u8, Op),
 }
 
@@ -142,7 +141,7 @@ fn pools() -> impl Strategy<Value = PoolConfig> {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        1 => (config(), config()).prop_map(|pair| Step::Connect(Box::new(pair))),
+        1 => (config(), config()).prop_map(|(c, s)| Step::Connect(c, s)),
         30 => (any::<u8>(), op()).prop_map(|(i, op)| Step::On(i, op)),
     ]
 }
@@ -160,8 +159,7 @@ proptest! {
         let mut s = Server::new(pool);
         for step in steps {
             match step {
-                Step::Connect(pair) => {
-                    let (c, srv) = *pair;
+                Step::Connect(c, srv) => {
                     if s.connect(c, srv) {
                         let i = s.pairs.len() - 1;
                         s.pairs[i].b.hoard = hoarders & (1 << (i % 8)) != 0;

@@ -259,8 +259,7 @@ pub fn run(opts: &VmOptions, out_dir: &Path) -> Result<bool, VmError> {
     print!("{}", report.table());
     std::fs::create_dir_all(out_dir).map_err(|e| VmError::io("creating the output folder", e))?;
     let json_path = out_dir.join("results.json");
-    let text = serde_json::to_string_pretty(&report).map_err(|e| VmError::Parse(e.to_string()))?;
-    std::fs::write(&json_path, text + "\n").map_err(|e| VmError::io("writing results.json", e))?;
+    crate::workspace::write_json(&json_path, &report)?;
     let svg_path = out_dir.join("figures.svg");
     if let Err(e) = plot::figures_svg(&report, &svg_path) {
         eprintln!("warning: could not draw the plot: {e}");

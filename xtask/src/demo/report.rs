@@ -324,10 +324,6 @@ mod tests {
         Figure::new(test, size, figure, value, "us")
     }
 
-    fn bench(size: u64, p50_us: f64, goodput_mib_s: f64) -> BenchJson {
-        BenchJson::sample(size, p50_us, goodput_mib_s)
-    }
-
     #[test]
     fn ratios_to_ucx_use_its_round_trip_where_it_ran() {
         let perftest = vec![
@@ -339,9 +335,9 @@ mod tests {
             figure("ucp_am_bw", 1 << 20, "bw_avg", 50.0),
         ];
         let rdma = vec![
-            bench(32, 30.0, 0.0),
-            bench(4096, 60.0, 0.0),
-            bench(1 << 20, 9_000.0, 40.0),
+            BenchJson::sample(32, 30.0, 0.0),
+            BenchJson::sample(4096, 60.0, 0.0),
+            BenchJson::sample(1 << 20, 9_000.0, 40.0),
         ];
         let report = DemoReport::new(perftest, ucx, rdma, None, None);
         let at = |size| report.latency.iter().find(|p| p.size == size).unwrap();
